@@ -1,0 +1,37 @@
+"""The seam between layers and the hardware: a backend carries an op set that layers call.
+
+``cpu`` (numpy) is always available; ``cuda`` (pycuda + cuBLAS) is chosen by set_mode_gpu()
+where the toolkit and a device exist. Layers never import numpy-specific or CUDA-specific code
+for their heavy work; they call the current backend's ops (see cpu.py for the op set).
+"""
+_state = {"backend": None, "mode": "cpu", "device": 0}
+
+
+def get_backend():
+    if _state["backend"] is None:
+        from .cpu import CPUBackend
+        _state["backend"] = CPUBackend()
+    return _state["backend"]
+
+
+def set_mode_cpu():
+    from .cpu import CPUBackend
+    _state["mode"] = "cpu"
+    _state["backend"] = CPUBackend()
+
+
+def set_mode_gpu():
+    try:
+        from .cuda import CUDABackend
+    except ImportError as exc:
+        raise RuntimeError("GPU mode needs the 'gpu' extra (pycuda) and a CUDA driver: %s" % exc)
+    _state["mode"] = "gpu"
+    _state["backend"] = CUDABackend(_state["device"])
+
+
+def set_device(device_id):
+    _state["device"] = int(device_id)
+
+
+def mode():
+    return _state["mode"]

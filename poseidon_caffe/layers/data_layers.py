@@ -1,0 +1,1 @@
+"""Layer family: data_layers."""

@@ -1,0 +1,1 @@
+"""Layer family: python_layer."""
