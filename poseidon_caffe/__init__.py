@@ -1,2 +1,23 @@
-"""poseidon-caffe: a Caffe-compatible trainer. Import it as pycaffe: ``import poseidon_caffe as caffe``."""
+"""poseidon-caffe: a Caffe-compatible trainer. Import it as pycaffe: ``import poseidon_caffe as caffe``.
+
+This module is the face only: the names pycaffe users know, each defined in its own room.
+"""
+from . import io, proto  # noqa: F401
+from .backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401
+from .blob import Blob  # noqa: F401
+from .layers import Layer, layer_type_list  # noqa: F401
+from .net import Net, TEST, TRAIN  # noqa: F401
+from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
+from .rng import set_random_seed  # noqa: F401
+from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: F401
+                     RMSPropSolver, SGDSolver, get_solver)
+
 __version__ = "0.1.0"
+
+
+def init_log(*args, **kwargs):
+    """pycaffe's init_log: logging is always on here, in glog's line shape."""
+
+
+def has_nccl():
+    return False

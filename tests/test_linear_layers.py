@@ -92,6 +92,19 @@ def test_inner_product_adds_into_param_diffs():
     np.testing.assert_allclose(layer.blobs[1].diff, [4, 4, 4, 4])
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+def test_inner_product_sufficient_factors_rebuild_the_weight_gradient(transpose):
+    bottom = random_bottom((3, 2, 2))
+    layer = ip("transpose: true" if transpose else "")
+    top = run(layer, [bottom])
+    top.diff[...] = np.random.RandomState(1).uniform(-1, 1, top.shape)
+    layer.backward([top], [False], [bottom])
+    dy, x = layer.sufficient_factors([bottom], [top])
+    assert dy.shape == (3, 4) and x.shape == (3, 4)
+    rebuilt = x.T @ dy if transpose else dy.T @ x
+    np.testing.assert_allclose(rebuilt, layer.blobs[0].diff, rtol=1e-5, atol=1e-6)
+
+
 def test_inner_product_rejects_a_changed_input_size():
     layer = ip()
     run(layer, [random_bottom((2, 3))])

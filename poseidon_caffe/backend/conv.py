@@ -11,56 +11,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-
-class ConvGeometry:
-    """Shapes of one convolution: input (N, C, *in_shape) * weights (M, C/group, *kernel).
-
-    ``out_shape`` follows Caffe: (in + 2*pad - (dilation*(kernel-1)+1)) // stride + 1.
-    """
-
-    def __init__(self, channels, num_output, in_shape, kernel, stride, pad, dilation, group=1):
-        nd = len(in_shape)
-        for name, v in (("kernel", kernel), ("stride", stride), ("pad", pad),
-                        ("dilation", dilation)):
-            if len(v) != nd:
-                raise ValueError("convolution %s %s does not match %d spatial axes"
-                                 % (name, tuple(v), nd))
-        self.channels = int(channels)
-        self.num_output = int(num_output)
-        self.in_shape = tuple(int(v) for v in in_shape)
-        self.kernel = tuple(int(v) for v in kernel)
-        self.stride = tuple(int(v) for v in stride)
-        self.pad = tuple(int(v) for v in pad)
-        self.dilation = tuple(int(v) for v in dilation)
-        self.group = int(group)
-        if self.channels % self.group or self.num_output % self.group:
-            raise ValueError("channels %d and num_output %d must both be multiples of group %d"
-                             % (self.channels, self.num_output, self.group))
-        self.out_shape = tuple(
-            (i + 2 * p - (d * (k - 1) + 1)) // s + 1
-            for i, k, s, p, d in zip(self.in_shape, self.kernel, self.stride, self.pad,
-                                     self.dilation))
-        self.padded_shape = tuple(i + 2 * p for i, p in zip(self.in_shape, self.pad))
-        self.taps = int(np.prod(self.kernel))
-        self.col_rows = self.channels * self.taps            # K of the forward GEMM
-        self.out_count = int(np.prod(self.out_shape))
-        self.in_count = int(np.prod(self.in_shape))
-        self.weight_shape = (self.num_output, self.channels // self.group) + self.kernel
-        self.is_pointwise = (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride)
-                             and all(p == 0 for p in self.pad))
-
-    @property
-    def nd(self):
-        return len(self.in_shape)
-
-    def key(self):
-        return (self.channels, self.num_output, self.in_shape, self.kernel, self.stride,
-                self.pad, self.dilation, self.group)
-
-    def __repr__(self):
-        return ("ConvGeometry(C=%d, M=%d, in=%s, k=%s, s=%s, p=%s, d=%s, g=%d -> out=%s)"
-                % (self.channels, self.num_output, self.in_shape, self.kernel, self.stride,
-                   self.pad, self.dilation, self.group, self.out_shape))
+from .geometry import ConvGeometry  # noqa: F401  (re-exported)
 
 
 def _tap_slices(geom, tap):
@@ -69,60 +20,58 @@ def _tap_slices(geom, tap):
                  for t, d, s, o in zip(tap, geom.dilation, geom.stride, geom.out_shape))
 
 
-def _padded(x, geom, buf):
-    """x with zero padding on every spatial axis (x itself when there is no padding)."""
-    if not any(geom.pad):
-        return x
-    inner = (slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in
-                                               zip(geom.pad, geom.in_shape))
-    buf[inner] = x
+def _interior(geom):
+    return (slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in
+                                              zip(geom.pad, geom.in_shape))
+
+
+def channel_major_padded(x, geom, buf=None):
+    """x (N, C, *in) as (C, N, *padded): channel-major with zero borders.
+
+    Channel-major makes every later copy stream in the columns' own order; ``buf`` (borders
+    already zero) is reused across calls.
+    """
+    n = x.shape[0]
+    if buf is None:
+        buf = np.zeros((geom.channels, n) + geom.padded_shape, dtype=x.dtype)
+    buf[_interior(geom)] = x.swapaxes(0, 1)
     return buf
 
 
 def _window_view(xp, geom):
-    """A copy-free (N, C, *kernel, *out) view of the padded input."""
-    n, c = xp.shape[:2]
+    """A copy-free (C, *kernel, N, *out) view of the channel-major padded input."""
+    c, n = xp.shape[:2]
     sp = xp.strides[2:]
-    shape = (n, c) + geom.kernel + geom.out_shape
-    strides = xp.strides[:2] + tuple(d * st for d, st in zip(geom.dilation, sp)) + \
-        tuple(s * st for s, st in zip(geom.stride, sp))
+    shape = (c,) + geom.kernel + (n,) + geom.out_shape
+    strides = (xp.strides[0],) + tuple(d * st for d, st in zip(geom.dilation, sp)) + \
+        (xp.strides[1],) + tuple(s * st for s, st in zip(geom.stride, sp))
     return as_strided(xp, shape=shape, strides=strides, writeable=False)
 
 
 def im2col(x, geom, out=None, pad_buffer=None):
     """(N, C, *in) -> columns (C*taps, N*outputs), rows ordered (c, k0, k1, ...)."""
     n = x.shape[0]
-    nd = geom.nd
     if out is None:
         out = np.empty((geom.col_rows, n * geom.out_count), dtype=x.dtype)
-    if pad_buffer is None and any(geom.pad):
-        pad_buffer = np.zeros((n, geom.channels) + geom.padded_shape, dtype=x.dtype)
-    xp = _padded(x, geom, pad_buffer)
-    view = _window_view(xp, geom)
-    # (N, C, k..., o...) -> (C, k..., N, o...)
-    order = (1,) + tuple(range(2, 2 + nd)) + (0,) + tuple(range(2 + nd, 2 + 2 * nd))
+    xp = channel_major_padded(x, geom, pad_buffer)
     target = out.reshape((geom.channels,) + geom.kernel + (n,) + geom.out_shape)
-    np.copyto(target, view.transpose(order))
+    np.copyto(target, _window_view(xp, geom))
     return out
 
 
 def col2im(col, geom, n, out=None, pad_buffer=None):
     """Columns (C*taps, N*outputs) -> (N, C, *in), summing every tap's contribution."""
-    nd = geom.nd
     if pad_buffer is None:
-        pad_buffer = np.empty((n, geom.channels) + geom.padded_shape, dtype=col.dtype)
+        pad_buffer = np.empty((geom.channels, n) + geom.padded_shape, dtype=col.dtype)
     pad_buffer[...] = 0
-    # (C, k..., N, o...) -> per tap (C, N, o...) -> (N, C, o...)
     cols = col.reshape((geom.channels,) + geom.kernel + (n,) + geom.out_shape)
-    swap = (1, 0) + tuple(range(2, 2 + nd))
     for tap in itertools.product(*(range(k) for k in geom.kernel)):
         region = pad_buffer[(slice(None), slice(None)) + _tap_slices(geom, tap)]
-        region += cols[(slice(None),) + tap].transpose(swap)
-    inner = (slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in
-                                               zip(geom.pad, geom.in_shape))
+        region += cols[(slice(None),) + tap]
+    inner = pad_buffer[_interior(geom)].swapaxes(0, 1)
     if out is None:
-        return pad_buffer[inner].copy()
-    out[...] = pad_buffer[inner]
+        return inner.copy()
+    out[...] = inner
     return out
 
 
@@ -142,6 +91,7 @@ class ConvPlan:
         self._col_source = None
         self._pad = None
         self._dpad = None
+        self._flipped = False      # not decided yet; None when backward-data uses col2im
 
     def _buffers(self, n):
         if self._n != n:
@@ -149,17 +99,18 @@ class ConvPlan:
             self._n = n
             self._col = None if g.is_pointwise else np.empty((g.col_rows, n * g.out_count),
                                                              self.dtype)
-            self._pad = (np.zeros((n, g.channels) + g.padded_shape, self.dtype)
-                         if any(g.pad) else None)
+            self._pad = (None if g.is_pointwise else
+                         np.zeros((g.channels, n) + g.padded_shape, self.dtype))
             self._dpad = None
             self._col_source = None
 
-    def columns(self, x):
-        """The (C*taps, N*outputs) columns of x (computed once per forward)."""
+    def columns(self, x, reuse=False):
+        """The (C*taps, N*outputs) columns of x; ``reuse`` takes those the last forward made
+        from this same array (a backward right after its forward)."""
         g = self.geom
         n = x.shape[0]
         self._buffers(n)
-        if self._col_source is x:
+        if reuse and self._col_source is x:
             return self._col
         if g.is_pointwise:
             col = np.ascontiguousarray(
@@ -198,26 +149,60 @@ class ConvPlan:
         n = dy.shape[0]
         self._buffers(n)
         dyv = dy.reshape(n, g.num_output, g.out_count)
-        if dbias is not None:
-            dbias += dyv.sum(axis=(0, 2), dtype=np.float64).astype(dbias.dtype)
         if dw is None and dx is None:
+            if dbias is not None:
+                dbias += dyv.sum(axis=(0, 2))
             return
         # top diff as (G, M/G, N*out): the GEMM operand of both gradients
         dyt = np.ascontiguousarray(dyv.transpose(1, 0, 2)).reshape(
             g.group, g.num_output // g.group, n * g.out_count)
+        if dbias is not None:
+            dbias += dyt.reshape(g.num_output, -1).sum(axis=1)
         if dw is not None:
-            col = self.columns(x)
+            col = self.columns(x, reuse=True)
             cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
             dwg = dw.reshape(g.group, g.num_output // g.group, g.col_rows // g.group)
             dwg += np.matmul(dyt, cols.transpose(0, 2, 1))
-        if dx is not None:
+        if dx is None:
+            return
+        if g.is_pointwise:
+            dcol = np.matmul(self._grouped(w).transpose(0, 2, 1), dyt)
+            np.copyto(dx.reshape(n, g.channels, g.out_count),
+                      dcol.reshape(g.channels, n, g.out_count).transpose(1, 0, 2))
+        elif self._flipped_geometry() is not None:
+            self._backward_data_as_convolution(dy, w, dx)
+        else:
             dcol = np.matmul(self._grouped(w).transpose(0, 2, 1), dyt)   # (G, K/G, N*out)
-            dcol = dcol.reshape(g.col_rows, n * g.out_count)
-            if g.is_pointwise:
-                np.copyto(dx.reshape(n, g.channels, g.out_count),
-                          dcol.reshape(g.channels, n, g.out_count).transpose(1, 0, 2))
-            else:
-                if self._dpad is None:
-                    self._dpad = np.empty((n, g.channels) + g.padded_shape, self.dtype)
-                col2im(dcol, g, n, out=dx, pad_buffer=self._dpad)
+            if self._dpad is None:
+                self._dpad = np.empty((g.channels, n) + g.padded_shape, self.dtype)
+            col2im(dcol.reshape(g.col_rows, n * g.out_count), g, n, out=dx,
+                   pad_buffer=self._dpad)
 
+    # -- backward-data as a forward convolution ---------------------------------------------
+    def _flipped_geometry(self):
+        """With stride 1, the input gradient is a convolution of the top gradient with the
+        spatially flipped, in/out-swapped weights, padded by dilation*(kernel-1) - pad. That
+        is one im2col of dy and a wide GEMM instead of a skinny GEMM and col2im's scatter."""
+        if self._flipped is False:
+            g = self.geom
+            # it pays when dy has no more channels than x (its columns are no wider)
+            usable = all(s == 1 for s in g.stride) and g.num_output <= g.channels and all(
+                p <= d * (k - 1) for p, d, k in zip(g.pad, g.dilation, g.kernel))
+            self._flipped = None
+            if usable:
+                pad = tuple(d * (k - 1) - p for p, d, k in zip(g.pad, g.dilation, g.kernel))
+                fg = ConvGeometry(g.num_output, g.channels, g.out_shape, g.kernel, g.stride,
+                                  pad, g.dilation, g.group)
+                self._flipped = ConvPlan(fg, self.dtype)
+        return self._flipped
+
+    def _backward_data_as_convolution(self, dy, w, dx):
+        g = self.geom
+        plan = self._flipped_geometry()
+        gr = g.group
+        nd = g.nd
+        # w (M, C/G, *k) -> (C, M/G, *k) per group, flipped on every spatial axis
+        wf = w.reshape((gr, g.num_output // gr, g.channels // gr) + g.kernel).swapaxes(1, 2)
+        wf = wf[(Ellipsis,) + (slice(None, None, -1),) * nd]
+        wf = np.ascontiguousarray(wf).reshape(plan.geom.weight_shape)
+        plan.forward(dy, wf, None, dx)

@@ -54,3 +54,42 @@ class CPUBackend:
     def sumsq(self, x):
         x = x.ravel()
         return float(np.dot(x, x))
+
+    # -- vision ----------------------------------------------------------------------------
+    def conv_plan(self, geom):
+        """A ConvPlan for a ConvGeometry: forward(x, w, bias, y) and
+        backward(x, dy, w, dx=None, dw=None, dbias=None) over the whole batch."""
+        from .conv import ConvPlan
+        return ConvPlan(geom, self.dtype)
+
+    def im2col(self, x, geom):
+        """Caffe's Im2col layout: (N, C, *in) -> (N, C*taps, *out), rows ordered (c, taps)."""
+        from .conv import im2col
+        n = x.shape[0]
+        col = im2col(x, geom)
+        return np.ascontiguousarray(
+            col.reshape(geom.col_rows, n, geom.out_count).transpose(1, 0, 2)).reshape(
+                (n, geom.col_rows) + geom.out_shape)
+
+    def col2im(self, col, geom):
+        """The adjoint of im2col: (N, C*taps, *out) -> (N, C, *in), overlapping taps summed."""
+        from .conv import col2im
+        n = col.shape[0]
+        cm = np.ascontiguousarray(
+            col.reshape(n, geom.col_rows, geom.out_count).transpose(1, 0, 2)).reshape(
+                geom.col_rows, n * geom.out_count)
+        return col2im(cm, geom, n)
+
+    def pool_plan(self, geom):
+        """A PoolPlan for a PoolGeometry: max/ave/stochastic forward and backward."""
+        from .pool import PoolPlan
+        return PoolPlan(geom, self.dtype)
+
+    def lrn_forward(self, x, size, alpha, beta, k, across_channels):
+        """(top, scale) of Caffe's LRN on (N, C, H, W)."""
+        from .lrn import lrn_forward
+        return lrn_forward(x, size, alpha, beta, k, across_channels)
+
+    def lrn_backward(self, x, top, scale, dy, size, alpha, beta, across_channels):
+        from .lrn import lrn_backward
+        return lrn_backward(x, top, scale, dy, size, alpha, beta, across_channels)

@@ -6,57 +6,11 @@ pixels. Window rules are Caffe's: MAX ignores padding (the padded cells hold -in
 by the window clipped to the padded input (padding counts, overhang past it does not),
 STOCHASTIC has no padding.
 """
-import itertools
-
 import numpy as np
 
+from .geometry import PoolGeometry  # noqa: F401  (re-exported)
+
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
-
-
-class PoolGeometry:
-    """One pooling: input (N, C, *in_shape) -> (N, C, *out_shape); out_shape given by the layer."""
-
-    def __init__(self, in_shape, kernel, stride, pad, out_shape):
-        self.in_shape = tuple(int(v) for v in in_shape)
-        self.kernel = tuple(int(v) for v in kernel)
-        self.stride = tuple(int(v) for v in stride)
-        self.pad = tuple(int(v) for v in pad)
-        self.out_shape = tuple(int(v) for v in out_shape)
-        # the padded extent must hold the input and every window, including an overhanging last one
-        self.padded_shape = tuple(max(p + i, (o - 1) * s + k) for i, k, s, p, o in
-                                  zip(self.in_shape, self.kernel, self.stride, self.pad,
-                                      self.out_shape))
-        self.taps = list(itertools.product(*(range(k) for k in self.kernel)))
-        self.in_count = int(np.prod(self.in_shape))
-
-    def tap_slices(self, tap):
-        return (Ellipsis,) + tuple(slice(t, t + s * (o - 1) + 1, s)
-                                   for t, s, o in zip(tap, self.stride, self.out_shape))
-
-    def interior(self):
-        return (Ellipsis,) + tuple(slice(p, p + i) for p, i in zip(self.pad, self.in_shape))
-
-    def window_sizes(self):
-        """Caffe's AVE divisor per output position: the window clipped to input + pad."""
-        sizes = None
-        for i, k, s, p, o in zip(self.in_shape, self.kernel, self.stride, self.pad,
-                                 self.out_shape):
-            start = np.arange(o) * s - p
-            end = np.minimum(start + k, i + p)
-            size = (end - start).astype(np.float64)
-            sizes = size if sizes is None else np.multiply.outer(sizes, size)
-        return sizes
-
-    def bottom_offsets(self):
-        """(flat input index of each window's first tap, flat input offset of each tap)."""
-        in_strides = np.cumprod((1,) + self.in_shape[::-1])[:-1][::-1]
-        base = 0
-        for axis, (s, p, o) in enumerate(zip(self.stride, self.pad, self.out_shape)):
-            pos = (np.arange(o) * s - p) * in_strides[axis]
-            base = np.add.outer(base, pos) if axis else pos
-        taps = np.array([sum(t * st for t, st in zip(tap, in_strides)) for tap in self.taps],
-                        dtype=np.int64)
-        return np.asarray(base, dtype=np.int64), taps
 
 
 class PoolPlan:

@@ -74,6 +74,12 @@ class InnerProductLayer(Layer):
         if self.bias_term:
             y += self.blobs[1].data
 
+    def sufficient_factors(self, bottom, top):
+        """(top diff as (M, N), bottom data as (M, K)): the weight gradient is their product,
+        dy^T x (x^T dy with transpose), so it can travel as these two thin matrices."""
+        return (top[0].diff.reshape(self.m, self.num_output),
+                bottom[0].data.reshape(self.m, self.k))
+
     def backward(self, top, propagate_down, bottom):
         be = self.backend
         dy = top[0].diff.reshape(self.m, self.num_output)

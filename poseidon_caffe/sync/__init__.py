@@ -1,0 +1,17 @@
+"""Distributed training over MPI: topology, parameter server, sufficient factors, ring
+allreduce, the SACP planner, wait-free backprop and the launcher.
+
+``attach(solver, options)`` makes a solver one worker of an MPI job (``poseidon-caffe train``
+calls it when the job has more than one rank or a -sync flag); ``prepare(options)`` starts the
+rank's part (topology, logs, data shard) before the solver is built.
+"""
+
+
+def prepare(options=None):
+    from .distributed import prepare as _prepare
+    return _prepare(options)
+
+
+def attach(solver, options=None):
+    from .distributed import attach as _attach
+    return _attach(solver, options)

@@ -1,0 +1,362 @@
+"""``poseidon-caffe``: Caffe's command-line brew (train, test, time, device_query) and the
+project's tools, with Caffe's flags and defaults, one dash or two.
+"""
+import importlib
+import os
+import sys
+import time
+import types
+
+from . import flags as gflags
+from . import log
+
+USAGE = """command line brew
+usage: poseidon-caffe <command> <args>
+
+commands:
+  train              train or finetune a model
+  test               score a model
+  device_query       show the compute devices (the CPU backend, and GPUs when available)
+  time               benchmark model execution time
+  upgrade-net        upgrade a legacy net prototxt / caffemodel
+  upgrade-solver     upgrade a legacy solver prototxt
+  convert_imageset   convert a set of images to an LMDB of Datum records
+  compute_image_mean compute the mean image of a database
+  make_partitions    split a dataset into per-worker partitions
+"""
+
+CAFFE_FLAGS = [
+    gflags.Flag("gpu", "", "Optional; run in GPU mode on the given device IDs separated by ','. "
+                "Use '-gpu all' to run on all available GPUs."),
+    gflags.Flag("solver", "", "The solver definition protocol buffer text file."),
+    gflags.Flag("model", "", "The model definition protocol buffer text file."),
+    gflags.Flag("phase", "", "Optional; network phase (TRAIN or TEST). Only used for 'time'."),
+    gflags.Flag("level", 0, "Optional; network level."),
+    gflags.Flag("stage", "", "Optional; network stages (not to be confused with phase), "
+                "separated by ','."),
+    gflags.Flag("snapshot", "", "Optional; the snapshot solver state to resume training."),
+    gflags.Flag("weights", "", "Optional; the pretrained weights to initialize finetuning, "
+                "separated by ','. Cannot be set simultaneously with snapshot."),
+    gflags.Flag("iterations", 50, "The number of iterations to run."),
+    gflags.Flag("sigint_effect", "stop", "Optional; action to take when a SIGINT signal is "
+                "received: snapshot, stop or none."),
+    gflags.Flag("sighup_effect", "snapshot", "Optional; action to take when a SIGHUP signal is "
+                "received: snapshot, stop or none."),
+]
+
+# Read by the distributed engine (poseidon_caffe.sync) when a job runs on several ranks.
+SYNC_FLAGS = [
+    gflags.Flag("sync", "", "Optional; distributed gradient exchange: auto, ps, sfb or allreduce."),
+    gflags.Flag("svb", False, "Optional; allow sufficient-factor broadcasting for fully connected "
+                "layers in auto mode."),
+    gflags.Flag("dwbp", True, "Wait-free backpropagation: send each layer's gradients as soon as "
+                "they are ready (-nodwbp sends after the whole backward pass)."),
+    gflags.Flag("staleness", 0, "Stale-synchronous bound in iterations (0 = bulk synchronous)."),
+    gflags.Flag("timeline", "", "Optional; write a timeline of communication to this file."),
+    gflags.Flag("ranks_per_host", 0, "Worker ranks per host (0 = detect from MPI)."),
+    gflags.Flag("output_dir", "", "Optional; directory for per-rank logs and timelines."),
+]
+
+ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS
+
+# Tools owned by other modules, imported only when asked for.
+TOOLS = {
+    "upgrade_net": ("poseidon_caffe.upgrade", "upgrade_net_main"),
+    "upgrade_solver": ("poseidon_caffe.upgrade", "upgrade_solver_main"),
+    "convert_imageset": ("poseidon_caffe.data.tools", "convert_imageset_main"),
+    "compute_image_mean": ("poseidon_caffe.data.tools", "compute_image_mean_main"),
+    "make_partitions": ("poseidon_caffe.data.tools", "make_partitions_main"),
+}
+
+
+class CommandError(ValueError):
+    """A command used wrongly (a missing or conflicting flag); the message says what to give."""
+
+
+# -- shared set-up ------------------------------------------------------------------------------
+def _stages(values):
+    return tuple(s for s in values["stage"].split(",") if s)
+
+
+def _gpus(text):
+    if not text:
+        return []
+    if text == "all":
+        from . import backend
+        count = getattr(backend, "device_count", None)
+        if count is None:
+            raise CommandError("-gpu=all: this installation has no GPU backend")
+        return list(range(count()))
+    try:
+        return [int(g) for g in text.split(",") if g != ""]
+    except ValueError:
+        raise CommandError("-gpu takes device ids separated by ',' or 'all', not %r" % text) from None
+
+
+def _select_device(gpus, from_solver=False):
+    from . import backend
+    if not gpus:
+        log.info("Use CPU.")
+        backend.set_mode_cpu()
+        return
+    if len(gpus) > 1:
+        raise CommandError("-gpu=%s names %d devices; one process drives one device: run one "
+                           "rank per device with mpiexec (-gpu then names each rank's device)"
+                           % (",".join(map(str, gpus)), len(gpus)))
+    backend.set_device(gpus[0])
+    try:
+        backend.set_mode_gpu()
+    except RuntimeError as exc:
+        if not from_solver:
+            raise
+        log.warning("The solver asks for solver_mode GPU, but %s; using the CPU.", exc)
+        log.info("Use CPU.")
+        backend.set_mode_cpu()
+        return
+    log.info("Use GPU with device ID %d", gpus[0])
+
+
+def _phase(values, default):
+    from .proto import caffe_pb2
+    text = values["phase"]
+    if not text:
+        return default
+    if text not in ("TRAIN", "TEST"):
+        raise CommandError("phase must be \"TRAIN\" or \"TEST\", not %r" % text)
+    return caffe_pb2.TRAIN if text == "TRAIN" else caffe_pb2.TEST
+
+
+def world_size():
+    """MPI ranks in this job, read from the launcher's environment (no MPI import)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                pass
+    return 1
+
+
+def _distribute(solver, values):
+    """Hand the solver to the distributed engine when the job is distributed."""
+    if world_size() <= 1 and not values["sync"]:
+        return solver
+    try:
+        sync = importlib.import_module("poseidon_caffe.sync")
+    except ImportError as exc:
+        raise CommandError("distributed training asked for (-sync=%s, %d ranks) but the sync "
+                           "engine cannot be imported: %s" % (values["sync"], world_size(), exc))
+    attach = getattr(sync, "attach", None) or getattr(sync, "maybe_distribute", None)
+    if attach is None:
+        raise CommandError("distributed training asked for (-sync=%s, %d ranks) but "
+                           "poseidon_caffe.sync offers no attach(solver, options)"
+                           % (values["sync"], world_size()))
+    options = types.SimpleNamespace(**values)
+    runner = attach(solver, options)
+    return runner if runner is not None else solver
+
+
+# -- commands -----------------------------------------------------------------------------------
+def train(values):
+    from .io import read_solver_param
+    from .proto import caffe_pb2
+    from .solver import get_solver
+    from .solver.signals import SignalHandler, parse_action
+    if not values["solver"]:
+        raise CommandError("Need a solver definition to train (-solver=solver.prototxt).")
+    if values["snapshot"] and values["weights"]:
+        raise CommandError("Give a snapshot to resume training or weights to finetune but not both.")
+    sigint = parse_action(values["sigint_effect"], "sigint_effect")
+    sighup = parse_action(values["sighup_effect"], "sighup_effect")
+    solver_param = read_solver_param(values["solver"])
+    solver_param.train_state.level = values["level"]
+    for stage in _stages(values):
+        solver_param.train_state.stage.append(stage)
+    gpus = _gpus(values["gpu"])
+    from_solver = False
+    if (not gpus and solver_param.HasField("solver_mode")
+            and solver_param.solver_mode == caffe_pb2.SolverParameter.GPU):
+        gpus = [solver_param.device_id]
+        from_solver = True
+    _select_device(gpus, from_solver)
+    if values["snapshot"]:
+        solver_param.ClearField("weights")
+    elif values["weights"]:
+        solver_param.ClearField("weights")
+        solver_param.weights.append(values["weights"])
+    with SignalHandler(sigint, sighup) as handler:
+        solver = get_solver(solver_param, solver_file=values["solver"])
+        solver.set_action_function(handler.requested_action)
+        if values["snapshot"]:
+            log.info("Resuming from %s", values["snapshot"])
+            solver.restore(values["snapshot"])
+        runner = _distribute(solver, values)
+        log.info("Starting Optimization")
+        runner.solve()
+    log.info("Optimization Done.")
+    return 0
+
+
+def test(values):
+    from .net import Net
+    from .progress import ProgressBar
+    from .proto import caffe_pb2
+    from .solver.snapshot import load_weights
+    from .solver.solver import fmt, loss_note, output_values
+    if not values["model"]:
+        raise CommandError("Need a model definition to score (-model=net.prototxt).")
+    if not values["weights"]:
+        raise CommandError("Need model weights to score (-weights=model.caffemodel).")
+    _select_device(_gpus(values["gpu"]))
+    net = Net(values["model"], caffe_pb2.TEST, level=values["level"], stages=_stages(values))
+    for path in values["weights"].split(","):
+        if path:
+            load_weights(net, path)
+    iterations = values["iterations"]
+    log.info("Running for %d iterations.", iterations)
+    scores, names, weights = [], [], []
+    loss = 0.0
+    with ProgressBar(iterations, "Testing") as bar:
+        for i in range(iterations):
+            loss += float(net.forward_prefilled())
+            idx = 0
+            for name, vals, weight in output_values(net):
+                for value in vals:
+                    if i == 0:
+                        scores.append(value)
+                        names.append(name)
+                        weights.append(weight)
+                    else:
+                        scores[idx] += value
+                    idx += 1
+                    log.info("Batch %d, %s = %s", i, name, fmt(value))
+            bar.update(i + 1)
+    loss /= max(iterations, 1)
+    log.info("Loss: %s", fmt(loss))
+    for k, score in enumerate(scores):
+        mean = score / iterations
+        log.info("%s = %s%s", names[k], fmt(mean), loss_note(weights[k], mean))
+    return 0
+
+
+def time_model(values):
+    from .net import Net
+    from .proto import caffe_pb2
+    if not values["model"]:
+        raise CommandError("Need a model definition to time (-model=net.prototxt).")
+    phase = _phase(values, caffe_pb2.TRAIN)
+    _select_device(_gpus(values["gpu"]))
+    net = Net(values["model"], phase, level=values["level"], stages=_stages(values))
+    iterations = values["iterations"]
+    log.info("Performing Forward")
+    initial_loss = net.forward_prefilled()
+    log.info("Initial loss: %g", initial_loss)
+    log.info("Performing Backward")
+    net.backward_from_to()
+    n = len(net.layers)
+    forward_per_layer = [0.0] * n
+    backward_per_layer = [0.0] * n
+    forward_total = backward_total = 0.0
+    log.info("*** Benchmark begins ***")
+    log.info("Testing for %d iterations.", iterations)
+    total_start = time.perf_counter()
+    for j in range(iterations):
+        iter_start = time.perf_counter()
+        for i in range(n):
+            t = time.perf_counter()
+            net.forward_from_to(i, i)
+            forward_per_layer[i] += time.perf_counter() - t
+        forward_total += time.perf_counter() - iter_start
+        backward_start = time.perf_counter()
+        for i in range(n - 1, -1, -1):
+            t = time.perf_counter()
+            net.backward_from_to(i, i)
+            backward_per_layer[i] += time.perf_counter() - t
+        backward_total += time.perf_counter() - backward_start
+        log.info("Iteration: %d forward-backward time: %g ms.", j + 1,
+                 (time.perf_counter() - iter_start) * 1e3)
+    total = time.perf_counter() - total_start
+    per = 1e3 / max(iterations, 1)
+    log.info("Average time per layer: ")
+    for i, name in enumerate(net.layer_names):
+        log.info("%10s\tforward: %g ms.", name, forward_per_layer[i] * per)
+        log.info("%10s\tbackward: %g ms.", name, backward_per_layer[i] * per)
+    log.info("Average Forward pass: %g ms.", forward_total * per)
+    log.info("Average Backward pass: %g ms.", backward_total * per)
+    log.info("Average Forward-Backward: %g ms.", total * per)
+    log.info("Total Time: %g ms.", total * 1e3)
+    log.info("*** Benchmark ends ***")
+    return 0
+
+
+def device_query(values):
+    import numpy as np
+    from . import backend
+    log.info("Querying devices")
+    cpu = backend.get_backend() if backend.mode() == "cpu" else None
+    if cpu is None:
+        backend.set_mode_cpu()
+        cpu = backend.get_backend()
+    log.info("Device: CPU (backend %s)", cpu.name)
+    log.info("Logical cores: %d", os.cpu_count() or 1)
+    log.info("Data type: %s", np.dtype(cpu.dtype).name)
+    log.info("numpy version: %s", np.__version__)
+    for gpu in _gpus(values["gpu"]):
+        backend.set_device(gpu)
+        try:
+            backend.set_mode_gpu()
+        except RuntimeError as exc:
+            raise CommandError("cannot query GPU %d: %s" % (gpu, exc)) from None
+        describe = getattr(backend.get_backend(), "describe", None)
+        log.info("Querying GPU %d", gpu)
+        for line in (describe() if describe else ["Device id: %d" % gpu]):
+            log.info("%s", line)
+    return 0
+
+
+COMMANDS = {"train": train, "test": test, "time": time_model, "device_query": device_query}
+
+
+def _run_tool(name, argv):
+    module_name, function_name = TOOLS[name]
+    try:
+        module = importlib.import_module(module_name)
+        function = getattr(module, function_name)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError("the %s command is unavailable: %s.%s cannot be loaded (%s)"
+                           % (name, module_name, function_name, exc)) from None
+    result = function(argv)
+    return 0 if result is None else int(result)
+
+
+def main(argv=None):
+    from .solver.solver import TrainingDiverged
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "-help", "--help", "help"):
+        sys.stdout.write(USAGE + "\nflags:\n" + gflags.usage(ALL_FLAGS) + "\n")
+        return 0 if argv else 1
+    command, rest = argv[0], argv[1:]
+    tool = command.replace("-", "_")
+    try:
+        if tool in TOOLS:
+            return _run_tool(tool, rest)
+        if command not in COMMANDS:
+            sys.stderr.write("unknown command %r\n\n%s" % (command, USAGE))
+            return 1
+        values, positional = gflags.parse(rest, ALL_FLAGS)
+        if positional:
+            raise CommandError("%s takes only flags; unexpected argument(s): %s"
+                               % (command, " ".join(positional)))
+        return COMMANDS[command](values)
+    except TrainingDiverged:
+        return 1                    # the solver has logged the iteration and last snapshot
+    except (ValueError, RuntimeError, OSError) as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log.error("Interrupted.")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

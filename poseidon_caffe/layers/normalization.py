@@ -1,0 +1,289 @@
+"""Layer family: normalization and per-channel affine maps (BatchNorm, Scale, Bias, MVN)."""
+import numpy as np
+
+from ..blob import Blob
+from ..fillers import constant_filler, fill
+from .base import TEST, Layer
+from .registry import register
+
+
+@register("BatchNorm")
+class BatchNormLayer(Layer):
+    """Normalise each channel (axis 1) by its mean and variance over the batch and space.
+
+    The three blobs are stored as Caffe stores them: the running sums of the means and of the
+    (unbiased) variances, each decayed by moving_average_fraction, and in blob 2 the matching
+    sum of decay weights; the global statistics are blob 0 and blob 1 divided by blob 2.
+    They are statistics, not learned parameters: backward never writes their diffs.
+    """
+    exact_bottoms = 1
+    exact_tops = 1
+
+    def setup(self, bottom, top):
+        p = self.param.batch_norm_param
+        self.use_global_stats = (p.use_global_stats if p.HasField("use_global_stats")
+                                 else self.phase == TEST)
+        self.fraction = p.moving_average_fraction
+        self.eps = p.eps
+        self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
+        shapes = [(self.channels,), (self.channels,), (1,)]
+        if self.blobs:
+            if len(self.blobs) != 3:
+                raise self.error("expected 3 statistics blobs (mean, variance, scale factor), "
+                                 "the model gives %d" % len(self.blobs))
+            for i, (blob, shape) in enumerate(zip(self.blobs, shapes)):
+                if blob.count != shape[0]:
+                    raise self.error("statistics blob %d has shape %s, expected %s"
+                                     % (i, blob.shape, shape))
+                blob.reshape(shape)
+        else:
+            self.blobs = [Blob(shape) for shape in shapes]      # zeros, as Caffe starts them
+        self.param_propagate_down = [False, False, False]
+
+    def reshape(self, bottom, top):
+        channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
+        if bottom[0].num_axes < 1 or channels != self.channels:
+            raise self.error("bottom shape %s does not have the %d channels the layer was set up "
+                             "with" % (bottom[0].shape, self.channels))
+        top[0].reshape(bottom[0].shape)
+
+    def _by_channel(self, array):
+        return array.reshape(array.shape[0], self.channels, -1)
+
+    def forward(self, bottom, top):
+        x = self._by_channel(bottom[0].data)
+        if self.use_global_stats:
+            stored = float(self.blobs[2].data[0])
+            factor = 0.0 if stored == 0 else 1.0 / stored
+            mean = self.blobs[0].data * factor
+            variance = self.blobs[1].data * factor
+            centred = x - mean.reshape(1, -1, 1)
+        else:
+            mean = x.mean(axis=(0, 2), dtype=np.float64)
+            centred = x - mean.reshape(1, -1, 1).astype(x.dtype)
+            variance = np.square(centred).mean(axis=(0, 2), dtype=np.float64)
+            self._update_running_stats(mean, variance, x.size // self.channels)
+        self._std = np.sqrt(np.asarray(variance, dtype=np.float64) + self.eps).astype(x.dtype)
+        normalised = centred / self._std.reshape(1, -1, 1)
+        self._normalised = normalised
+        top[0].data[...] = normalised.reshape(top[0].shape)
+
+    def _update_running_stats(self, mean, variance, m):
+        # Caffe stores the unbiased variance: the batch variance times m / (m - 1)
+        correction = m / (m - 1.0) if m > 1 else 1.0
+        self.blobs[2].data[...] = self.blobs[2].data * self.fraction + 1
+        self.blobs[0].data[...] = self.blobs[0].data * self.fraction + mean
+        self.blobs[1].data[...] = self.blobs[1].data * self.fraction + correction * variance
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy = self._by_channel(top[0].diff)
+        std = self._std.reshape(1, -1, 1)
+        if self.use_global_stats:
+            dx = dy / std
+        else:
+            # mean and variance depend on x:
+            # dx = (dy - mean(dy) - y * mean(dy * y)) / std, means per channel
+            y = self._normalised
+            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
+            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
+            dx = (dy - mean_dy - y * mean_dy_y) / std
+        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+
+
+class _BroadcastLayer(Layer):
+    """Shared shape logic of Scale and Bias: a second operand of shape
+    bottom[0].shape[axis:axis + k], taken from bottom[1] or learned, broadcast over the rest."""
+    min_bottoms = 1
+    max_bottoms = 2
+    exact_tops = 1
+
+    def _axis(self, bottom0, operand_axes, axis):
+        if operand_axes == 0:
+            return 0                 # a scalar operand covers the whole blob
+        try:
+            return bottom0.canonical_axis_index(axis)
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+
+    def _learned_shape(self, bottom0, axis, num_axes, field):
+        if num_axes < -1:
+            raise self.error("%s.num_axes must be -1 or more, got %d" % (field, num_axes))
+        start = self._axis(bottom0, num_axes, axis)
+        if num_axes == -1:
+            return bottom0.shape[start:]
+        if start + num_axes > bottom0.num_axes:
+            raise self.error("%s.axis %d plus num_axes %d exceeds the %d axes of bottom %s"
+                             % (field, axis, num_axes, bottom0.num_axes, bottom0.shape))
+        return bottom0.shape[start:start + num_axes]
+
+    def _fit(self, bottom0, operand, axis, what):
+        """(outer, dim, inner) for broadcasting ``operand`` over bottom0 from ``axis``."""
+        start = self._axis(bottom0, operand.num_axes, axis)
+        end = start + operand.num_axes
+        if end > bottom0.num_axes or bottom0.shape[start:end] != operand.shape:
+            raise self.error("%s of shape %s does not match bottom %s from axis %d"
+                             % (what, operand.shape, bottom0.shape, start))
+        return bottom0.count_axes(0, start), operand.count, bottom0.count_axes(end)
+
+    def _check_loaded(self, shapes):
+        if len(self.blobs) != len(shapes):
+            raise self.error("expected %d parameter blob(s), the model gives %d"
+                             % (len(shapes), len(self.blobs)))
+        for i, (blob, shape) in enumerate(zip(self.blobs, shapes)):
+            if blob.shape != tuple(shape):
+                if blob.count != int(np.prod(shape, dtype=np.int64)):
+                    raise self.error("parameter blob %d has shape %s, expected %s"
+                                     % (i, blob.shape, tuple(shape)))
+                blob.reshape(shape)
+
+    def _sum_outer_inner(self, array):
+        return array.reshape(self.outer, self.dim, self.inner).sum(axis=(0, 2), dtype=np.float64)
+
+
+@register("Scale")
+class ScaleLayer(_BroadcastLayer):
+    """top = bottom[0] * scale (+ bias), scale from bottom[1] or learned."""
+
+    def setup(self, bottom, top):
+        p = self.param.scale_param
+        self.bias_term = p.bias_term
+        if len(bottom) == 1:
+            scale_shape = self._learned_shape(bottom[0], p.axis, p.num_axes, "scale_param")
+        else:
+            scale_shape = bottom[1].shape
+        shapes = ([scale_shape] if len(bottom) == 1 else []) + ([scale_shape]
+                                                                if self.bias_term else [])
+        if self.blobs:
+            self._check_loaded(shapes)
+        else:
+            self.blobs = [Blob(shape) for shape in shapes]
+            if len(bottom) == 1:
+                fill(self.blobs[0], p.filler if p.HasField("filler") else constant_filler(1.0))
+            if self.bias_term:
+                fill(self.blobs[-1], p.bias_filler)
+        self.bias_index = len(self.blobs) - 1 if self.bias_term else None
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def _scale(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        scale = self._scale(bottom)
+        self.outer, self.dim, self.inner = self._fit(bottom[0], scale,
+                                                     self.param.scale_param.axis, "scale")
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        self._input = x.copy() if top[0] is bottom[0] else None
+        y = x.reshape(self.outer, self.dim, self.inner) * \
+            self._scale(bottom).data.reshape(1, -1, 1)
+        if self.bias_term:
+            y += self.blobs[self.bias_index].data.reshape(1, -1, 1)
+        top[0].data[...] = y.reshape(top[0].shape)
+
+    def backward(self, top, propagate_down, bottom):
+        dy = top[0].diff
+        if self.bias_term and self.param_propagate_down[self.bias_index]:
+            bias = self.blobs[self.bias_index]
+            bias.diff += self._sum_outer_inner(dy).reshape(bias.shape)
+        scale = self._scale(bottom)
+        from_bottom = len(bottom) > 1
+        if (from_bottom and propagate_down[1]) or (not from_bottom and
+                                                   self.param_propagate_down[0]):
+            x = self._input if self._input is not None else bottom[0].data
+            grad = self._sum_outer_inner(dy * x).reshape(scale.shape)
+            if from_bottom:
+                scale.diff[...] = grad
+            else:
+                scale.diff += grad
+        if propagate_down[0]:
+            dx = dy.reshape(self.outer, self.dim, self.inner) * scale.data.reshape(1, -1, 1)
+            bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+
+
+@register("Bias")
+class BiasLayer(_BroadcastLayer):
+    """top = bottom[0] + bias, bias from bottom[1] or learned."""
+
+    def setup(self, bottom, top):
+        p = self.param.bias_param
+        if len(bottom) == 1:
+            shape = self._learned_shape(bottom[0], p.axis, p.num_axes, "bias_param")
+            if self.blobs:
+                self._check_loaded([shape])
+            else:
+                self.blobs = [Blob(shape)]
+                fill(self.blobs[0], p.filler)
+        elif self.blobs:
+            raise self.error("a bias given as bottom 1 leaves no parameter blobs, the model "
+                             "gives %d" % len(self.blobs))
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def _bias(self, bottom):
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        self.outer, self.dim, self.inner = self._fit(bottom[0], self._bias(bottom),
+                                                     self.param.bias_param.axis, "bias")
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        y = bottom[0].data.reshape(self.outer, self.dim, self.inner) + \
+            self._bias(bottom).data.reshape(1, -1, 1)
+        top[0].data[...] = y.reshape(top[0].shape)
+
+    def backward(self, top, propagate_down, bottom):
+        dy = top[0].diff
+        bias = self._bias(bottom)
+        if len(bottom) > 1:
+            if propagate_down[1]:
+                bias.diff[...] = self._sum_outer_inner(dy).reshape(bias.shape)
+        elif self.param_propagate_down[0]:
+            bias.diff += self._sum_outer_inner(dy).reshape(bias.shape)
+        if propagate_down[0] and top[0] is not bottom[0]:
+            bottom[0].diff[...] = dy
+
+
+@register("MVN")
+class MVNLayer(Layer):
+    """Subtract the mean (and divide by std + eps) over each (num, channel) plane, or over each
+    item's channels and space together with across_channels."""
+    exact_bottoms = 1
+    exact_tops = 1
+
+    def setup(self, bottom, top):
+        p = self.param.mvn_param
+        self.normalize_variance = p.normalize_variance
+        self.across_channels = p.across_channels
+        self.eps = p.eps
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if not shape:
+            raise self.error("bottom needs at least one axis")
+        rows = shape[0] if self.across_channels or len(shape) < 2 else shape[0] * shape[1]
+        self.rows = rows
+        top[0].reshape(shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data.reshape(self.rows, -1)
+        centred = x - x.mean(axis=1, keepdims=True, dtype=np.float64).astype(x.dtype)
+        if self.normalize_variance:
+            variance = np.square(centred).mean(axis=1, keepdims=True, dtype=np.float64)
+            # Caffe adds eps to the standard deviation, not to the variance
+            self._std = (np.sqrt(variance) + self.eps).astype(x.dtype)
+            centred = centred / self._std
+        top[0].data[...] = centred.reshape(top[0].shape)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy = top[0].diff.reshape(self.rows, -1)
+        dx = dy - dy.mean(axis=1, keepdims=True)
+        if self.normalize_variance:
+            y = top[0].data.reshape(self.rows, -1)
+            dx = (dx - y * (dy * y).mean(axis=1, keepdims=True)) / self._std
+        bottom[0].diff[...] = dx.reshape(bottom[0].shape)

@@ -1,0 +1,778 @@
+"""Net: a NetParameter turned into a graph of layers, with Caffe's semantics.
+
+Building a net (``Net.__init__``) follows Caffe's Net::Init step by step: rules filter the layers
+for the net's phase, level and stages; split layers are inserted where one top feeds several
+bottoms; each layer is created, wired to its bottom and top blobs (in place when a top names its
+own bottom), set up and shaped; loss weights and parameter specs (sharing, lr_mult, decay_mult)
+are recorded; finally, which layers and blobs need backward is worked out from the losses.
+"""
+from collections import OrderedDict
+
+import numpy as np
+from google.protobuf import text_format
+
+from . import log
+from .blob import Blob
+from .layers import create_layer
+from .layers.base import LayerError
+from .proto import caffe_pb2
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+
+class NetError(ValueError):
+    """A net that cannot be built as written; the message names the layer and blob."""
+
+
+# -- rules and filtering ----------------------------------------------------------------------
+
+def state_meets_rule(state, rule):
+    """Caffe's StateMeetsRule: every condition the rule sets must hold for the state."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(s not in stages for s in rule.stage):
+        return False
+    if any(s in stages for s in rule.not_stage):
+        return False
+    return True
+
+
+def filter_net(net_param, state):
+    """A copy of ``net_param`` holding only the layers that ``state`` includes."""
+    filtered = caffe_pb2.NetParameter()
+    filtered.CopyFrom(net_param)
+    del filtered.layer[:]
+    for layer in net_param.layer:
+        if layer.include and layer.exclude:
+            raise NetError("layer %r specifies both include and exclude rules; give one or the "
+                           "other" % layer.name)
+        if layer.include:
+            keep = any(state_meets_rule(state, r) for r in layer.include)
+        else:
+            keep = not any(state_meets_rule(state, r) for r in layer.exclude)
+        if keep:
+            filtered.layer.add().CopyFrom(layer)
+    return filtered
+
+
+# -- split insertion --------------------------------------------------------------------------
+
+def split_layer_name(blob_name, layer_name, top_index):
+    return "%s_%s_%d_split" % (blob_name, layer_name, top_index)
+
+
+def split_blob_name(blob_name, layer_name, top_index, split_index):
+    return "%s_%s_%d_split_%d" % (blob_name, layer_name, top_index, split_index)
+
+
+def insert_splits(net_param):
+    """Caffe's InsertSplits: a top used by several bottoms (a loss counts as one use) feeds a
+    Split layer whose outputs go one to each user, so that their gradients are summed."""
+    producer = {}                      # blob name -> (layer index, top index) of latest producer
+    uses = {}                          # (layer index, top index) -> number of consumers
+    consumer_of = {}                   # (layer index, bottom index) -> producing (layer, top)
+    for i, layer in enumerate(net_param.layer):
+        for j, name in enumerate(layer.bottom):
+            if name not in producer:
+                raise NetError("Unknown bottom blob %r (layer %r, bottom index %d)"
+                               % (name, layer.name, j))
+            key = producer[name]
+            consumer_of[(i, j)] = key
+            uses[key] = uses.get(key, 0) + 1
+        for j, name in enumerate(layer.top):
+            producer[name] = (i, j)
+    loss_weight_of = {}
+    for i, layer in enumerate(net_param.layer):
+        for j, weight in enumerate(layer.loss_weight):
+            if weight:
+                loss_weight_of[(i, j)] = weight
+                uses[(i, j)] = uses.get((i, j), 0) + 1
+
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(net_param)
+    del out.layer[:]
+    split_taken = {}                   # (layer, top) -> next split output to hand out
+    for i, layer in enumerate(net_param.layer):
+        new_layer = out.layer.add()
+        new_layer.CopyFrom(layer)
+        for j, name in enumerate(layer.bottom):
+            key = consumer_of[(i, j)]
+            if uses.get(key, 0) > 1:
+                k = split_taken.get(key, 0)
+                split_taken[key] = k + 1
+                src = net_param.layer[key[0]]
+                new_layer.bottom[j] = split_blob_name(name, src.name, key[1], k)
+        for j, name in enumerate(layer.top):
+            count = uses.get((i, j), 0)
+            if count <= 1:
+                continue
+            split = out.layer.add()
+            split.name = split_layer_name(name, layer.name, j)
+            split.type = "Split"
+            split.bottom.append(name)
+            for k in range(count):
+                split.top.append(split_blob_name(name, layer.name, j, k))
+            weight = loss_weight_of.get((i, j))
+            if weight:
+                # the loss use takes the first split output, as in Caffe
+                split.loss_weight.append(weight)
+                split.loss_weight.extend([0.0] * (count - 1))
+                split_taken[(i, j)] = 1
+                del new_layer.loss_weight[:]
+                for jj in range(len(layer.top)):
+                    new_layer.loss_weight.append(0.0 if jj == j
+                                                 else loss_weight_of.get((i, jj), 0.0))
+    return out
+
+
+def _batch_part(value, valid):
+    """The first ``valid`` items of a batch output; a scalar (a loss) is kept once per batch."""
+    return value[None].copy() if value.ndim == 0 else value[:valid].copy()
+
+
+# -- the net ----------------------------------------------------------------------------------
+
+class Net:
+    def __init__(self, network, phase=None, level=0, stages=(), weights=None):
+        # pycaffe's call forms: Net(file, phase), Net(file, weights, phase),
+        # Net(file, phase, level=, stages=, weights=)
+        if isinstance(phase, str):
+            weights, phase, level = phase, level, 0
+        if phase is None:
+            raise NetError("Net needs a phase (TRAIN or TEST)")
+        self.source = network if isinstance(network, str) else None
+        net_param = self._load_param(network)
+        self.phase = int(phase)
+        state = caffe_pb2.NetState()
+        state.CopyFrom(net_param.state)
+        state.phase = self.phase
+        state.level = int(level)
+        if stages:
+            del state.stage[:]
+            state.stage.extend(stages)
+        self._init(net_param, state)
+        if weights:
+            for path in (weights.split(",") if isinstance(weights, str) else weights):
+                self.copy_from(path)
+
+    @staticmethod
+    def _load_param(network):
+        if isinstance(network, caffe_pb2.NetParameter):
+            param = caffe_pb2.NetParameter()
+            param.CopyFrom(network)
+            from .upgrade import upgrade_net
+            upgrade_net(param)
+            return param
+        from .io import read_net_param
+        return read_net_param(network)
+
+    # -- building ------------------------------------------------------------------------------
+    def _init(self, net_param, state):
+        self.name = net_param.name
+        self.state = state
+        filtered = filter_net(net_param, state)
+        self.param = insert_splits(filtered)
+        log.info("Initializing net from parameters: name %r, phase %s, %d layers",
+                 self.name, caffe_pb2.Phase.Name(self.phase), len(self.param.layer))
+
+        self.layers = []
+        self.layer_names = []
+        self.bottom_vecs, self.top_vecs = [], []
+        self.bottom_ids, self.top_ids = [], []
+        self.blob_names, self._blobs = [], []
+        self.blob_loss_weight_list = []
+        self.blob_name_to_index = {}
+        self.input_blob_indices = []
+        self.bottom_need_backward = []
+        self.layer_loss_weights = []       # per layer: list of (top index, weight)
+        self.params_list = []              # every param blob of every layer, in order
+        self.param_display_names = []
+        self.param_layer_indices = []      # (layer index, blob index) of each entry above
+        self.param_owners = []             # -1 = owns, else index into params_list
+        self.learnable_params = []
+        self.learnable_param_ids = []      # params_list index -> learnable index
+        self.params_lr, self.params_weight_decay = [], []
+        self.has_params_lr, self.has_params_decay = [], []
+        self._param_names_index = {}
+        self._grad_ready_hook = None
+        self._before_forward_hook = None
+
+        available = set()
+        memory = 0
+        for layer_id, layer_param in enumerate(self.param.layer):
+            if not layer_param.HasField("phase"):
+                layer_param.phase = self.phase
+            layer = create_layer(layer_param, self.phase)
+            self.layers.append(layer)
+            self.layer_names.append(layer_param.name)
+            log.info("Creating Layer %s", layer_param.name)
+            if layer_param.propagate_down and len(layer_param.propagate_down) != len(
+                    layer_param.bottom):
+                raise NetError("layer %r: propagate_down must be given either 0 or %d times "
+                               "(once per bottom)" % (layer_param.name, len(layer_param.bottom)))
+            bottoms, bottom_ids = [], []
+            for j, name in enumerate(layer_param.bottom):
+                if name not in available:
+                    raise NetError("Unknown bottom blob %r (layer %r, bottom index %d)"
+                                   % (name, layer_param.name, j))
+                index = self.blob_name_to_index[name]
+                available.discard(name)
+                bottoms.append(self._blobs[index])
+                bottom_ids.append(index)
+                log.info("%s <- %s", layer_param.name, name)
+            tops, top_ids = [], []
+            for j, name in enumerate(layer_param.top):
+                index = self._append_top(layer_param, j, name, available)
+                tops.append(self._blobs[index])
+                top_ids.append(index)
+                if layer_param.type == "Input":
+                    self.input_blob_indices.append(index)
+            wanted = max(layer.exact_tops or 0, layer.min_tops or 0)
+            if layer.auto_tops:
+                while len(tops) < wanted:
+                    name = "(automatic)%s_%d" % (layer_param.name, len(tops))
+                    index = self._append_top(layer_param, len(tops), name, available)
+                    tops.append(self._blobs[index])
+                    top_ids.append(index)
+            self.bottom_vecs.append(bottoms)
+            self.bottom_ids.append(bottom_ids)
+            self.top_vecs.append(tops)
+            self.top_ids.append(top_ids)
+            self.bottom_need_backward.append([False] * len(bottoms))
+
+            log.info("Setting up %s", layer_param.name)
+            self._setup_layer(layer, layer_param, bottoms, tops)
+            weights = self._loss_weights(layer, layer_param, len(tops))
+            self.layer_loss_weights.append([(j, w) for j, w in enumerate(weights) if w])
+            for j, top in enumerate(tops):
+                self.blob_loss_weight_list[top_ids[j]] = weights[j]
+                log.info("Top shape: %s", top.shape_string())
+                if weights[j]:
+                    log.info("    with loss weight %g", weights[j])
+                memory += top.count
+            self._append_params(layer_id, layer, layer_param)
+        log.info("Memory required for data: %d", memory * 4)
+        self._plan_backward()
+        self.output_blob_indices = [self.blob_name_to_index[n] for n in sorted(
+            available, key=lambda n: self.blob_name_to_index[n])]
+        for index in self.output_blob_indices:
+            log.info("This network produces output %s", self.blob_names[index])
+        self._learnable_final_at = self._learnable_param_finish_layers()
+        log.info("Network initialization done.")
+
+    def _append_top(self, layer_param, top_index, name, available):
+        in_place = (top_index < len(layer_param.bottom) and layer_param.bottom[top_index] == name)
+        if in_place:
+            log.info("%s -> %s (in-place)", layer_param.name, name)
+            index = self.blob_name_to_index[name]
+        elif name in self.blob_name_to_index:
+            raise NetError("Top blob %r produced by multiple sources (layer %r, top index %d)"
+                           % (name, layer_param.name, top_index))
+        else:
+            log.info("%s -> %s", layer_param.name, name)
+            index = len(self._blobs)
+            self._blobs.append(Blob())
+            self.blob_names.append(name)
+            self.blob_name_to_index[name] = index
+            self.blob_loss_weight_list.append(0.0)
+        available.add(name)
+        return index
+
+    def _setup_layer(self, layer, layer_param, bottoms, tops):
+        shapes = [b.shape for b in bottoms]
+        try:
+            layer.check_blob_counts(bottoms, tops)
+            layer.setup(bottoms, tops)
+            layer.reshape(bottoms, tops)
+        except (LayerError, NetError):
+            raise
+        except (ValueError, IndexError, TypeError, KeyError, ArithmeticError) as exc:
+            raise NetError("layer %r of type %s could not be set up for bottom shapes %s: %s"
+                           % (layer_param.name, layer_param.type,
+                              [list(s) for s in shapes], exc)) from exc
+
+    def _loss_weights(self, layer, layer_param, num_tops):
+        if layer_param.loss_weight:
+            if len(layer_param.loss_weight) != num_tops:
+                raise NetError("layer %r: loss_weight must be given either 0 or %d times "
+                               "(once per top)" % (layer_param.name, num_tops))
+            return list(layer_param.loss_weight)
+        return [layer.default_loss_weight(j) for j in range(num_tops)]
+
+    def _append_params(self, layer_id, layer, layer_param):
+        num = len(layer.blobs)
+        if len(layer_param.param) > num:
+            raise NetError("layer %r has %d parameter blobs but %d param specs"
+                           % (layer_param.name, num, len(layer_param.param)))
+        for j in range(num):
+            spec = layer_param.param[j] if j < len(layer_param.param) else caffe_pb2.ParamSpec()
+            pid = len(self.params_list)
+            name = spec.name
+            self.param_display_names.append(name or str(pid))
+            self.param_layer_indices.append((layer_id, j))
+            if not name or name not in self._param_names_index:
+                if name:
+                    self._param_names_index[name] = pid
+                self.param_owners.append(-1)
+                self.params_list.append(layer.blobs[j])
+                self.learnable_param_ids.append(len(self.learnable_params))
+                self.learnable_params.append(layer.blobs[j])
+                self.has_params_lr.append(spec.HasField("lr_mult"))
+                self.has_params_decay.append(spec.HasField("decay_mult"))
+                self.params_lr.append(spec.lr_mult)
+                self.params_weight_decay.append(spec.decay_mult)
+                layer.param_propagate_down[j] = spec.lr_mult != 0
+                continue
+            owner = self._param_names_index[name]
+            owner_blob = self.params_list[owner]
+            mine = layer.blobs[j]
+            if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE:
+                if owner_blob.count != mine.count:
+                    raise NetError("Cannot share param %r owned by layer %r with layer %r; count "
+                                   "mismatch: owner has %s, sharer has %s"
+                                   % (name, self.layer_names[self.param_layer_indices[owner][0]],
+                                      layer_param.name, owner_blob.shape_string(),
+                                      mine.shape_string()))
+            elif owner_blob.shape != mine.shape:
+                raise NetError("Cannot share param %r owned by layer %r with layer %r; shape "
+                               "mismatch: owner has %s, sharer has %s"
+                               % (name, self.layer_names[self.param_layer_indices[owner][0]],
+                                  layer_param.name, owner_blob.shape_string(),
+                                  mine.shape_string()))
+            learnable = self.learnable_param_ids[owner]
+            self.param_owners.append(owner)
+            self.learnable_param_ids.append(learnable)
+            if spec.HasField("lr_mult"):
+                if self.has_params_lr[learnable] and self.params_lr[learnable] != spec.lr_mult:
+                    raise NetError("Shared param %r has mismatched lr_mult (layer %r)"
+                                   % (name, layer_param.name))
+                self.has_params_lr[learnable] = True
+                self.params_lr[learnable] = spec.lr_mult
+            if spec.HasField("decay_mult"):
+                if (self.has_params_decay[learnable]
+                        and self.params_weight_decay[learnable] != spec.decay_mult):
+                    raise NetError("Shared param %r has mismatched decay_mult (layer %r)"
+                                   % (name, layer_param.name))
+                self.has_params_decay[learnable] = True
+                self.params_weight_decay[learnable] = spec.decay_mult
+            # sharing the Blob object shares data and diff: both layers add into one gradient
+            layer.blobs[j] = owner_blob
+            layer.param_propagate_down[j] = self.params_lr[learnable] != 0
+
+    def _plan_backward(self):
+        """Which layers need backward: those on a path from a learnable parameter (or a blob that
+        needs a gradient) to a loss, as in Caffe's Net::Init."""
+        n = len(self.layers)
+        self.layer_need_backward = [False] * n
+        need_blob = [False] * len(self._blobs)
+        param_id = {where: pid for pid, where in enumerate(self.param_layer_indices)}
+        for i, layer in enumerate(self.layers):
+            lp = self.param.layer[i]
+            need = False
+            for j, bid in enumerate(self.bottom_ids[i]):
+                nb = need_blob[bid]
+                if lp.propagate_down and not lp.propagate_down[j]:
+                    nb = False
+                self.bottom_need_backward[i][j] = nb
+                need = need or nb
+            for j in range(len(layer.blobs)):
+                pid = param_id[(i, j)]
+                if self.params_lr[self.learnable_param_ids[pid]] != 0:
+                    need = True
+            need = need and layer.has_backward()
+            self.layer_need_backward[i] = need
+            for bid in self.top_ids[i]:
+                need_blob[bid] = need_blob[bid] or need
+
+        under_loss, skip_backprop = set(), set()
+        for i in range(n - 1, -1, -1):
+            lp = self.param.layer[i]
+            contributes = any(w for _, w in self.layer_loss_weights[i]) or any(
+                self.blob_names[b] in under_loss for b in self.top_ids[i])
+            skip_propagate = all(self.blob_names[b] in skip_backprop for b in self.top_ids[i])
+            if self.layer_need_backward[i] and skip_propagate:
+                self.layer_need_backward[i] = False
+                self.bottom_need_backward[i] = [False] * len(self.bottom_ids[i])
+            if not contributes:
+                self.layer_need_backward[i] = False
+            if self.layer_need_backward[i]:
+                log.info("%s needs backward computation.", lp.name)
+            else:
+                log.info("%s does not need backward computation.", lp.name)
+            for j, bid in enumerate(self.bottom_ids[i]):
+                name = self.blob_names[bid]
+                if contributes:
+                    under_loss.add(name)
+                else:
+                    self.bottom_need_backward[i][j] = False
+                if not self.bottom_need_backward[i][j]:
+                    skip_backprop.add(name)
+
+        if self.param.force_backward:
+            for i, layer in enumerate(self.layers):
+                if not layer.has_backward():
+                    continue
+                self.layer_need_backward[i] = True
+                for j in range(len(self.bottom_ids[i])):
+                    self.bottom_need_backward[i][j] = (self.bottom_need_backward[i][j]
+                                                       or layer.allow_force_backward(j))
+                layer.param_propagate_down = [True] * len(layer.blobs)
+
+    def _learnable_param_finish_layers(self):
+        """For each layer, the learnable params whose gradient is complete once backward has
+        passed it: a shared param is complete at the earliest layer that uses it."""
+        first_use = {}
+        for pid, (layer_index, _) in enumerate(self.param_layer_indices):
+            lid = self.learnable_param_ids[pid]
+            first_use[lid] = min(first_use.get(lid, layer_index), layer_index)
+        final_at = [[] for _ in self.layers]
+        for lid, layer_index in sorted(first_use.items()):
+            final_at[layer_index].append(lid)
+        return final_at
+
+    # -- hooks for the distributed engine ------------------------------------------------------
+    def set_grad_ready_hook(self, fn):
+        """``fn(layer_index)`` runs in backward once that layer's parameter gradients are final
+        (see ``learnable_params_final_at``)."""
+        self._grad_ready_hook = fn
+
+    def set_before_forward_hook(self, fn):
+        """``fn(layer_index)`` runs before each layer that has parameters computes forward."""
+        self._before_forward_hook = fn
+
+    def learnable_params_final_at(self, layer_index):
+        return self._learnable_final_at[layer_index]
+
+    # -- running -------------------------------------------------------------------------------
+    def forward_from_to(self, start=0, end=None):
+        end = len(self.layers) - 1 if end is None else end
+        loss = 0.0
+        hook = self._before_forward_hook
+        debug = self.param.debug_info
+        for i in range(start, end + 1):
+            layer = self.layers[i]
+            if hook is not None and layer.blobs:
+                hook(i)
+            bottoms, tops = self.bottom_vecs[i], self.top_vecs[i]
+            try:
+                layer.reshape(bottoms, tops)
+            except (LayerError, NetError):
+                raise
+            except (ValueError, IndexError, TypeError) as exc:
+                raise NetError("layer %r of type %s cannot take bottom shapes %s: %s"
+                               % (layer.name, layer.type, [list(b.shape) for b in bottoms],
+                                  exc)) from exc
+            layer.forward(bottoms, tops)
+            for j, weight in self.layer_loss_weights[i]:
+                loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
+            if debug:
+                self._forward_debug_info(i)
+        return loss
+
+    def backward_from_to(self, start=None, end=0):
+        start = len(self.layers) - 1 if start is None else start
+        hook = self._grad_ready_hook
+        debug = self.param.debug_info
+        for i in range(start, end - 1, -1):
+            if not self.layer_need_backward[i]:
+                continue
+            tops = self.top_vecs[i]
+            for j, weight in self.layer_loss_weights[i]:
+                tops[j].diff[...] = weight
+            self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
+            if debug:
+                self._backward_debug_info(i)
+            if hook is not None and self._learnable_final_at[i]:
+                hook(i)
+        if debug:
+            self._update_debug_summary()
+
+    def forward_prefilled(self):
+        return self.forward_from_to(0, len(self.layers) - 1)
+
+    def forward_backward(self):
+        loss = self.forward_from_to()
+        self.backward_from_to()
+        return loss
+
+    def reshape(self):
+        for i, layer in enumerate(self.layers):
+            layer.reshape(self.bottom_vecs[i], self.top_vecs[i])
+
+    def clear_param_diffs(self):
+        for blob in self.learnable_params:
+            blob.diff[...] = 0
+
+    # -- debug info, as Caffe's debug_info logs it -------------------------------------------
+    @staticmethod
+    def _mean_abs(array):
+        return float(np.abs(array).mean()) if array.size else 0.0
+
+    def _forward_debug_info(self, i):
+        for bid in self.top_ids[i]:
+            log.info("    [Forward] Layer %s, top blob %s data: %g", self.layer_names[i],
+                     self.blob_names[bid], self._mean_abs(self._blobs[bid].data))
+        for j, blob in enumerate(self.layers[i].blobs):
+            log.info("    [Forward] Layer %s, param blob %d data: %g", self.layer_names[i], j,
+                     self._mean_abs(blob.data))
+
+    def _backward_debug_info(self, i):
+        for j, bid in enumerate(self.bottom_ids[i]):
+            if self.bottom_need_backward[i][j]:
+                log.info("    [Backward] Layer %s, bottom blob %s diff: %g", self.layer_names[i],
+                         self.blob_names[bid], self._mean_abs(self._blobs[bid].diff))
+        for j, blob in enumerate(self.layers[i].blobs):
+            if self.layers[i].param_propagate_down[j]:
+                log.info("    [Backward] Layer %s, param blob %d diff: %g",
+                         self.layer_names[i], j, self._mean_abs(blob.diff))
+
+    def _update_debug_summary(self):
+        data = sum(float(np.abs(b.data).sum()) for b in self.learnable_params)
+        diff = sum(float(np.abs(b.diff).sum()) for b in self.learnable_params)
+        log.info("    [Backward] All net params (data, diff): L1 norm = (%g, %g)", data, diff)
+
+    # -- weights in and out --------------------------------------------------------------------
+    def copy_trained_layers_from(self, source):
+        """Copy parameters layer by layer, by name, from a NetParameter or a .caffemodel path
+        (Caffe's CopyTrainedLayersFrom, with its messages)."""
+        from .io import blobproto_to_array, read_net_binary
+        source_name = source if isinstance(source, str) else "the given NetParameter"
+        if isinstance(source, str):
+            source = read_net_binary(source)
+        by_name = {name: i for i, name in enumerate(self.layer_names)}
+        for src in source.layer:
+            if src.name not in by_name:
+                log.info("Ignoring source layer %s", src.name)
+                continue
+            target = self.layers[by_name[src.name]]
+            log.info("Copying source layer %s Type:%s #blobs=%d", src.name, src.type,
+                     len(src.blobs))
+            if len(src.blobs) != len(target.blobs):
+                raise NetError("Incompatible number of blobs for layer %s: the source %s has %d, "
+                               "the net has %d" % (src.name, source_name, len(src.blobs),
+                                                   len(target.blobs)))
+            for j, blob_proto in enumerate(src.blobs):
+                array = blobproto_to_array(blob_proto)
+                blob = target.blobs[j]
+                if array.shape != blob.shape:
+                    legacy_ok = (not blob_proto.shape.dim and array.size == blob.count
+                                 and blob.num_axes <= 4)
+                    if not legacy_ok:
+                        raise NetError(
+                            "Cannot copy param %d weights from layer '%s'; shape mismatch.  "
+                            "Source param shape is %s (%d); target param shape is %s. To learn "
+                            "this layer's parameters from scratch rather than copying from a "
+                            "saved net, rename the layer." % (
+                                j, src.name, " ".join(map(str, array.shape)), array.size,
+                                blob.shape_string()))
+                blob.data[...] = array.reshape(blob.shape)
+
+    copy_from = copy_trained_layers_from
+
+    def share_trained_layers_with(self, other):
+        """Make this net's parameters the same storage as ``other``'s, layer by layer by name
+        (test nets see the training net's weights without copying them)."""
+        by_name = {name: i for i, name in enumerate(other.layer_names)}
+        for i, name in enumerate(self.layer_names):
+            if name not in by_name:
+                log.info("Ignoring source layer %s", name)
+                continue
+            source = other.layers[by_name[name]]
+            target = self.layers[i]
+            if len(source.blobs) != len(target.blobs):
+                raise NetError("Incompatible number of blobs for layer %s" % name)
+            for j, blob in enumerate(source.blobs):
+                if blob.shape != target.blobs[j].shape:
+                    raise NetError("Cannot share param %d weights from layer '%s'; shape "
+                                   "mismatch: %s vs %s" % (j, name, blob.shape_string(),
+                                                           target.blobs[j].shape_string()))
+                target.blobs[j].share_data(blob)
+
+    share_with = share_trained_layers_with
+
+    def to_proto(self, write_diff=False):
+        from .io import array_to_blobproto
+        out = caffe_pb2.NetParameter()
+        out.CopyFrom(self.param)
+        out.ClearField("layer")
+        out.state.CopyFrom(self.state)
+        for layer, layer_param in zip(self.layers, self.param.layer):
+            lp = out.layer.add()
+            lp.CopyFrom(layer_param)
+            del lp.blobs[:]
+            for blob in layer.blobs:
+                bp = array_to_blobproto(blob.data, blob.diff if write_diff else None)
+                lp.blobs.add().CopyFrom(bp)
+        return out
+
+    def save(self, path, write_diff=False):
+        from .io import write_net_binary
+        write_net_binary(self.to_proto(write_diff), path)
+
+    def to_prototxt(self):
+        return text_format.MessageToString(self.param)
+
+    # -- pycaffe's view --------------------------------------------------------------------
+    @property
+    def blobs(self):
+        return OrderedDict((n, b) for n, b in zip(self.blob_names, self._blobs))
+
+    @property
+    def blob_loss_weights(self):
+        return OrderedDict(zip(self.blob_names, self.blob_loss_weight_list))
+
+    @property
+    def params(self):
+        return OrderedDict((name, layer.blobs) for name, layer in zip(self.layer_names,
+                                                                       self.layers)
+                           if layer.blobs)
+
+    @property
+    def layer_dict(self):
+        return OrderedDict(zip(self.layer_names, self.layers))
+
+    @property
+    def inputs(self):
+        return [self.blob_names[i] for i in self.input_blob_indices]
+
+    @property
+    def outputs(self):
+        return [self.blob_names[i] for i in self.output_blob_indices]
+
+    @property
+    def output_blobs(self):
+        return [self._blobs[i] for i in self.output_blob_indices]
+
+    @property
+    def input_blobs(self):
+        return [self._blobs[i] for i in self.input_blob_indices]
+
+    @property
+    def top_names(self):
+        return OrderedDict((n, [self.blob_names[b] for b in ids])
+                           for n, ids in zip(self.layer_names, self.top_ids))
+
+    @property
+    def bottom_names(self):
+        return OrderedDict((n, [self.blob_names[b] for b in ids])
+                           for n, ids in zip(self.layer_names, self.bottom_ids))
+
+    def _layer_index(self, name, what):
+        try:
+            return self.layer_names.index(name)
+        except ValueError:
+            raise NetError("%s layer %r is not in net %r" % (what, name, self.name)) from None
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """pycaffe's Net.forward: set inputs from keyword arrays, run, return the outputs."""
+        if blobs is None:
+            blobs = []
+        start_ind = 0 if start is None else self._layer_index(start, "start")
+        if end is not None:
+            end_ind = self._layer_index(end, "end")
+            outputs = set(self.top_names[end] + list(blobs))
+        else:
+            end_ind = len(self.layers) - 1
+            outputs = set(self.outputs + list(blobs))
+        if kwargs:
+            if set(kwargs) != set(self.inputs):
+                raise NetError("Input blob arguments do not match net inputs: given %s, the net "
+                               "takes %s" % (sorted(kwargs), self.inputs))
+            for name, array in kwargs.items():
+                array = np.asarray(array)
+                blob = self.blobs[name]
+                if array.ndim == 0 or array.shape[0] != blob.shape[0]:
+                    raise NetError("Input %r is not batch sized: got shape %s, blob is %s"
+                                   % (name, array.shape, blob.shape))
+                blob.data[...] = array
+        self.forward_from_to(start_ind, end_ind)
+        named = self.blobs
+        return {out: named[out].data for out in outputs}
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """pycaffe's Net.backward: seed output diffs from keyword arrays, run, return the input
+        diffs (and any blobs named in ``diffs``)."""
+        if diffs is None:
+            diffs = []
+        start_ind = len(self.layers) - 1 if start is None else self._layer_index(start, "start")
+        if end is not None:
+            end_ind = self._layer_index(end, "end")
+            outputs = set(self.bottom_names[end] + list(diffs))
+        else:
+            end_ind = 0
+            outputs = set(self.inputs + list(diffs))
+        if kwargs:
+            if set(kwargs) != set(self.outputs):
+                raise NetError("Top diff arguments do not match net outputs: given %s, the net "
+                               "has %s" % (sorted(kwargs), self.outputs))
+            for name, array in kwargs.items():
+                array = np.asarray(array)
+                blob = self.blobs[name]
+                if array.ndim == 0 or array.shape[0] != blob.shape[0]:
+                    raise NetError("Diff %r is not batch sized: got shape %s, blob is %s"
+                                   % (name, array.shape, blob.shape))
+                blob.diff[...] = array
+        self.backward_from_to(start_ind, end_ind)
+        named = self.blobs
+        return {out: named[out].diff for out in outputs}
+
+    def _batches(self, arrays):
+        num = len(next(iter(arrays.values()))) if arrays else 0
+        batch = self._blobs[self.input_blob_indices[0]].shape[0] if self.input_blob_indices \
+            else 1
+        for b in range(0, num, batch):
+            chunk = {}
+            for name, array in arrays.items():
+                part = np.asarray(array[b:b + batch])
+                if len(part) < batch:
+                    pad = np.zeros((batch - len(part),) + part.shape[1:], part.dtype)
+                    part = np.concatenate([part, pad])
+                chunk[name] = part
+            yield chunk, min(batch, num - b)
+
+    def forward_all(self, blobs=None, **kwargs):
+        """Run forward over inputs of any length, batch by batch; outputs concatenated."""
+        collected = {out: [] for out in set(self.outputs + list(blobs or []))}
+        for chunk, valid in self._batches(kwargs):
+            outs = self.forward(blobs=blobs, **chunk)
+            for name, value in outs.items():
+                collected[name].append(_batch_part(value, valid))
+        if not kwargs:
+            outs = self.forward(blobs=blobs)
+            return {n: v.copy() for n, v in outs.items()}
+        return {n: np.concatenate(v) for n, v in collected.items()}
+
+    def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
+        forward_in = {k: v for k, v in kwargs.items() if k in self.inputs}
+        backward_in = {k: v for k, v in kwargs.items() if k in self.outputs}
+        all_outs = {out: [] for out in set(self.outputs + list(blobs or []))}
+        all_diffs = {d: [] for d in set(self.inputs + list(diffs or []))}
+        back_batches = list(self._batches(backward_in)) if backward_in else None
+        for index, (chunk, valid) in enumerate(self._batches(forward_in)):
+            outs = self.forward(blobs=blobs, **chunk)
+            bchunk = back_batches[index][0] if back_batches else {}
+            grads = self.backward(diffs=diffs, **bchunk)
+            for name, value in outs.items():
+                all_outs[name].append(_batch_part(value, valid))
+            for name, value in grads.items():
+                all_diffs[name].append(_batch_part(value, valid))
+        return ({n: np.concatenate(v) for n, v in all_outs.items()},
+                {n: np.concatenate(v) for n, v in all_diffs.items()})
+
+    def set_input_arrays(self, data, labels):
+        """pycaffe's set_input_arrays: feed a MemoryData first layer."""
+        layer = self.layers[0]
+        if layer.type != "MemoryData":
+            raise NetError("set_input_arrays needs the net's first layer to be MemoryData, not %s"
+                           % layer.type)
+        layer.set_input_arrays(data, labels)
+
+    def __repr__(self):
+        return "<Net %r phase=%s layers=%d>" % (self.name, caffe_pb2.Phase.Name(self.phase),
+                                               len(self.layers))

@@ -1,0 +1,554 @@
+"""The training loop, as Caffe's Solver: nets, step, test, display, snapshot, restore.
+
+One iteration (``step``): clear parameter diffs, test when due, forward/backward ``iter_size``
+times, display, hand over to ``self.exchange`` (the distributed engine's seam), then snapshot
+when due. The local exchange simply calls ``apply_update()``: learning rate, clip, then per
+parameter ``update_param`` (normalise, regularise, compute the update value, apply it).
+A subclass supplies the update rule (``compute_update_value``) and its history layout.
+"""
+import math
+import os
+import time
+
+import numpy as np
+from google.protobuf import text_format
+
+from .. import io as pio
+from .. import log
+from .. import rng
+from ..progress import ProgressBar
+from ..proto import caffe_pb2
+from . import signals
+from . import snapshot as snap
+from . import updates
+from .lr_policy import learning_rate
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+
+class SolverError(ValueError):
+    """A solver definition that cannot be run; the message names the field."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the message names the iteration and last snapshot."""
+
+    def __init__(self, message, iteration, last_snapshot):
+        super().__init__(message)
+        self.iteration = iteration
+        self.last_snapshot = last_snapshot
+
+
+class LocalExchange:
+    """A single process: the gradients are complete, so the solver updates its own net.
+
+    A distributed engine replaces ``solver.exchange`` with an object of the same shape; its
+    ``after_gradients`` may aggregate the diffs and then call ``solver.apply_update()``, or
+    send them to a parameter server and copy fresh weights back instead.
+    """
+
+    def after_gradients(self, solver):
+        solver.apply_update()
+
+
+def fmt(value):
+    """Numbers as C++ streams print them by default (6 significant digits)."""
+    return "%g" % value
+
+
+class Solver:
+    type = None
+    # how many history arrays per learnable parameter the update rule keeps
+    history_sets = 1
+
+    def __init__(self, param, exchange=None, solver_file=None):
+        self.solver_file = solver_file
+        if isinstance(param, (str, os.PathLike)):
+            self.solver_file = os.fspath(param)
+            param = pio.read_solver_param(self.solver_file)
+        elif not isinstance(param, caffe_pb2.SolverParameter):
+            raise SolverError("a solver is built from a SolverParameter or a solver prototxt "
+                              "path, not %r" % type(param).__name__)
+        self.param = param
+        self.exchange = exchange or LocalExchange()
+        self.action_function = None
+        self.requested_early_exit = False
+        self.last_snapshot = None
+        self.last_snapshot_iter = None
+        self.iter = 0
+        self.current_step = 0
+        self.losses = []
+        self.smoothed_loss = 0.0
+        self._init(param)
+
+    # -- construction ---------------------------------------------------------------------
+    def _init(self, param):
+        log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(param))
+        if param.average_loss < 1:
+            raise SolverError("average_loss should be at least 1 (got %d)" % param.average_loss)
+        if param.iter_size < 1:
+            raise SolverError("iter_size should be at least 1 (got %d)" % param.iter_size)
+        if param.regularization_type not in updates.REGULARIZATION_TYPES:
+            raise SolverError("Unknown regularization type: %r (expected L2 or L1)"
+                              % param.regularization_type)
+        self._check_snapshot_write_permissions()
+        if param.random_seed >= 0:
+            rng.set_random_seed(param.random_seed)
+        self.net = self._init_train_net()
+        self.test_nets = self._init_test_nets()
+        log.info("Solver scaffolding done.")
+        self.check_param()
+        self.history = []
+        for _ in range(self.history_sets):
+            for blob in self.net.learnable_params:
+                self.history.append(blob.backend.zeros(blob.shape))
+
+    def check_param(self):
+        """Rule-specific checks of the solver fields (Caffe's CHECKs in each solver's PreSolve)."""
+
+    def _resolve(self, path):
+        """Net paths are relative to the working directory, as in Caffe; a path found only
+        next to the solver prototxt is taken from there."""
+        if os.path.exists(path) or self.solver_file is None:
+            return path
+        beside = os.path.join(os.path.dirname(os.path.abspath(self.solver_file)), path)
+        return beside if os.path.exists(beside) else path
+
+    def _init_train_net(self):
+        p = self.param
+        fields = "net, net_param, train_net, train_net_param"
+        count = sum([p.HasField("net"), p.HasField("net_param"), p.HasField("train_net"),
+                     p.HasField("train_net_param")])
+        if count < 1:
+            raise SolverError("SolverParameter must specify a train net using one of these "
+                              "fields: " + fields)
+        if count > 1:
+            raise SolverError("SolverParameter must not contain more than one of these fields "
+                              "specifying a train_net: " + fields)
+        if p.HasField("train_net_param"):
+            log.info("Creating training net specified in train_net_param.")
+            net_param = _copy(p.train_net_param)
+        elif p.HasField("train_net"):
+            log.info("Creating training net from train_net file: %s", p.train_net)
+            net_param = pio.read_net_param(self._resolve(p.train_net))
+        elif p.HasField("net_param"):
+            log.info("Creating training net specified in net_param.")
+            net_param = _copy(p.net_param)
+        else:
+            log.info("Creating training net from net file: %s", p.net)
+            net_param = pio.read_net_param(self._resolve(p.net))
+        state = caffe_pb2.NetState()
+        state.phase = TRAIN
+        state.MergeFrom(net_param.state)
+        state.MergeFrom(p.train_state)
+        net = self._build_net(net_param, state)
+        for weights in p.weights:
+            self._load_weights(net, weights)
+        return net
+
+    def _init_test_nets(self):
+        p = self.param
+        num_generic = int(p.HasField("net_param")) + int(p.HasField("net"))
+        if num_generic > 1:
+            raise SolverError("Both net_param and net_file may not be specified.")
+        num_specific = len(p.test_net_param) + len(p.test_net)
+        if (len(p.test_iter) < num_specific if num_generic else len(p.test_iter) != num_specific):
+            raise SolverError("test_iter must be specified for each test network (%d test_iter "
+                              "for %d test nets)" % (len(p.test_iter), num_specific))
+        num_instances = len(p.test_iter)
+        if len(p.test_state) and len(p.test_state) != num_instances:
+            raise SolverError("test_state must be unspecified or specified once per test net "
+                              "(%d test_state for %d test nets)" % (len(p.test_state), num_instances))
+        if num_instances and p.test_interval <= 0:
+            raise SolverError("test_interval must be > 0 when test nets are given (got %d)"
+                              % p.test_interval)
+        sources, params = [], []
+        for net_param in p.test_net_param:
+            sources.append("test_net_param")
+            params.append(_copy(net_param))
+        for path in p.test_net:
+            sources.append("test_net file: " + path)
+            params.append(pio.read_net_param(self._resolve(path)))
+        for _ in range(num_instances - num_specific):
+            if p.HasField("net_param"):
+                sources.append("net_param")
+                params.append(_copy(p.net_param))
+            else:
+                sources.append("net file: " + p.net)
+                params.append(pio.read_net_param(self._resolve(p.net)))
+        nets = []
+        for i, net_param in enumerate(params):
+            state = caffe_pb2.NetState()
+            state.phase = TEST
+            state.MergeFrom(net_param.state)
+            if len(p.test_state):
+                state.MergeFrom(p.test_state[i])
+            log.info("Creating test net (#%d) specified by %s", i, sources[i])
+            net = self._build_net(net_param, state)
+            _set_debug_info(net, p.debug_info)
+            for weights in p.weights:
+                self._load_weights(net, weights)
+            nets.append(net)
+        return nets
+
+    def _build_net(self, net_param, state):
+        from ..net import Net
+        net_param.state.CopyFrom(state)
+        return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage))
+
+    def _load_weights(self, net, paths):
+        for path in paths.split(","):
+            if path:
+                log.info("Finetuning from %s", path)
+                snap.load_weights(net, path)
+
+    # -- the loop -------------------------------------------------------------------------
+    def set_action_function(self, fn):
+        """``fn()`` -> "stop" | "snapshot" | "none", asked after every iteration (signals)."""
+        self.action_function = fn
+
+    def requested_action(self):
+        return self.action_function() if self.action_function else signals.NONE
+
+    def solve(self, resume_file=None):
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", self.param.lr_policy)
+        self.requested_early_exit = False
+        if resume_file:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(self.param.max_iter - self.iter)
+        p = self.param
+        snapshot_here = p.snapshot and self.iter % p.snapshot == 0
+        if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
+                and self.last_snapshot_iter != self.iter):
+            self.snapshot()
+        if self.requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
+        if p.display and self.iter % p.display == 0:
+            loss, _ = forward_outputs(self.net)
+            self._update_smoothed_loss(loss, start_iter)
+            log.info("Iteration %d, loss = %s", self.iter, fmt(self.smoothed_loss))
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    def step(self, iters):
+        p = self.param
+        start_iter = self.iter
+        stop_iter = self.iter + int(iters)
+        self.losses = []
+        self.smoothed_loss = 0.0
+        self._timer = time.perf_counter()
+        self._iterations_last = self.iter
+        bar = None
+        try:
+            while self.iter < stop_iter:
+                self.net.clear_param_diffs()
+                if (p.test_interval and self.iter % p.test_interval == 0
+                        and (self.iter > 0 or p.test_initialization)):
+                    if bar is not None:
+                        bar.close()
+                        bar = None
+                    self.test_all()
+                    if self.requested_early_exit:
+                        break
+                display = bool(p.display) and self.iter % p.display == 0
+                _set_debug_info(self.net, display and p.debug_info)
+                loss = 0.0
+                for _ in range(p.iter_size):
+                    loss += float(self.net.forward_backward())
+                loss /= p.iter_size
+                if not math.isfinite(loss):
+                    self._diverged(loss)
+                self._update_smoothed_loss(loss, start_iter)
+                if display:
+                    if bar is not None:
+                        bar.close()
+                        bar = None
+                    self._display()
+                self.exchange.after_gradients(self)
+                self.iter += 1
+                if p.display and self.iter < stop_iter:
+                    if bar is None:
+                        bar = ProgressBar(p.display, "Iteration")
+                    bar.update(self.iter % p.display or p.display,
+                               "(next display at %d)" % ((self.iter // p.display + 1) * p.display))
+                request = self.requested_action()
+                if (p.snapshot and self.iter % p.snapshot == 0) or request == signals.SNAPSHOT:
+                    self.snapshot()
+                if request == signals.STOP:
+                    self.requested_early_exit = True
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _diverged(self, loss):
+        where = ("the last good snapshot is %s" % self.last_snapshot if self.last_snapshot
+                 else "no snapshot was written in this run")
+        message = ("Iteration %d: the loss is %s; training stopped (%s)"
+                   % (self.iter, fmt(loss), where))
+        log.error(message)
+        raise TrainingDiverged(message, self.iter, self.last_snapshot)
+
+    def _update_smoothed_loss(self, loss, start_iter):
+        average = self.param.average_loss
+        if len(self.losses) < average:
+            self.losses.append(loss)
+            size = len(self.losses)
+            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        else:
+            idx = (self.iter - start_iter) % average
+            self.smoothed_loss += (loss - self.losses[idx]) / average
+            self.losses[idx] = loss
+
+    def _display(self):
+        lapse = time.perf_counter() - self._timer
+        per_s = (self.iter - self._iterations_last) / (lapse or 1.0)
+        log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, fmt(per_s),
+                 fmt(lapse), self.param.display, fmt(self.smoothed_loss))
+        self._timer = time.perf_counter()
+        self._iterations_last = self.iter
+        score_index = 0
+        for name, values, weight in output_values(self.net):
+            for value in values:
+                log.info("    Train net output #%d: %s = %s%s", score_index, name, fmt(value),
+                         loss_note(weight, value))
+                score_index += 1
+
+    # -- testing --------------------------------------------------------------------------
+    def test_all(self):
+        for test_net_id in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            self.test(test_net_id)
+
+    def test(self, test_net_id=0):
+        p = self.param
+        log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        test_net = self.test_nets[test_net_id]
+        test_net.share_trained_layers_with(self.net)
+        test_iter = p.test_iter[test_net_id]
+        scores, names, weights = [], [], []
+        loss = 0.0
+        with ProgressBar(test_iter, "Testing net (#%d)" % test_net_id) as bar:
+            for i in range(test_iter):
+                request = self.requested_action()
+                while request != signals.NONE:
+                    if request == signals.SNAPSHOT:
+                        self.snapshot()
+                    elif request == signals.STOP:
+                        self.requested_early_exit = True
+                    request = self.requested_action()
+                if self.requested_early_exit:
+                    break
+                iter_loss, outputs = forward_outputs(test_net)
+                if p.test_compute_loss:
+                    loss += iter_loss
+                flat = [(name, weight, value) for name, values, weight in outputs
+                        for value in values]
+                if i == 0:
+                    scores = [value for _, _, value in flat]
+                    names = [name for name, _, _ in flat]
+                    weights = [weight for _, weight, _ in flat]
+                else:
+                    for k, (_, _, value) in enumerate(flat):
+                        scores[k] += value
+                bar.update(i + 1)
+        if self.requested_early_exit:
+            log.info("Test interrupted.")
+            return
+        if p.test_compute_loss:
+            log.info("Test loss: %s", fmt(loss / test_iter))
+        for k, score in enumerate(scores):
+            mean = score / test_iter
+            log.info("    Test net output #%d: %s = %s%s", k, names[k], fmt(mean),
+                     loss_note(weights[k], mean))
+
+    # -- the update -----------------------------------------------------------------------
+    def get_learning_rate(self):
+        rate, step = learning_rate(self.param, self.iter, self.current_step)
+        if self.param.lr_policy == "multistep" and step != self.current_step:
+            log.info("MultiStep Status: Iteration %d, step = %d", self.iter, step)
+        self.current_step = step
+        return rate
+
+    def apply_update(self):
+        """Learning rate, global clipping, then every parameter's update (Caffe's ApplyUpdate)."""
+        rate = self.get_learning_rate()
+        if self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
+        self.clip_gradients()
+        for param_id in range(len(self.net.learnable_params)):
+            self.update_param(param_id, rate)
+
+    def clip_gradients(self):
+        clip = self.param.clip_gradients
+        if clip < 0:
+            return
+        params = self.net.learnable_params
+        sumsq = sum(float(blob.backend.sumsq(blob.diff)) for blob in params)
+        l2norm, scale = updates.clip_scale(sumsq, clip)
+        if scale is not None:
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale "
+                     "factor %s", fmt(l2norm), fmt(clip), fmt(scale))
+            for blob in params:
+                blob.diff *= scale
+
+    def update_param(self, param_id, rate):
+        """Normalise, regularise, compute the update value, and apply it to one parameter."""
+        blob = self.net.learnable_params[param_id]
+        p = self.param
+        updates.normalize(blob.diff, p.iter_size)
+        local_decay = p.weight_decay * self.net.params_weight_decay[param_id]
+        updates.regularize(blob.data, blob.diff, local_decay, p.regularization_type)
+        self.compute_update_value(param_id, rate)
+        blob.update()
+
+    def compute_update_value(self, param_id, rate):
+        raise SolverError("%s defines no update rule" % type(self).__name__)
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _snapshot_prefix(self):
+        if self.param.HasField("snapshot_prefix"):
+            return self.param.snapshot_prefix
+        if self.solver_file:
+            # Caffe's upgrade: an empty prefix becomes the solver file's name
+            stem = self.solver_file
+            return stem[:-len(".prototxt")] if stem.endswith(".prototxt") else stem
+        return ""
+
+    def _check_snapshot_write_permissions(self):
+        if not self.param.snapshot:
+            return
+        if not self.param.HasField("snapshot_prefix") and not self.solver_file:
+            raise SolverError("In solver params, snapshot is specified but snapshot_prefix is not")
+        probe = "%s_iter_%d.tempfile" % (self._snapshot_prefix(), self.iter)
+        try:
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError:
+            raise SolverError("Cannot write to snapshot prefix '%s'.  Make sure that the "
+                              "directory exists and is writable." % self._snapshot_prefix()) from None
+
+    def _check_params_finite(self):
+        for i, blob in enumerate(self.net.learnable_params):
+            if not np.all(np.isfinite(blob.backend.to_host(blob.data))):
+                where = ("the last good snapshot is %s" % self.last_snapshot
+                         if self.last_snapshot else "no snapshot was written in this run")
+                message = ("Iteration %d: learnable parameter #%d holds NaN or infinite values; "
+                           "the snapshot was not written (%s)" % (self.iter, i, where))
+                log.error(message)
+                raise TrainingDiverged(message, self.iter, self.last_snapshot)
+
+    def snapshot(self):
+        """Write ``<prefix>_iter_N`` model and solver state; returns the solver state path."""
+        self._check_params_finite()
+        prefix = self._snapshot_prefix()
+        fmt_ = self.param.snapshot_format
+        model = snap.model_filename(prefix, self.iter, fmt_)
+        state = snap.state_filename(prefix, self.iter, fmt_)
+        kind = "HDF5 file" if fmt_ == snap.HDF5 else "binary proto file"
+        log.info("Snapshotting to %s %s", kind, model)
+        snap.write_model(self.net, model, fmt_, self.param.snapshot_diff)
+        log.info("Snapshotting solver state to %s %s", kind, state)
+        snap.write_state(state, self.iter, model, self.current_step,
+                         [blob.backend.to_host(h) for blob, h in
+                          zip(self.net.learnable_params * self.history_sets, self.history)], fmt_)
+        snap.write_rngstate(state, self._layer_resume_states())
+        self.last_snapshot = state
+        self.last_snapshot_iter = self.iter
+        return state
+
+    def restore(self, state_file):
+        """Resume from a ``.solverstate`` (or ``.solverstate.h5``) as Caffe's Solver::Restore."""
+        state_file = os.fspath(state_file)
+        it, learned_net, current_step, history = snap.read_state(state_file)
+        if learned_net:
+            snap.load_weights(self.net, snap.resolve_learned_net(learned_net, state_file))
+        if len(history) != len(self.history):
+            raise snap.SnapshotError(
+                "Incorrect length of history blobs: %s holds %d, the %s solver keeps %d"
+                % (state_file, len(history), self.type, len(self.history)))
+        log.info("%sSolver: restoring history", self.type)
+        for i, (target, source) in enumerate(zip(self.history, history)):
+            if int(np.prod(source.shape)) != target.size:
+                raise snap.SnapshotError("history blob #%d in %s has %d values; the solver's has %d"
+                                         % (i, state_file, int(np.prod(source.shape)), target.size))
+            target[...] = np.asarray(source, dtype=np.float32).reshape(target.shape)
+        self.iter = it
+        self.current_step = current_step
+        extra = snap.read_rngstate(state_file)
+        if extra is None:
+            log.info("No %s beside %s: the random stream continues from its current state",
+                     os.path.basename(snap.rngstate_filename(state_file)), state_file)
+        else:
+            rng.set_state(extra["rng"])
+            self._set_layer_resume_states(extra.get("layers", {}))
+        self.last_snapshot = state_file
+        self.last_snapshot_iter = self.iter
+
+    def _all_nets(self):
+        yield "train", self.net
+        for i, net in enumerate(self.test_nets):
+            yield "test%d" % i, net
+
+    def _layer_resume_states(self):
+        states = {}
+        for tag, net in self._all_nets():
+            for name, layer in zip(net.layer_names, net.layers):
+                getter = getattr(layer, "get_resume_state", None)
+                if getter is not None:
+                    states["%s/%s" % (tag, name)] = getter()
+        return states
+
+    def _set_layer_resume_states(self, states):
+        for tag, net in self._all_nets():
+            for name, layer in zip(net.layer_names, net.layers):
+                key = "%s/%s" % (tag, name)
+                setter = getattr(layer, "set_resume_state", None)
+                if setter is not None and key in states:
+                    setter(states[key])
+
+
+# -- helpers shared with the command line ----------------------------------------------------
+def _copy(message):
+    out = type(message)()
+    out.CopyFrom(message)
+    return out
+
+
+def _set_debug_info(net, value):
+    net.param.debug_info = bool(value)
+
+
+def loss_note(weight, value):
+    return " (* %s = %s loss)" % (fmt(weight), fmt(weight * value)) if weight else ""
+
+
+def blob_loss_weight(net, name):
+    weights = net.blob_loss_weights
+    if isinstance(weights, dict):
+        return float(weights.get(name, 0.0))
+    return float(weights[list(net.blobs).index(name)])
+
+
+def output_values(net):
+    """[(output blob name, flat values, loss weight)] for the net's outputs, in order."""
+    result = []
+    for name in net.outputs:
+        blob = net.blobs[name]
+        values = np.asarray(blob.backend.to_host(blob.data), dtype=np.float64).ravel()
+        result.append((name, [float(v) for v in values], blob_loss_weight(net, name)))
+    return result
+
+
+def forward_outputs(net):
+    """One forward pass -> (loss, output_values)."""
+    loss = net.forward_prefilled()
+    return float(loss), output_values(net)

@@ -1,0 +1,350 @@
+"""``attach(solver, options)``: make a solver one worker of a distributed job.
+
+What it does on every rank: find the topology, give the data layers this worker's shard, write
+this rank's log in the output folder (rank 0 also on the console), broadcast rank 0's weights,
+build the sync engine over the train net's learnable blobs and hook it to the net (grad-ready,
+before-forward) and to the solver (``solver.exchange``). It also takes over the solver's
+``test`` (each worker runs its share of ``test_iter``; outputs are averaged over the job and
+logged once) and ``snapshot`` (rank 0 writes the model and a solver state that includes the
+parameter server's history; every rank keeps its own random and data-cursor state beside it).
+"""
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from .. import log
+from .. import rng
+from .engine import FactorSource, Item, SyncEngine
+from .failure import install as install_failure_handlers
+from .timeline import Timeline
+from .topology import Topology
+
+_state = {"topology": None, "log_handler": None}
+
+
+def _opt(options, name, default):
+    value = getattr(options, name, None) if options is not None else None
+    if isinstance(options, dict):
+        value = options.get(name)
+    return default if value is None or value == "" else value
+
+
+def prepare(options=None):
+    """Start this rank's part of a job: topology, logs, failure handling, data shard.
+
+    Call before the solver is built so that its data layers read this worker's shard and its
+    set-up is logged to this rank's file; ``attach`` calls it if that was not done.
+    """
+    if _state["topology"] is not None:
+        return _state["topology"]
+    topology = Topology(ranks_per_host=int(_opt(options, "ranks_per_host", 0)))
+    _state["topology"] = topology
+    install_failure_handlers(topology)
+    output_dir = _opt(options, "output_dir", "")
+    if output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+        _state["log_handler"] = log.add_file(os.path.join(output_dir,
+                                                          "caffe.rank%d.log" % topology.rank))
+    if topology.rank != 0:
+        log.set_console_level(logging.ERROR)
+    log.info("Worker rank %d of %d on host %s (pid %d): host %d of %d, device %d of %d",
+             topology.rank, topology.size, topology.hostname, os.getpid(), topology.host,
+             topology.num_hosts, topology.local_rank, topology.local_size)
+    from .. import data
+    data.set_worker(topology.rank, topology.size)
+    return topology
+
+
+class SolverRule:
+    """The solver's update math (Caffe's ApplyUpdate per parameter) over array slices, so a
+    parameter-server shard applies to its rows exactly what a local solver applies."""
+
+    def __init__(self, solver):
+        from ..solver import updates
+        self.updates = updates
+        self.solver = solver
+        self.net = solver.net
+        self.count = len(solver.net.learnable_params)
+        self.rates = {}
+        self.kind = solver.type
+
+    def history(self, index):
+        return [h.reshape(-1) for h in self.solver.history[index::self.count]]
+
+    def initial_history(self, index):
+        return [np.asarray(h, dtype=np.float32) for h in self.history(index)]
+
+    def apply(self, index, data, diff, history, clock):
+        p, u = self.solver.param, self.updates
+        u.normalize(diff, p.iter_size)
+        u.regularize(data, diff, p.weight_decay * self.net.params_weight_decay[index],
+                     p.regularization_type)
+        rate = self.rates[clock] * self.net.params_lr[index]
+        kind = self.kind
+        if kind == "SGD":
+            u.sgd(diff, history[0], rate, p.momentum)
+        elif kind == "Nesterov":
+            u.nesterov(diff, history[0], rate, p.momentum)
+        elif kind == "AdaGrad":
+            u.adagrad(diff, history[0], rate, p.delta)
+        elif kind == "RMSProp":
+            u.rmsprop(diff, history[0], rate, p.rms_decay, p.delta)
+        elif kind == "AdaDelta":
+            u.adadelta(diff, history[0], history[1], rate, p.momentum, p.delta)
+        elif kind == "Adam":
+            u.adam(diff, history[0], history[1], rate, p.momentum, p.momentum2, p.delta,
+                   clock + 1)
+        else:
+            raise ValueError("the sync engine has no update rule for solver type %r" % kind)
+        data -= diff
+
+
+def _ip_factor_source(net, layer_index):
+    """Sufficient factors of an InnerProduct layer: None when the layer cannot use them."""
+    layer = net.layers[layer_index]
+    lp = net.param.layer[layer_index]
+    if lp.type != "InnerProduct" or len(net.bottom_vecs[layer_index]) != 1:
+        return None
+    ipp = lp.inner_product_param
+    bottom, top = net.bottom_vecs[layer_index][0], net.top_vecs[layer_index][0]
+    axis = bottom.canonical_axis_index(ipp.axis)
+    K = bottom.count_axes(0, axis)
+    M = bottom.count_axes(axis)
+    N = ipp.num_output
+    weight = layer.blobs[0]
+    if weight.count != M * N:
+        return None
+
+    def read():
+        b, t = net.bottom_vecs[layer_index][0], net.top_vecs[layer_index][0]
+        k = b.count_axes(0, axis)
+        return (np.array(t.diff, dtype=np.float32).reshape(k, N),
+                np.array(b.data, dtype=np.float32).reshape(k, M))
+    return FactorSource(M, N, read, transpose=ipp.transpose, rows_per_pass=K)
+
+
+def build_items(net):
+    """One Item per learnable blob of ``net``, with its ready and first-use layers."""
+    uses = {}
+    for pid, (layer_index, j) in enumerate(net.param_layer_indices):
+        uses.setdefault(net.learnable_param_ids[pid], []).append((layer_index, j))
+    items = []
+    for index, blob in enumerate(net.learnable_params):
+        if net.params_lr[index] == 0:
+            continue        # never changes: nothing to exchange
+        where = uses[index]
+        first = min(layer for layer, _ in where)
+        layer_index, j = where[0]
+        name = "%s[%d]" % (net.layer_names[layer_index], j)
+        sfb = _ip_factor_source(net, layer_index) if (len(where) == 1 and j == 0) else None
+        items.append(Item(index, name, blob, ready_layer=first, first_use=first, sfb=sfb))
+    return items
+
+
+class DistributedRunner:
+    """What ``attach`` returns: ``solve()`` trains, then finishes the job's exchanges."""
+
+    def __init__(self, solver, options, topology):
+        self.solver = solver
+        self.topology = topology
+        self.output_dir = _opt(options, "output_dir", "")
+        net = solver.net
+        p = solver.param
+        self._broadcast_weights(net)
+        if p.random_seed >= 0:
+            # weights agree (broadcast); dropout and random crops must differ per worker
+            rng.set_random_seed(p.random_seed + 7919 * topology.rank)
+        self._restore_rank_state(_opt(options, "snapshot", ""))
+        self.rule = SolverRule(solver)
+        timeline_path = _opt(options, "timeline", "")
+        self.timeline = None
+        if timeline_path:
+            if topology.rank != 0:
+                stem, ext = os.path.splitext(timeline_path)
+                timeline_path = "%s.rank%d%s" % (stem, topology.rank, ext or ".json")
+            self.timeline = Timeline(timeline_path, topology.rank)
+        mode = _opt(options, "sync", "auto")
+        svb = getattr(options, "svb", None) if not isinstance(options, dict) else options.get("svb")
+        self.engine = SyncEngine(
+            topology, build_items(net), self.rule, mode=mode,
+            staleness=int(_opt(options, "staleness", 0)), svb=svb,
+            dwbp=bool(_opt(options, "dwbp", True)), iter_size=p.iter_size,
+            start_clock=solver.iter, clip=p.clip_gradients,
+            fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
+            timeout=float(_opt(options, "sync_timeout",
+                               os.environ.get("POSEIDON_SYNC_TIMEOUT", 300))),
+            timeline=self.timeline, announce=True)
+        self.engine.failure_handler = self._comm_failed
+        net.set_grad_ready_hook(self._grad_ready)
+        net.set_before_forward_hook(self.engine.before_forward)
+        solver.exchange = self
+        solver.test = self.test
+        self._solver_snapshot = solver.snapshot
+        solver.snapshot = self.snapshot
+        self._netoutputs = None
+        self._started = time.perf_counter()
+        if self.output_dir and topology.rank == 0:
+            name = os.path.splitext(os.path.basename(solver.solver_file or "solver"))[0]
+            self._netoutputs = os.path.join(self.output_dir, name + ".netoutputs")
+
+    # -- start-up -------------------------------------------------------------------------------
+    def _broadcast_weights(self, net):
+        world = self.topology.world
+        for blob in net.learnable_params:
+            flat = blob.data.reshape(-1)
+            world.Bcast(flat, root=0)
+        log.info("Rank 0's weights broadcast to %d workers", self.topology.size)
+
+    def _restore_rank_state(self, state_file):
+        if not state_file or self.topology.rank == 0:
+            return
+        from ..solver import snapshot as snap
+        extra = snap.read_rngstate(self._rank_state_path(state_file))
+        if extra is not None:
+            rng.set_state(extra["rng"])
+            self.solver._set_layer_resume_states(extra.get("layers", {}))
+            log.info("Rank %d: restored its random and data-cursor state", self.topology.rank)
+
+    def _rank_state_path(self, state_path):
+        for ext in (".solverstate.h5", ".solverstate"):
+            if state_path.endswith(ext):
+                return "%s.rank%d%s" % (state_path[:-len(ext)], self.topology.rank, ext)
+        return "%s.rank%d" % (state_path, self.topology.rank)
+
+    def _comm_failed(self, exc, where):
+        from .failure import fail
+        fail(exc, where)
+
+    # -- the solver's seams ---------------------------------------------------------------------
+    def _rate(self, clock):
+        rates = self.rule.rates
+        if clock not in rates:
+            rates[clock] = self.solver.get_learning_rate()
+            for old in [c for c in rates if c < clock - self.engine.staleness - 8]:
+                del rates[old]
+        return rates[clock]
+
+    def _grad_ready(self, layer_index):
+        self._rate(self.solver.iter)
+        self.engine.grad_ready(layer_index)
+
+    def after_gradients(self, solver):
+        rate = self._rate(solver.iter)
+        display = solver.param.display and solver.iter % solver.param.display == 0
+        if display:
+            log.info("Iteration %d, lr = %g", solver.iter, rate)
+        self.engine.after_backward()
+        if display:
+            self.engine.log_bytes()
+            self._write_netoutputs(solver)
+
+    def _write_netoutputs(self, solver):
+        if self._netoutputs is None:
+            return
+        from ..solver.solver import output_values
+        values = output_values(solver.net)
+        new = not os.path.exists(self._netoutputs)
+        with open(self._netoutputs, "a") as f:
+            if new:
+                names = ["%s_%d" % (name, k) if len(vals) > 1 else name
+                         for name, vals, _ in values for k in range(len(vals))]
+                f.write(",".join(["iteration", "seconds", "loss"] + names) + "\n")
+            flat = [v for _, vals, _ in values for v in vals]
+            f.write(",".join([str(solver.iter), "%.3f" % (time.perf_counter() - self._started),
+                              "%g" % solver.smoothed_loss] + ["%g" % v for v in flat]) + "\n")
+
+    def test(self, test_net_id=0):
+        from ..solver.solver import forward_outputs, loss_note, fmt
+        solver, topo = self.solver, self.topology
+        self.engine.sync_point()
+        p = solver.param
+        log.info("Iteration %d, Testing net (#%d)", solver.iter, test_net_id)
+        test_net = solver.test_nets[test_net_id]
+        test_net.share_trained_layers_with(solver.net)
+        test_iter = p.test_iter[test_net_id]
+        feeders = [layer for layer in test_net.layers if hasattr(layer, "prefetcher")]
+        sums, names, weights, loss, runs = None, [], [], 0.0, 0
+        for i in range(test_iter):
+            if i % topo.size != topo.rank:
+                for layer in feeders:      # keep the record stream where one worker has it
+                    layer.prefetcher.next()
+                continue
+            iter_loss, outputs = forward_outputs(test_net)
+            loss += iter_loss
+            flat = [(n, w, v) for n, values, w in outputs for v in values]
+            if sums is None:
+                sums = np.zeros(len(flat))
+                names = [n for n, _, _ in flat]
+                weights = [w for _, w, _ in flat]
+            sums += [v for _, _, v in flat]
+            runs += 1
+        local = np.concatenate([[loss], sums if sums is not None else []])
+        world = topo.world
+
+        def combine():
+            width = max(world.allgather(local.size))
+            padded = np.zeros(width)
+            padded[:local.size] = local
+            # rank 0 always runs batch 0, so it knows the output names and loss weights
+            return world.allreduce(padded), world.bcast((names, weights), root=0)
+        total, (names, weights) = self.engine.scheduler.call(combine)
+        width = total.size
+        if p.test_compute_loss:
+            log.info("Test loss: %s", fmt(total[0] / test_iter))
+        for k in range(width - 1):
+            mean = total[1 + k] / test_iter
+            log.info("    Test net output #%d: %s = %s%s", k, names[k], fmt(mean),
+                     loss_note(weights[k], mean))
+
+    def snapshot(self):
+        from ..solver import snapshot as snap
+        solver, topo = self.solver, self.topology
+        self.engine.sync_point()
+        server = self.engine.strategies.get("ps")
+        if server is not None:
+            histories = self.engine.scheduler.call(server.gather_history)
+            if topo.rank == 0:
+                for index, arrays in histories.items():
+                    for target, full in zip(self.rule.history(index), arrays):
+                        target[...] = full
+        if topo.rank == 0:
+            state = self._solver_snapshot()
+        else:
+            state = snap.state_filename(solver._snapshot_prefix(), solver.iter,
+                                        solver.param.snapshot_format)
+            solver.last_snapshot = state
+            solver.last_snapshot_iter = solver.iter
+        if topo.rank != 0:
+            snap.write_rngstate(self._rank_state_path(state), solver._layer_resume_states())
+        self.engine.scheduler.call(lambda: topo.world.barrier())
+        return state
+
+    # -- running --------------------------------------------------------------------------------
+    def solve(self, resume_file=None):
+        self.solver.solve(resume_file)
+        self.finish()
+
+    def step(self, iters):
+        self.solver.step(iters)
+
+    def finish(self):
+        self.engine.close()
+        if self.timeline is not None:
+            self.timeline.write()
+        if self.output_dir:
+            path = os.path.join(self.output_dir, "sync_stats.rank%d.json" % self.topology.rank)
+            with open(path, "w") as f:
+                json.dump(self.engine.stats(), f, indent=1, sort_keys=True)
+        self.engine.log_bytes(window=False)
+
+    def __getattr__(self, name):
+        return getattr(self.solver, name)
+
+
+def attach(solver, options=None):
+    """Make ``solver`` one worker of the MPI job; returns the runner whose ``solve()`` trains."""
+    topology = prepare(options)
+    return DistributedRunner(solver, options, topology)

@@ -1,0 +1,314 @@
+"""The sync engine's core: items (learnable blobs), the plan, the strategies and the schedule.
+
+It knows a model only as a list of items -- a blob with data and diff, the layer whose backward
+makes its gradient final, the layer whose forward first needs it, and for an InnerProduct weight
+a way to read its sufficient factors -- plus an update rule over array slices. ``attach`` in
+``distributed.py`` builds those from a solver; tests build them from plain arrays.
+"""
+import time
+
+import numpy as np
+
+from .. import log
+from .allreduce import RingAllreduce
+from .counters import ByteCounters
+from .dwbp import Scheduler, SyncError, make_buckets
+from .planner import human_bytes, make_plan
+from .ps import ParameterServer
+from .sfb import SufficientFactors
+from .transport import Transport
+
+
+class FactorSource:
+    """Where an InnerProduct layer's sufficient factors are read: top diff (K x N), bottom data
+    (K x M); ``transpose`` as the layer's weight layout."""
+
+    def __init__(self, M, N, read, transpose=False, rows_per_pass=None):
+        self.M, self.N = int(M), int(N)
+        self.read = read
+        self.transpose = bool(transpose)
+        self.rows_per_pass = rows_per_pass
+
+
+class Item:
+    def __init__(self, index, name, blob, ready_layer, first_use, sfb=None):
+        self.index = index
+        self.name = name
+        self.blob = blob
+        self.shape = tuple(blob.data.shape)
+        self.count = int(np.prod(self.shape)) if self.shape else 1
+        self.rows = self.shape[0] if self.shape else 1
+        self.ready_layer = ready_layer
+        self.first_use = first_use
+        self.sfb = sfb
+        self.strategy = None
+        self.bucket = None
+        self.fresh = 0
+        self.passes = 0
+        self.factor_parts = []
+
+    @property
+    def data_flat(self):
+        flat = self.blob.data.reshape(-1)
+        if not np.shares_memory(flat, self.blob.data):
+            raise SyncError("parameter %s is not contiguous in memory" % self.name)
+        return flat
+
+    @property
+    def diff_flat(self):
+        return self.blob.diff.reshape(-1)
+
+
+class SyncEngine:
+    def __init__(self, topology, items, rule, mode="auto", staleness=0, svb=None, dwbp=True,
+                 batch_rows=None, iter_size=1, start_clock=0, clip=None, fuse_bytes=1 << 16,
+                 timeout=300.0, timeline=None, announce=True):
+        self.topology = topology
+        self.items = list(items)
+        self.rule = rule
+        self.iter_size = int(iter_size)
+        self.staleness = int(staleness)
+        self.workers = topology.size
+        self.clip = clip if (clip is not None and clip >= 0) else None
+        self.counters = ByteCounters()
+        self.transport = Transport(topology, self.counters, timeout)
+        self.timeline = timeline
+        batch_rows = batch_rows or (lambda item: item.sfb.rows_per_pass if item.sfb else 1)
+        self.plan, self.predicted = make_plan(
+            self.items, mode, lambda item: batch_rows(item) * self.iter_size,
+            (topology.num_hosts, topology.num_shards, topology.local_size), self.staleness, svb,
+            self.clip is not None, announce)
+        for item in self.items:
+            item.strategy = self.plan[item.index]
+            item.fresh = start_clock
+        used = set(self.plan.values())
+        self.strategies = {}
+        if "allreduce" in used:
+            self.strategies["allreduce"] = RingAllreduce(self.transport, topology, self.counters)
+        if "sfb" in used:
+            self.strategies["sfb"] = SufficientFactors(self.transport, topology, self.counters)
+        if "ps" in used:
+            server = ParameterServer(self.transport, topology, self.counters, rule,
+                                     self.staleness, start_clock, self.workers)
+            for item in self.items:
+                if item.strategy == "ps":
+                    server.add(item, item.data_flat)
+            self.strategies["ps"] = server
+        self.buckets = make_buckets(self.items, self.plan, fuse_bytes)
+        self.bucket_predicted = {b.name: sum(self.predicted[i.index] for i in b.items)
+                                 for b in self.buckets}
+        self.by_ready = {}
+        self.by_first_use = {}
+        for item in self.items:
+            self.by_ready.setdefault(item.ready_layer, []).append(item)
+            self.by_first_use.setdefault(item.first_use, []).append(item)
+        self.clock = start_clock
+        self.start_clock = start_clock
+        self.payloads = {}
+        self.submitted = set()
+        self.dwbp = bool(dwbp)
+        self.stale_reads = {}
+        self.wait_seconds = 0.0
+        self.failure_handler = None
+        self._mark = None
+        self.scheduler = Scheduler(self, self.dwbp, timeline)
+
+    # -- compute-thread side: the net's hooks --------------------------------------------------
+    def grad_ready(self, layer_index):
+        if self.timeline is not None:
+            now = self.timeline.now_us()
+            if self._mark is not None:
+                self.timeline.span("backward to layer %d" % layer_index, "compute", self._mark,
+                                   now, 0)
+            self._mark = now
+        for item in self.by_ready.get(layer_index, ()):
+            self._capture(item)
+
+    def before_forward(self, layer_index):
+        items = self.by_first_use.get(layer_index)
+        if not items:
+            return
+        start = time.perf_counter()
+        t0 = self.timeline.now_us() if self.timeline is not None else None
+        self.scheduler.wait_items(items, self.clock, "waiting for fresh weights of layer %d "
+                                  "(iteration %d)" % (layer_index, self.clock))
+        self.wait_seconds += time.perf_counter() - start
+        if self.timeline is not None:
+            now = self.timeline.now_us()
+            self.timeline.span("wait layer %d" % layer_index, "wait", t0, now, 0)
+            self._mark = now
+
+    def _capture(self, item):
+        if item.strategy == "sfb":
+            item.factor_parts.append(item.sfb.read())
+        item.passes += 1
+        if item.passes < self.iter_size:
+            return
+        item.passes = 0
+        if item.strategy == "sfb":
+            parts, item.factor_parts = item.factor_parts, []
+            payload = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        else:
+            payload = np.array(item.diff_flat, dtype=np.float32, copy=True)
+        self.payloads[item.index] = payload
+        bucket = item.bucket
+        if self.dwbp and all(i.index in self.payloads for i in bucket.items):
+            self._submit(bucket)
+
+    def _submit(self, bucket):
+        payloads = [self.payloads.pop(i.index) for i in bucket.items]
+        self.submitted.add(bucket.index)
+        self.scheduler.submit(bucket, self.clock, payloads)
+
+    def after_backward(self):
+        """All passes of this clock's backward are done: send what is left, and (without DWBP,
+        or with global clipping) wait for the exchange before the update is taken."""
+        for bucket in self.buckets:
+            if bucket.index in self.submitted:
+                continue
+            for item in bucket.items:
+                if item.index not in self.payloads:
+                    if item.strategy == "sfb":
+                        raise SyncError("no sufficient factors were captured for %s in iteration "
+                                        "%d (its layer's backward did not run)"
+                                        % (item.name, self.clock))
+                    item.passes = 0
+                    self.payloads[item.index] = np.array(item.diff_flat, np.float32, copy=True)
+            self._submit(bucket)
+        self.submitted.clear()
+        clock = self.clock
+        if self.clip is not None:
+            self.scheduler.wait_idle("waiting for the gradient exchange of iteration %d" % clock)
+            self._clip_and_update(clock)
+        elif not self.dwbp:
+            start = time.perf_counter()
+            self.scheduler.wait_idle("waiting for the gradient exchange of iteration %d" % clock)
+            self.wait_seconds += time.perf_counter() - start
+        self.counters.end_iteration()
+        self.clock = clock + 1
+
+    def _clip_and_update(self, clock):
+        sumsq = sum(float(np.dot(item.result, item.result)) for item in self.items)
+        norm = float(np.sqrt(sumsq))
+        scale = self.clip / norm if norm > self.clip else None
+        if scale is not None:
+            log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale "
+                     "factor %g", norm, self.clip, scale)
+        for item in self.items:
+            diff = item.result
+            if scale is not None:
+                diff *= scale
+            self.rule.apply(item.index, item.data_flat, diff, self.rule.history(item.index), clock)
+            item.result = None
+        self.scheduler.mark_fresh(self.items, clock)
+
+    def sync_point(self):
+        """Everything sent, every update applied, every replica current (tests, snapshots, end)."""
+        self.scheduler.wait_idle("waiting for the exchanges to finish")
+        server = self.strategies.get("ps")
+        if server is not None and self.staleness > 0:
+            clock = self.clock
+            ps_items = [i for i in self.items if i.strategy == "ps"]
+
+            def catch_up():
+                server.wait_current(clock, "waiting for the parameter server to apply "
+                                    "iteration %d" % (clock - 1))
+                for item in ps_items:
+                    flat = item.data_flat
+                    if self.topology.is_leader:
+                        flat[...] = server.current_value(item.index)
+                    self.transport.local_broadcast(flat, item.name, "refreshing " + item.name)
+            self.scheduler.call(catch_up)
+
+    # -- communication-thread side ---------------------------------------------------------------
+    def run_task(self, task):
+        bucket, clock = task.bucket, task.clock
+        what = "exchanging %s (iteration %d)" % (bucket.name, clock)
+        inv = 1.0 / self.workers
+        if bucket.strategy == "allreduce":
+            buf = task.payloads[0] if len(task.payloads) == 1 else np.concatenate(task.payloads)
+            self.strategies["allreduce"].aggregate(buf, bucket.name, what)
+            offset = 0
+            for item in bucket.items:
+                part = buf[offset:offset + item.count]
+                offset += item.count
+                part *= inv
+                self._local_update(item, part, clock)
+        elif bucket.strategy == "sfb":
+            item = bucket.items[0]
+            top_diff, bottom_data = task.payloads[0]
+            grad = self.strategies["sfb"].aggregate(top_diff, bottom_data, item.sfb.transpose,
+                                                    bucket.name, what)
+            grad = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
+            grad *= inv
+            self._local_update(item, grad, clock)
+        else:
+            item = bucket.items[0]
+            read = self.strategies["ps"].exchange(item, task.payloads[0], item.data_flat, clock,
+                                                  what)
+            self.stale_reads[item.index] = max(self.stale_reads.get(item.index, 0), read)
+        if self.clip is None:
+            self.scheduler.mark_fresh(bucket.items, clock)
+
+    def _local_update(self, item, diff, clock):
+        if self.clip is not None:
+            item.result = diff
+            return
+        self.rule.apply(item.index, item.data_flat, diff, self.rule.history(item.index), clock)
+
+    def on_comm_failure(self, exc):
+        if self.failure_handler is not None:
+            self.failure_handler(exc, "the communication thread")
+
+    # -- reports -------------------------------------------------------------------------------
+    def log_bytes(self, window=True):
+        measured = self.counters.per_iteration(window)
+        total_pred = total_meas = 0.0
+        for bucket in self.buckets:
+            row = measured.get(bucket.name, {})
+            meas = row.get("sent", 0) + row.get("received", 0)
+            local = row.get("local_sent", 0) + row.get("local_received", 0)
+            pred = self.bucket_predicted[bucket.name]
+            total_pred += pred
+            total_meas += meas
+            log.info("    Sync %s %s: %s off-host per iteration (predicted %s), %s on-host",
+                     bucket.strategy, bucket.name, human_bytes(meas), human_bytes(pred),
+                     human_bytes(local))
+        log.info("    Sync total: %s off-host per iteration (predicted %s per host)",
+                 human_bytes(total_meas), human_bytes(total_pred))
+        if window:
+            self.counters.reset_window()
+
+    def stats(self):
+        return {
+            "rank": self.topology.rank, "host": self.topology.host,
+            "is_leader": self.topology.is_leader, "iterations": self.counters.iterations,
+            "plan": {item.name: item.strategy for item in self.items},
+            "predicted": {b.name: self.bucket_predicted[b.name] for b in self.buckets},
+            "measured": self.counters.per_iteration(window=False),
+            "buckets": {b.name: [i.name for i in b.items] for b in self.buckets},
+            "stale_reads": {self.items_by_index()[k].name: v for k, v in self.stale_reads.items()},
+            "staleness": self.staleness,
+            "wait_seconds": self.wait_seconds,
+            "comm_seconds": self.scheduler.comm_busy,
+        }
+
+    def items_by_index(self):
+        return {item.index: item for item in self.items}
+
+    def close(self):
+        self.sync_point()
+        server = self.strategies.get("ps")
+        if server is not None:
+            clock = self.clock
+
+            def drain():
+                server.wait_current(clock, "finishing the parameter server")
+                if self.topology.leaders is not None:
+                    req = self.topology.leaders.Ibarrier()
+                    self.transport.wait([req], "finishing the parameter server",
+                                        self.topology.leader_ranks)
+            self.scheduler.call(drain)
+        self.scheduler.stop()
+        for strategy in self.strategies.values():
+            strategy.close()

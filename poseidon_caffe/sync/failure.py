@@ -1,0 +1,52 @@
+"""A rank that raises ends the whole job at once, with an error naming the rank, its host and
+the cause; never a hang. (A rank that is killed outright is reported by ``supervise``.)"""
+import os
+import sys
+import threading
+import traceback
+
+from .. import log
+
+_state = {"installed": False, "topology": None}
+
+
+def describe():
+    topo = _state["topology"]
+    if topo is None:
+        return "rank ? on host %s (pid %d)" % (os.uname().nodename, os.getpid())
+    return "rank %d on host %s (pid %d)" % (topo.rank, topo.hostname, os.getpid())
+
+
+def fail(exc, where="training"):
+    """Log the failure, then abort every rank of the job."""
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        log.error("%s failed in %s: %s: %s", describe(), where, type(exc).__name__, exc)
+        log.error("Traceback of the failure:\n%s", text)
+        sys.stderr.write("*** %s failed in %s: %s: %s; ending the job\n"
+                         % (describe(), where, type(exc).__name__, exc))
+        sys.stderr.flush()
+    finally:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)
+
+
+def install(topology):
+    """Route uncaught exceptions of every thread of this rank to ``fail``."""
+    _state["topology"] = topology
+    if _state["installed"]:
+        return
+    _state["installed"] = True
+
+    def excepthook(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt):
+            sys.__excepthook__(kind, value, tb)
+            from mpi4py import MPI
+            MPI.COMM_WORLD.Abort(130)
+        fail(value)
+
+    def thread_hook(args):
+        fail(args.exc_value, "thread %s" % (args.thread.name if args.thread else "?"))
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_hook

@@ -1,0 +1,105 @@
+"""SACP: choose per parameter blob how it travels, with Poseidon's cost model.
+
+A blob of M x N values (an InnerProduct weight: N outputs x M inputs), a batch of K rows per
+host, P hosts and S parameter-server shards cost per host and iteration, in bytes sent plus
+received off the host:
+  ps        2MN(P+S-2)/S   (every host holds a shard)
+  sfb       2K(P-1)(M+N)   (InnerProduct weights only)
+  allreduce 4MN(P-1)/P     (2MN(P-1)/P each way)
+The cheapest wins; ties go to ps, then sfb, then allreduce (Poseidon's own order).
+"""
+from .. import log
+from .allreduce import RingAllreduce
+from .ps import ParameterServer
+from .sfb import SufficientFactors
+
+STRATEGIES = {"ps": ParameterServer, "sfb": SufficientFactors, "allreduce": RingAllreduce}
+TIE_ORDER = ("ps", "sfb", "allreduce")
+MODES = ("auto", "ps", "sfb", "allreduce")
+
+
+class PlanError(ValueError):
+    pass
+
+
+def blob_dims(item):
+    """(M, N) of a blob for the cost model: its count as N rows of M values."""
+    if item.sfb is not None:
+        return item.sfb.M, item.sfb.N
+    rows = item.rows
+    return item.count // rows, rows
+
+
+def prices(item, K, P, S):
+    M, N = blob_dims(item)
+    out = {"ps": ParameterServer.price(M, N, K, P, S),
+           "allreduce": RingAllreduce.price(M, N, K, P, S)}
+    if item.sfb is not None:
+        out["sfb"] = SufficientFactors.price(M, N, K, P, S)
+    return out
+
+
+def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False):
+    """The strategy name for one blob."""
+    if mode not in MODES:
+        raise PlanError("-sync=%s is not one of %s" % (mode, "|".join(MODES)))
+    if staleness > 0:
+        if mode in ("sfb", "allreduce"):
+            raise PlanError("-staleness=%d needs the parameter server: stale-synchronous "
+                            "training is a server consistency model (use -sync=ps or auto)"
+                            % staleness)
+        if clip:
+            raise PlanError("-staleness=%d cannot be combined with clip_gradients: the global "
+                            "gradient norm needs every blob at once" % staleness)
+        return "ps"
+    if mode == "ps":
+        if clip:
+            raise PlanError("-sync=ps cannot apply clip_gradients (a global norm over all "
+                            "blobs); use -sync=allreduce or sfb")
+        return "ps"
+    if mode == "allreduce":
+        return "allreduce"
+    if mode == "sfb":
+        if item.sfb is not None:
+            return "sfb"
+        return "allreduce" if clip else "ps"
+    cost = prices(item, K, P, S)
+    if svb is False:
+        cost.pop("sfb", None)
+    if clip:
+        cost.pop("ps", None)
+    return min(cost, key=lambda name: (cost[name], TIE_ORDER.index(name)))
+
+
+def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, clip=False,
+              announce=True):
+    """{item index: strategy name} and {item index: predicted off-host bytes per iteration}.
+
+    ``topology_shape`` is (hosts P, shards S, devices per host); a host's factors count its
+    devices' batches, so K = K_per_worker * devices per host (times iter_size, folded in by
+    the caller).
+    """
+    P, S, per_host = topology_shape
+    plan, predicted = {}, {}
+    for item in items:
+        K = K_per_worker(item) * per_host
+        name = choose(item, mode, K, P, S, staleness, svb, clip)
+        M, N = blob_dims(item)
+        plan[item.index] = name
+        predicted[item.index] = STRATEGIES[name].price(M, N, K, P, S)
+        if announce:
+            cost = prices(item, K, P, S)
+            log.info("Sync plan: %s (M=%d N=%d K=%d P=%d S=%d): %s -> %s", item.name, M, N, K,
+                     P, S, ", ".join("%s %s" % (n, human_bytes(c)) for n, c in sorted(cost.items())),
+                     name)
+    if announce:
+        log.info("Sync plan: predicted %s off-host per host per iteration (%d hosts, %d shards, "
+                 "%d devices per host)", human_bytes(sum(predicted.values())), P, S, per_host)
+    return plan, predicted
+
+
+def human_bytes(n):
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
+        n /= 1024.0

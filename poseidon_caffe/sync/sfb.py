@@ -1,0 +1,68 @@
+"""Sufficient-factor broadcast for InnerProduct weights (Poseidon's SFB).
+
+The gradient of an InnerProduct weight is a sum of outer products: dW = D^T A, with D the top
+diff (K x N) and A the bottom data (K x M) of the batch. Instead of the M x N matrix, each
+worker hands its factors to its peers; every worker stacks all factors and rebuilds the summed
+gradient itself, then applies the same update to its replica. Level 1 gathers the factors of the
+devices of a host into its leader; level 2 exchanges the hosts' factors between leaders; level 1
+again gives every device the stacked factors.
+"""
+import numpy as np
+
+ITEMSIZE = 4
+
+
+class SufficientFactors:
+    name = "sfb"
+    remote_update = False
+
+    @staticmethod
+    def price(M, N, K, P, S):
+        """Off-host bytes sent plus received by one host: K (M+N) to and from each of P-1 peers."""
+        return ITEMSIZE * 2.0 * K * (P - 1) * (M + N)
+
+    def __init__(self, transport, topology, counters):
+        self.transport = transport
+        self.topology = topology
+        self.counters = counters
+        self.peers = topology.leaders.Dup() if topology.leaders is not None else None
+
+    def aggregate(self, top_diff, bottom_data, transpose, key, what):
+        """Summed weight gradient over every worker from this worker's factors.
+
+        ``top_diff`` is K x N and ``bottom_data`` K x M; the result has the weight's layout:
+        N x M, or M x N when the layer's ``transpose`` is set.
+        """
+        K, N = top_diff.shape
+        M = bottom_data.shape[1]
+        mine = np.concatenate([top_diff.reshape(-1), bottom_data.reshape(-1)]).astype(np.float32)
+        topo = self.topology
+        host_factors = np.empty(topo.local_size * mine.size, dtype=np.float32)
+        self.transport.local_gather_to_leader(mine, host_factors, key, what)
+        everything = np.empty(topo.num_hosts * host_factors.size, dtype=np.float32)
+        if self.peers is not None:
+            self._exchange_between_hosts(host_factors, everything, key, what)
+        self.transport.local_broadcast(everything, key, what)
+        stacked = everything.reshape(-1, mine.size)
+        D = stacked[:, :K * N].reshape(-1, N)
+        A = stacked[:, K * N:].reshape(-1, M)
+        return (A.T @ D) if transpose else (D.T @ A)
+
+    def _exchange_between_hosts(self, host_factors, everything, key, what):
+        comm = self.peers
+        n = host_factors.size
+        everything[comm.rank * n:(comm.rank + 1) * n] = host_factors
+        reqs = []
+        for peer in range(comm.size):
+            if peer == comm.rank:
+                continue
+            reqs.append(comm.Isend(host_factors, dest=peer, tag=0))
+            reqs.append(comm.Irecv(everything[peer * n:(peer + 1) * n], source=peer, tag=0))
+            self.counters.add(key, sent=host_factors.nbytes, received=host_factors.nbytes)
+        others = [r for i, r in enumerate(self.topology.leader_ranks) if i != comm.rank]
+        self.transport.wait(reqs, what, others)
+
+    def close(self):
+        if self.peers is not None:
+            self.peers.Free()
+            self.peers = None

@@ -1,0 +1,46 @@
+"""A timeline of each iteration in Chrome's trace-event JSON (chrome://tracing, Perfetto).
+
+The compute thread records every layer's forward and backward; the communication thread
+records each exchange from its start to its end, so what was in flight while backward went on
+can be seen at a glance.
+"""
+import json
+import os
+import threading
+import time
+
+
+class Timeline:
+    def __init__(self, path, rank=0):
+        self.path = path
+        self.rank = rank
+        self._events = []
+        self._lock = threading.Lock()
+        self._origin = time.perf_counter()
+
+    def now_us(self):
+        return (time.perf_counter() - self._origin) * 1e6
+
+    def span(self, name, category, start_us, end_us, thread, args=None):
+        event = {"name": name, "cat": category, "ph": "X", "ts": round(start_us, 3),
+                 "dur": round(max(end_us - start_us, 0.0), 3), "pid": self.rank, "tid": thread}
+        if args:
+            event["args"] = args
+        with self._lock:
+            self._events.append(event)
+
+    def write(self):
+        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "tid": 0,
+                 "args": {"name": "rank %d" % self.rank}},
+                {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 0,
+                 "args": {"name": "compute"}},
+                {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 1,
+                 "args": {"name": "communication"}}]
+        with self._lock:
+            events = meta + list(self._events)
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        os.replace(tmp, self.path)

@@ -1,0 +1,144 @@
+"""The CPU backend's op set, called directly: geometry, im2col/col2im, conv plans, pool plans,
+LRN and GEMM, against loops and identities written here."""
+import itertools
+
+import numpy as np
+import pytest
+
+from poseidon_caffe.backend import get_backend
+from poseidon_caffe.backend.geometry import ConvGeometry, PoolGeometry
+
+B = get_backend()
+
+
+def _rand(shape, seed):
+    return np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+GEOMS = [
+    ConvGeometry(2, 4, (7,), (3,), (2,), (1,), (2,), 2),                       # 1-D
+    ConvGeometry(3, 2, (5, 6), (3, 2), (2, 1), (1, 0), (1, 2), 1),             # 2-D, mixed
+    ConvGeometry(2, 2, (4, 3, 5), (2, 2, 3), (1, 2, 1), (1, 0, 1), (1, 1, 2), 2),  # 3-D
+    ConvGeometry(4, 6, (3, 3), (1, 1), (1, 1), (0, 0), (1, 1), 2),             # pointwise
+]
+
+
+def test_conv_geometry_output_size_rule():
+    g = ConvGeometry(3, 8, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
+    assert g.out_shape == (55, 55)
+    g = ConvGeometry(3, 8, (32, 32), (5, 5), (1, 1), (2, 2), (1, 1))
+    assert g.out_shape == (32, 32)
+    g = ConvGeometry(3, 8, (10, 9), (3, 3), (2, 3), (1, 0), (3, 1))   # dilated kernel 7
+    assert g.out_shape == ((10 + 2 - 7) // 2 + 1, (9 - 3) // 3 + 1)
+    with pytest.raises(ValueError):
+        ConvGeometry(3, 8, (5, 5), (3, 3), (1, 1), (0, 0), (1, 1), group=2)
+
+
+@pytest.mark.parametrize("geom", GEOMS, ids=str)
+def test_im2col_matches_direct_indexing(geom):
+    x = _rand((2, geom.channels) + geom.in_shape, 1)
+    col = B.im2col(x, geom)
+    assert col.shape == (2, geom.col_rows) + geom.out_shape
+    taps = list(itertools.product(*(range(k) for k in geom.kernel)))
+    for c, (t, tap) in itertools.product(range(geom.channels), enumerate(taps)):
+        for o in itertools.product(*(range(v) for v in geom.out_shape)):
+            pos = [oo * s - p + tt * d for oo, s, p, tt, d in
+                   zip(o, geom.stride, geom.pad, tap, geom.dilation)]
+            inside = all(0 <= q < n for q, n in zip(pos, geom.in_shape))
+            want = x[(slice(None), c) + tuple(pos)] if inside else 0
+            np.testing.assert_array_equal(col[(slice(None), c * len(taps) + t) + o], want)
+
+
+@pytest.mark.parametrize("geom", GEOMS, ids=str)
+def test_col2im_is_the_adjoint_of_im2col(geom):
+    x = _rand((3, geom.channels) + geom.in_shape, 2).astype(np.float64)
+    c = _rand((3, geom.col_rows) + geom.out_shape, 3).astype(np.float64)
+    lhs = np.vdot(B.im2col(x.astype(np.float32), geom), c)
+    rhs = np.vdot(x, B.col2im(c.astype(np.float32), geom))
+    assert abs(lhs - rhs) <= 1e-4 * max(1.0, abs(lhs))
+
+
+@pytest.mark.parametrize("geom", GEOMS, ids=str)
+def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom):
+    """Independent of the plan's layout: per-image, per-group products of the Im2col matrix."""
+    n = 3
+    x = _rand((n, geom.channels) + geom.in_shape, 4)
+    w = _rand(geom.weight_shape, 5)
+    bias = _rand((geom.num_output,), 6)
+    dy = _rand((n, geom.num_output) + geom.out_shape, 7)
+    col = B.im2col(x, geom).reshape(n, geom.group, -1, geom.out_count).astype(np.float64)
+    wg = w.reshape(geom.group, geom.num_output // geom.group, -1).astype(np.float64)
+    want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(
+        (n, geom.num_output) + geom.out_shape) + bias.reshape((1, -1) + (1,) * geom.nd)
+    plan = B.conv_plan(geom)
+    y = np.empty(want.shape, np.float32)
+    plan.forward(x, w, bias, y)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+    dyg = dy.reshape(n, geom.group, -1, geom.out_count).astype(np.float64)
+    dw_want = np.einsum("ngmp,ngkp->gmk", dyg, col).reshape(geom.weight_shape)
+    dcol = np.einsum("gmk,ngmp->ngkp", wg, dyg).reshape((n, geom.col_rows) + geom.out_shape)
+    dx_want = B.col2im(dcol.astype(np.float32), geom)
+    dw = np.full(geom.weight_shape, 0.5, np.float32)         # backward adds into it
+    db = np.full((geom.num_output,), 0.25, np.float32)
+    dx = np.empty_like(x)
+    plan.backward(x, dy, w, dx=dx, dw=dw, dbias=db)
+    np.testing.assert_allclose(dw, dw_want + 0.5, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, dy.sum(axis=(0,) + tuple(range(2, dy.ndim))) + 0.25,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, dx_want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_plan_does_not_reuse_columns_of_an_older_forward():
+    geom = GEOMS[1]
+    plan = B.conv_plan(geom)
+    x = _rand((2, geom.channels) + geom.in_shape, 8)
+    w = _rand(geom.weight_shape, 9)
+    y = np.empty((2, geom.num_output) + geom.out_shape, np.float32)
+    plan.forward(x, w, None, y)
+    first = y.copy()
+    x *= -2                                                   # same array, new values
+    plan.forward(x, w, None, y)
+    np.testing.assert_allclose(y, -2 * first, rtol=1e-5, atol=1e-5)
+
+
+def test_pool_geometry_window_sizes_count_padding_but_not_overhang():
+    g = PoolGeometry((5,), (3,), (2,), (1,), (3,))
+    # windows [-1, 2), [1, 4), [3, 6): the last is clipped to input + pad = 6
+    np.testing.assert_array_equal(g.window_sizes(), [3, 3, 3])
+    g = PoolGeometry((6,), (3,), (2,), (0,), (3,))
+    # windows [0, 3), [2, 5), [4, 7) -> clipped at 6
+    np.testing.assert_array_equal(g.window_sizes(), [3, 3, 2])
+
+
+def test_pool_plan_max_mask_and_routed_backward():
+    g = PoolGeometry((4, 4), (2, 2), (2, 2), (0, 0), (2, 2))
+    plan = B.pool_plan(g)
+    x = np.arange(32, dtype=np.float32).reshape(2, 1, 4, 4)[:, :, ::-1, :].copy()
+    y = np.empty((2, 1, 2, 2), np.float32)
+    plan.max_forward(x, y)
+    # the max of each 2x2 block is its top-right element after the row flip
+    np.testing.assert_array_equal(plan.mask()[0, 0], [[1, 3], [9, 11]])
+    dy = np.arange(1, 9, dtype=np.float32).reshape(2, 1, 2, 2)
+    dx = np.empty_like(x)
+    plan.routed_backward(dy, dx)
+    assert dx.sum() == dy.sum() and dx[1, 0, 2, 3] == dy[1, 0, 1, 1]
+
+
+def test_lrn_window_sum_and_ops():
+    from poseidon_caffe.backend.lrn import window_sum
+    a = np.arange(5, dtype=np.float32).reshape(1, 5, 1, 1)
+    np.testing.assert_array_equal(window_sum(a, 3, (1,)).ravel(), [1, 3, 6, 9, 7])
+    x = _rand((1, 3, 2, 2), 10)
+    y, scale = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)
+    s0 = 2.0 + 1.0 * (x[0, 0] ** 2 + x[0, 1] ** 2)
+    np.testing.assert_allclose(scale[0, 0], s0, rtol=1e-6)
+    np.testing.assert_allclose(y[0, 0], x[0, 0] / np.sqrt(s0), rtol=1e-6)
+
+
+def test_gemm_transposes_and_accumulation():
+    a, b = _rand((3, 4), 11), _rand((5, 4), 12)
+    out = np.ones((3, 5), np.float32)
+    B.gemm(a, b, trans_b=True, alpha=2.0, beta=0.5, out=out)
+    np.testing.assert_allclose(out, 2 * a @ b.T + 0.5, rtol=1e-6)
+    np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T, rtol=1e-6)

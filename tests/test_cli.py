@@ -1,0 +1,259 @@
+"""The poseidon-caffe command line in real subprocesses: train / resume / fine-tune / test /
+time / device_query, flags with one dash or two, and SIGINT / SIGHUP during training."""
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from poseidon_caffe import cli
+from poseidon_caffe.proto import caffe_pb2
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
+  include { phase: TEST } }
+"""
+
+
+def setup_files(tmp_path, max_iter=20, display=5, snapshot=10, extra=""):
+    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt" base_lr: 0.1 momentum: 0.9 lr_policy: "fixed" display: %d '
+        'max_iter: %d snapshot: %d snapshot_prefix: "snap" random_seed: 5 test_iter: 2 '
+        'test_interval: 10 %s' % (display, max_iter, snapshot, extra))
+
+
+def run(tmp_path, *args, timeout=120):
+    proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.cli"] + list(args),
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stderr
+
+
+def weights(path):
+    model = caffe_pb2.NetParameter()
+    model.ParseFromString(open(path, "rb").read())
+    layer = [l for l in model.layer if l.name == "ip"][0]
+    return np.array(layer.blobs[0].data)
+
+
+def test_train_with_either_dash_style_gives_the_same_run(tmp_path):
+    setup_files(tmp_path)
+    code, err = run(tmp_path, "train", "-solver=solver.prototxt")
+    assert code == 0, err
+    assert "Optimization Done." in err
+    first = weights(str(tmp_path / "snap_iter_20.caffemodel"))
+    os.remove(tmp_path / "snap_iter_20.caffemodel")
+    code, err = run(tmp_path, "train", "--solver", "solver.prototxt")
+    assert code == 0, err
+    np.testing.assert_array_equal(weights(str(tmp_path / "snap_iter_20.caffemodel")), first)
+    assert re.search(r"Iteration 20, Testing net \(#0\)", err)
+    assert "Snapshotting to binary proto file snap_iter_10.caffemodel" in err
+
+
+def test_resume_and_finetune_from_the_command_line(tmp_path):
+    setup_files(tmp_path)
+    assert run(tmp_path, "train", "-solver", "solver.prototxt")[0] == 0
+    uninterrupted = weights(str(tmp_path / "snap_iter_20.caffemodel"))
+    os.remove(tmp_path / "snap_iter_20.caffemodel")
+    code, err = run(tmp_path, "train", "--solver=solver.prototxt",
+                    "--snapshot=snap_iter_10.solverstate")
+    assert code == 0, err
+    assert "Resuming from snap_iter_10.solverstate" in err
+    np.testing.assert_array_equal(weights(str(tmp_path / "snap_iter_20.caffemodel")), uninterrupted)
+
+    code, err = run(tmp_path, "train", "-solver=solver.prototxt",
+                    "-weights=snap_iter_10.caffemodel,snap_iter_20.caffemodel")
+    assert code == 0, err
+    assert "Finetuning from snap_iter_10.caffemodel" in err
+    assert "Finetuning from snap_iter_20.caffemodel" in err
+
+    code, err = run(tmp_path, "train", "-solver=solver.prototxt", "-weights=a", "-snapshot=b")
+    assert code == 1
+    assert "not both" in err
+
+
+def test_test_command_prints_batches_and_means(tmp_path):
+    setup_files(tmp_path, max_iter=10)
+    assert run(tmp_path, "train", "-solver=solver.prototxt")[0] == 0
+    code, err = run(tmp_path, "test", "--model", "net.prototxt", "--weights",
+                    "snap_iter_10.caffemodel", "-iterations", "4")
+    assert code == 0, err
+    batches = [float(v) for v in re.findall(r"Batch \d+, loss = (\S+)", err)]
+    assert len(batches) == 4
+    assert len(re.findall(r"Batch \d+, accuracy = (\S+)", err)) == 4
+    mean = re.search(r"\] loss = (\S+) \(\* 1 = (\S+) loss\)", err)
+    assert float(mean.group(1)) == pytest.approx(np.mean(batches), rel=1e-4)
+    assert float(re.search(r"\] Loss: (\S+)", err).group(1)) == pytest.approx(np.mean(batches),
+                                                                             rel=1e-4)
+    code, err = run(tmp_path, "test", "-model=net.prototxt")
+    assert code == 1 and "Need model weights" in err
+
+
+def test_time_and_device_query(tmp_path):
+    setup_files(tmp_path)
+    code, err = run(tmp_path, "time", "-model=net.prototxt", "-iterations=3")
+    assert code == 0, err
+    assert len(re.findall(r"Iteration: \d forward-backward time: \S+ ms\.", err)) == 3
+    for layer in ("data", "ip", "loss"):
+        assert re.search(r"\]\s+%s\tforward: \S+ ms\." % layer, err)
+        assert re.search(r"\]\s+%s\tbackward: \S+ ms\." % layer, err)
+    assert re.search(r"Average Forward-Backward: \S+ ms\.", err)
+    code, err = run(tmp_path, "time", "--model", "net.prototxt", "--phase", "TEST",
+                    "--iterations", "1")
+    assert code == 0 and "accuracy" in err
+    code, err = run(tmp_path, "device_query")
+    assert code == 0 and "CPU" in err
+
+
+def test_bad_flags_and_commands_are_named(tmp_path):
+    code, err = run(tmp_path, "train", "-solvr=x")
+    assert code == 1 and "-solvr" in err
+    code, err = run(tmp_path, "train", "-iterations=many")
+    assert code == 1 and "iterations" in err
+    code, err = run(tmp_path, "fly")
+    assert code == 1 and "fly" in err
+    code, err = run(tmp_path, "train")
+    assert code == 1 and "Need a solver" in err
+    code, err = run(tmp_path, "train", "-solver=solver.prototxt", "-sigint_effect=explode")
+    assert code == 1 and "sigint_effect" in err
+
+
+def test_single_process_train_never_imports_mpi(tmp_path):
+    setup_files(tmp_path, max_iter=2, snapshot=0)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")}
+    code = ("import sys; from poseidon_caffe.cli import main; rc = main(['train', "
+            "'-solver=solver.prototxt']); assert rc == 0; assert 'mpi4py' not in sys.modules, "
+            "'mpi4py imported'; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_sync_flag_hands_the_solver_to_the_engine(tmp_path, monkeypatch):
+    setup_files(tmp_path, max_iter=2, snapshot=0)
+    seen = {}
+
+    def attach(solver, options):
+        seen["solver"], seen["options"] = solver, options
+
+    monkeypatch.setitem(sys.modules, "poseidon_caffe.sync", types.SimpleNamespace(attach=attach))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "-solver=solver.prototxt", "--sync=sfb", "-staleness", "2",
+                     "-nodwbp"]) == 0
+    assert seen["solver"].iter == 2
+    assert (seen["options"].sync, seen["options"].staleness, seen["options"].dwbp) == ("sfb", 2, False)
+
+
+def test_tools_are_dispatched_lazily(monkeypatch):
+    calls = []
+    module = types.SimpleNamespace(make_partitions_main=lambda argv: calls.append(argv) or 3)
+    monkeypatch.setitem(sys.modules, "fake_tools", module)
+    monkeypatch.setitem(cli.TOOLS, "make_partitions", ("fake_tools", "make_partitions_main"))
+    assert cli.main(["make-partitions", "--parts=4", "db"]) == 3
+    assert calls == [["--parts=4", "db"]]
+
+
+# -- signals ------------------------------------------------------------------------------------
+class Reader:
+    """Collects a child's stderr lines on a thread so waits can time out."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.lines = []
+        self.queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stderr:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def wait_for(self, pattern, timeout=60):
+        regex = re.compile(pattern)
+        while True:
+            line = self.queue.get(timeout=timeout)
+            if line is None:
+                raise AssertionError("process ended before %r:\n%s" % (pattern, "".join(self.lines)))
+            self.lines.append(line)
+            match = regex.search(line)
+            if match:
+                return match
+
+    def rest(self):
+        self.proc.wait(timeout=60)
+        while True:
+            line = self.queue.get(timeout=60)
+            if line is None:
+                return "".join(self.lines)
+            self.lines.append(line)
+
+
+def start(tmp_path, *flags):
+    setup_files(tmp_path, max_iter=10 ** 7, display=50, snapshot=0)
+    proc = subprocess.Popen([sys.executable, "-m", "poseidon_caffe.cli", "train",
+                             "-solver=solver.prototxt"] + list(flags), cwd=str(tmp_path),
+                            stderr=subprocess.PIPE, text=True)
+    return proc, Reader(proc)
+
+
+def test_sigint_stops_after_the_iteration_and_snapshots(tmp_path):
+    proc, out = start(tmp_path)
+    try:
+        out.wait_for(r"Iteration 100 \(")
+        proc.send_signal(signal.SIGINT)
+        snap = out.wait_for(r"Snapshotting to binary proto file snap_iter_(\d+)\.caffemodel")
+        log = out.rest()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log
+    assert "Optimization stopped early." in log
+    it = int(snap.group(1))
+    assert it >= 100
+    state = caffe_pb2.SolverState()
+    state.ParseFromString((tmp_path / ("snap_iter_%d.solverstate" % it)).read_bytes())
+    assert state.iter == it
+
+
+def test_sighup_snapshots_and_continues_then_effects_can_be_swapped(tmp_path):
+    proc, out = start(tmp_path, "--sigint_effect", "none", "--sighup_effect=stop")
+    try:
+        out.wait_for(r"Iteration 50 \(")
+        proc.send_signal(signal.SIGINT)                 # ignored
+        out.wait_for(r"Iteration 150 \(")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGHUP)                 # now a stop
+        log = out.rest()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log
+    assert "Optimization stopped early." in log
+
+    proc, out = start(tmp_path)
+    try:
+        out.wait_for(r"Iteration 50 \(")
+        proc.send_signal(signal.SIGHUP)                 # default: snapshot and go on
+        first = int(out.wait_for(r"Snapshotting to binary proto file snap_iter_(\d+)").group(1))
+        out.wait_for(r"Iteration \d+ \(")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        second = int(out.wait_for(r"Snapshotting to binary proto file snap_iter_(\d+)").group(1))
+        log = out.rest()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log
+    assert second > first
