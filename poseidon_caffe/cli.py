@@ -57,6 +57,7 @@ SYNC_FLAGS = [
     gflags.Flag("output_dir", "", "Optional; directory for per-rank logs and timelines."),
 ]
 
+SYNC_MODES = ("auto", "ps", "sfb", "allreduce")
 ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS
 
 # Tools owned by other modules, imported only when asked for.
@@ -139,6 +140,8 @@ def world_size():
 
 def _distribute(solver, values):
     """Hand the solver to the distributed engine when the job is distributed."""
+    if values["sync"] and values["sync"] not in SYNC_MODES:
+        raise CommandError("-sync takes one of %s, not %r" % (", ".join(SYNC_MODES), values["sync"]))
     if world_size() <= 1 and not values["sync"]:
         return solver
     try:
@@ -154,6 +157,17 @@ def _distribute(solver, values):
     options = types.SimpleNamespace(**values)
     runner = attach(solver, options)
     return runner if runner is not None else solver
+
+
+def _prepare_distributed(values):
+    """Start this rank's part of a distributed job (topology, per-rank log, data shard) before
+    the solver is built, so its data layers read this worker's share."""
+    if world_size() <= 1 and not values["sync"]:
+        return
+    sync = importlib.import_module("poseidon_caffe.sync")
+    prepare = getattr(sync, "prepare", None)
+    if prepare is not None:
+        prepare(types.SimpleNamespace(**values))
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -184,6 +198,7 @@ def train(values):
     elif values["weights"]:
         solver_param.ClearField("weights")
         solver_param.weights.append(values["weights"])
+    _prepare_distributed(values)
     with SignalHandler(sigint, sighup) as handler:
         solver = get_solver(solver_param, solver_file=values["solver"])
         solver.set_action_function(handler.requested_action)

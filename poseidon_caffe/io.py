@@ -5,13 +5,15 @@ ProtoFileError naming the file.  Writers are atomic: a temporary file in the tar
 fsync, then rename, so a crash never leaves a truncated model where a good one was.
 
 Large float payloads never go through the repeated field element by element: arrays enter a
-BlobProto as ready-made packed wire bytes, and leave it by re-serializing the (small-headed)
-BlobProto and viewing the packed payload with numpy.
+BlobProto as ready-made packed wire bytes, and leave it by re-serializing the BlobProto and
+viewing the packed payload with numpy.  For weights, read_net_weights / write_net_weights go
+further and move the payload between numpy and the file without the protobuf runtime at all
+(AlexNet-size save + load in about a second; see scripts/bench_io.py).
 """
 import os
 import re
-from collections import OrderedDict
 import tempfile
+from collections import OrderedDict
 
 import numpy as np
 from google.protobuf import text_format

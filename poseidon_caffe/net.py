@@ -541,10 +541,13 @@ class Net:
     def copy_trained_layers_from(self, source):
         """Copy parameters layer by layer, by name, from a NetParameter or a .caffemodel path
         (Caffe's CopyTrainedLayersFrom, with its messages)."""
-        from .io import blobproto_to_array, read_net_binary
-        source_name = source if isinstance(source, str) else "the given NetParameter"
+        from .io import blobproto_to_array, read_net_weights
         if isinstance(source, str):
-            source = read_net_binary(source)
+            source_name = source
+            source, arrays = read_net_weights(source)
+        else:
+            source_name = "the given NetParameter"
+            arrays = {l.name: [blobproto_to_array(b) for b in l.blobs] for l in source.layer}
         by_name = {name: i for i, name in enumerate(self.layer_names)}
         for src in source.layer:
             if src.name not in by_name:
@@ -557,10 +560,10 @@ class Net:
                 raise NetError("Incompatible number of blobs for layer %s: the source %s has %d, "
                                "the net has %d" % (src.name, source_name, len(src.blobs),
                                                    len(target.blobs)))
-            for j, blob_proto in enumerate(src.blobs):
-                array = blobproto_to_array(blob_proto)
+            for j, (blob_proto, array) in enumerate(zip(src.blobs, arrays.get(src.name, []))):
                 blob = target.blobs[j]
                 if array.shape != blob.shape:
+                    # a legacy 4-d (num, channels, height, width) blob matches by count
                     legacy_ok = (not blob_proto.shape.dim and array.size == blob.count
                                  and blob.num_axes <= 4)
                     if not legacy_ok:
@@ -581,7 +584,6 @@ class Net:
         by_name = {name: i for i, name in enumerate(other.layer_names)}
         for i, name in enumerate(self.layer_names):
             if name not in by_name:
-                log.info("Ignoring source layer %s", name)
                 continue
             source = other.layers[by_name[name]]
             target = self.layers[i]
@@ -597,7 +599,7 @@ class Net:
     share_with = share_trained_layers_with
 
     def to_proto(self, write_diff=False):
-        from .io import array_to_blobproto
+        from .io import fill_blobproto
         out = caffe_pb2.NetParameter()
         out.CopyFrom(self.param)
         out.ClearField("layer")
@@ -607,13 +609,23 @@ class Net:
             lp.CopyFrom(layer_param)
             del lp.blobs[:]
             for blob in layer.blobs:
-                bp = array_to_blobproto(blob.data, blob.diff if write_diff else None)
-                lp.blobs.add().CopyFrom(bp)
+                fill_blobproto(lp.blobs.add(), blob.data, blob.diff if write_diff else None)
         return out
 
     def save(self, path, write_diff=False):
-        from .io import write_net_binary
-        write_net_binary(self.to_proto(write_diff), path)
+        """Write the net and its weights as a .caffemodel (atomically)."""
+        from .io import write_net_binary, write_net_weights
+        if write_diff:
+            write_net_binary(self.to_proto(write_diff=True), path)
+            return
+        structure = caffe_pb2.NetParameter()
+        structure.CopyFrom(self.param)
+        structure.state.CopyFrom(self.state)
+        for layer_param in structure.layer:
+            del layer_param.blobs[:]
+        weights = {name: [b.data for b in layer.blobs]
+                   for name, layer in zip(self.layer_names, self.layers) if layer.blobs}
+        write_net_weights(structure, weights, path)
 
     def to_prototxt(self):
         return text_format.MessageToString(self.param)

@@ -18,6 +18,10 @@ _WIPE = "\r\x1b[K"
 def terminal_wanted(stream):
     if os.environ.get("POSEIDON_NO_PROGRESS"):
         return False
+    # several ranks sharing one terminal would draw over each other
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(var, "1").isdigit() and int(os.environ.get(var, "1")) > 1:
+            return False
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty and isatty())

@@ -205,3 +205,10 @@ def test_no_progress_bar_off_a_terminal():
     with ProgressBar(5, "Testing", stream=stream) as bar:
         bar.update(3)
     assert stream.getvalue() == ""
+
+
+def test_debug_info_logs_on_display_iterations_only():
+    lines = train_and_capture("debug_info: true")
+    summaries = [l for l in lines if "[Backward] All net params (data, diff)" in l]
+    assert len(summaries) == 4                      # iterations 0, 2, 4 and 6 of 8
+    assert any("[Forward] Layer ip, top blob ip data:" in l for l in lines)

@@ -72,3 +72,61 @@ def test_adam_learns_xor_too():
     solver.net.set_input_arrays(x_train, y_train)
     solver.step(300)
     assert (predict(solver.net.params, x_test) == y_test).mean() >= 0.97
+
+
+STAGED = """
+name: "staged"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 2 dim: 3 } shape { dim: 2 }
+    data_filler { type: "constant" value: 1 } data_filler { type: "constant" value: 0 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "constant" value: 0 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "deep_only" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc"
+  include { phase: TEST stage: "deep" } }
+layer { name: "train_extra" type: "Softmax" bottom: "ip" top: "prob"
+  include { phase: TRAIN min_level: 2 } }
+"""
+
+
+def test_states_and_several_test_nets(tmp_path):
+    """A generic ``net`` makes one test net per test_iter; test_state picks each one's stages,
+    train_state the training net's level; test_compute_loss logs the mean test loss."""
+    import logging
+    from poseidon_caffe import log
+    text = """net_param { %s } test_iter: 2 test_iter: 3
+      test_state { stage: "deep" } test_state { }
+      train_state { level: 2 }
+      test_interval: 1 test_compute_loss: true base_lr: 0.1 lr_policy: "fixed" max_iter: 1
+      snapshot_after_train: false""" % STAGED
+    solver = get_solver(pio.parse_solver_text(text, "staged solver"))
+    assert "train_extra" in solver.net.layer_names
+    assert len(solver.test_nets) == 2
+    assert "deep_only" in solver.test_nets[0].layer_names
+    assert "deep_only" not in solver.test_nets[1].layer_names
+    assert "train_extra" not in solver.test_nets[0].layer_names
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    log.logger.addHandler(handler)
+    try:
+        solver.test_all()
+    finally:
+        log.logger.removeHandler(handler)
+    assert "Iteration 0, Testing net (#0)" in messages
+    assert "Iteration 0, Testing net (#1)" in messages
+    # zero weights: two equal logits, loss ln 2 on every batch
+    assert messages.count("Test loss: %g" % np.log(2.0)) == 2
+    # only test net #0 has the accuracy layer (ties count against, as in Caffe: acc = 0)
+    assert [m for m in messages if "acc =" in m] == ["    Test net output #1: acc = 0"]
+
+
+def test_missing_or_doubled_train_nets_are_named():
+    import pytest
+    from poseidon_caffe.solver import SolverError
+    with pytest.raises(SolverError, match="must specify a train net"):
+        get_solver(pio.parse_solver_text('base_lr: 0.1 lr_policy: "fixed"', "s"))
+    with pytest.raises(SolverError, match="test_iter must be specified for each test network"):
+        get_solver(pio.parse_solver_text(
+            'train_net_param { %s } test_net_param { %s } base_lr: 0.1' % (STAGED, STAGED), "s"))

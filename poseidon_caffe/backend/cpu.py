@@ -86,10 +86,10 @@ class CPUBackend:
         return PoolPlan(geom, self.dtype)
 
     def lrn_forward(self, x, size, alpha, beta, k, across_channels):
-        """(top, scale) of Caffe's LRN on (N, C, H, W)."""
+        """(top, state) of Caffe's LRN on (N, C, H, W); state goes to lrn_backward."""
         from .lrn import lrn_forward
         return lrn_forward(x, size, alpha, beta, k, across_channels)
 
-    def lrn_backward(self, x, top, scale, dy, size, alpha, beta, across_channels):
+    def lrn_backward(self, x, top, state, dy, size, alpha, beta, across_channels):
         from .lrn import lrn_backward
-        return lrn_backward(x, top, scale, dy, size, alpha, beta, across_channels)
+        return lrn_backward(x, top, state, dy, size, alpha, beta, across_channels)

@@ -10,27 +10,41 @@ import numpy as np
 
 
 def window_sum(a, size, axes):
-    """Sum of ``a`` over a centred window of odd ``size`` along each of ``axes`` (zero padded)."""
+    """Sum of ``a`` over a centred window of odd ``size`` along each of ``axes`` (zero padded).
+
+    Each shift adds one slice of ``a`` into an overlapping slice of the result, so no padded
+    copy is made: size-1 whole-tensor adds per axis.
+    """
     half = (size - 1) // 2
     for axis in axes:
+        out = a.copy()
         length = a.shape[axis]
-        padded_shape = list(a.shape)
-        padded_shape[axis] = length + 2 * half
-        padded = np.zeros(padded_shape, dtype=a.dtype)
-        inner = [slice(None)] * a.ndim
-        inner[axis] = slice(half, half + length)
-        padded[tuple(inner)] = a
-        out = np.zeros_like(a)
-        for shift in range(size):
-            window = [slice(None)] * a.ndim
-            window[axis] = slice(shift, shift + length)
-            out += padded[tuple(window)]
+        for shift in range(1, min(half, length - 1) + 1):
+            lo = [slice(None)] * a.ndim
+            hi = [slice(None)] * a.ndim
+            lo[axis] = slice(0, length - shift)
+            hi[axis] = slice(shift, length)
+            lo, hi = tuple(lo), tuple(hi)
+            out[hi] += a[lo]        # the element `shift` before
+            out[lo] += a[hi]        # the element `shift` after
         a = out
     return a
 
 
+def _negative_power(scale, beta):
+    """scale ** -beta, with the square-root forms for Caffe's usual betas."""
+    if beta == 0.75:
+        root = np.sqrt(scale)
+        root *= np.sqrt(root)
+        return np.reciprocal(root, out=root)
+    if beta == 0.5:
+        root = np.sqrt(scale)
+        return np.reciprocal(root, out=root)
+    return np.power(scale, np.float32(-beta))
+
+
 def lrn_forward(x, size, alpha, beta, k, across_channels):
-    """Returns (top, scale); ``x`` is (N, C, H, W)."""
+    """Returns (top, state) for ``x`` (N, C, H, W); ``state`` is what lrn_backward needs."""
     if across_channels:
         scale = window_sum(x * x, size, (1,))
         scale *= np.float32(alpha / size)
@@ -39,18 +53,20 @@ def lrn_forward(x, size, alpha, beta, k, across_channels):
         scale = window_sum(x * x, size, (2, 3))
         scale *= np.float32(alpha / (size * size))
         scale += np.float32(1.0)
-    top = np.power(scale, np.float32(-beta)) * x
-    return top, scale
+    factor = _negative_power(scale, beta)
+    top = factor * x
+    return top, (scale, factor)
 
 
-def lrn_backward(x, top, scale, dy, size, alpha, beta, across_channels):
+def lrn_backward(x, top, state, dy, size, alpha, beta, across_channels):
     """d bottom = dy * scale^-beta - 2 alpha beta / norm * x * windowsum(dy * top / scale)."""
+    scale, factor = state
     norm = size if across_channels else size * size
     axes = (1,) if across_channels else (2, 3)
     ratio = dy * top
     ratio /= scale
     accum = window_sum(ratio, size, axes)
-    dx = np.power(scale, np.float32(-beta)) * dy
+    dx = factor * dy
     accum *= x
     accum *= np.float32(2.0 * alpha * beta / norm)
     dx -= accum

@@ -40,15 +40,21 @@ class PoolPlan:
     def max_forward(self, x, y):
         g = self.geom
         xp = self._padded(x, -np.inf)
-        idx = np.zeros(y.shape, dtype=np.int32)
+        # taps run in row-major order and only a strictly greater value takes over, so the
+        # winner is the last tap that took over: a running maximum of (took over) * tap
+        index_type = np.uint8 if len(g.taps) < 256 else np.int32
+        idx = np.zeros(y.shape, dtype=index_type)
+        took = np.empty(y.shape, dtype=bool)
+        tagged = np.empty(y.shape, dtype=index_type)
         for t, tap in enumerate(g.taps):
             v = xp[g.tap_slices(tap)]
             if t == 0:
                 np.copyto(y, v)
                 continue
-            better = v > y               # strict: the first maximum in row-major order wins
-            np.copyto(y, v, where=better)
-            np.copyto(idx, t, where=better)
+            np.greater(v, y, out=took)
+            np.maximum(y, v, out=y)
+            np.multiply(took, index_type(t), out=tagged)
+            np.maximum(idx, tagged, out=idx)
         self._tap_index = idx
         return y
 

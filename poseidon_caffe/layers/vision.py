@@ -467,7 +467,7 @@ class LRNLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        y, self.scale = self.backend.lrn_forward(bottom[0].data, self.size, self.alpha,
+        y, self.state = self.backend.lrn_forward(bottom[0].data, self.size, self.alpha,
                                                  self.beta, self.k, self.across)
         top[0].data[...] = y
 
@@ -475,7 +475,7 @@ class LRNLayer(Layer):
         if not propagate_down[0]:
             return
         bottom[0].diff[...] = self.backend.lrn_backward(
-            bottom[0].data, top[0].data, self.scale, top[0].diff, self.size, self.alpha,
+            bottom[0].data, top[0].data, self.state, top[0].diff, self.size, self.alpha,
             self.beta, self.across)
 
 
