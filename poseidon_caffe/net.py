@@ -153,9 +153,9 @@ class Net:
         state.CopyFrom(net_param.state)
         state.phase = self.phase
         state.level = int(level)
-        if stages:
-            del state.stage[:]
-            state.stage.extend(stages)
+        # as Caffe's Net(file, phase, level, stages): the given stages join those the
+        # prototxt's state already names
+        state.stage.extend(s for s in stages if s not in state.stage)
         self._init(net_param, state)
         if weights:
             for path in (weights.split(",") if isinstance(weights, str) else weights):
@@ -563,9 +563,10 @@ class Net:
             for j, (blob_proto, array) in enumerate(zip(src.blobs, arrays.get(src.name, []))):
                 blob = target.blobs[j]
                 if array.shape != blob.shape:
-                    # a legacy 4-d (num, channels, height, width) blob matches by count
-                    legacy_ok = (not blob_proto.shape.dim and array.size == blob.count
-                                 and blob.num_axes <= 4)
+                    # a legacy (num, channels, height, width) blob matches when it is the
+                    # target's shape padded with leading 1s, as Caffe's ShapeEquals
+                    legacy_ok = (not blob_proto.shape.dim and blob.num_axes <= 4 and
+                                 array.shape == (1,) * (4 - blob.num_axes) + blob.shape)
                     if not legacy_ok:
                         raise NetError(
                             "Cannot copy param %d weights from layer '%s'; shape mismatch.  "

@@ -28,20 +28,27 @@ _SHARED_PARAMS = {"Deconvolution": "Convolution"}
 
 
 def param_name_dict():
-    """Layer type name -> name of its parameter field in LayerParameter."""
+    """Layer type name -> its parameter field's name without the "_param" suffix, as pycaffe's
+    ("Convolution" -> "convolution", "InnerProduct" -> "inner_product")."""
     names = {}
     for field in caffe_pb2.LayerParameter.DESCRIPTOR.fields:
         if field.name.endswith("_param") and field.message_type is not None:
             type_name = field.message_type.name
             if type_name.endswith("Parameter"):
-                names[type_name[:-len("Parameter")]] = field.name
-    for layer_type, owner in _SHARED_PARAMS.items():
-        if owner in names:
-            names[layer_type] = names[owner]
+                names[type_name[:-len("Parameter")]] = field.name[:-len("_param")]
     return names
 
 
-_PARAM_NAMES = param_name_dict()
+def _param_fields():
+    """Layer type name -> the LayerParameter field holding its parameters."""
+    fields = {type_name: name + "_param" for type_name, name in param_name_dict().items()}
+    for layer_type, owner in _SHARED_PARAMS.items():
+        if owner in fields:
+            fields[layer_type] = fields[owner]
+    return fields
+
+
+_PARAM_NAMES = _param_fields()
 
 
 def _enum_value(field, value, where):

@@ -113,7 +113,8 @@ def test_memory_data_steps_through_batches_and_wraps():
     for batch in [0, 1, 2, 0]:
         layer.forward([], [data, label])
         np.testing.assert_array_equal(data.data, arr[2 * batch:2 * batch + 2])
-        np.testing.assert_array_equal(label.data, labels[2 * batch:2 * batch + 2])
+        assert label.shape == (2, 1, 1, 1)           # Caffe's forward serves N x 1 x 1 x 1
+        np.testing.assert_array_equal(label.data.ravel(), labels[2 * batch:2 * batch + 2])
 
 
 def test_memory_data_does_not_transform_arrays():

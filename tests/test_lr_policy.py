@@ -96,3 +96,21 @@ def test_solver_applies_the_policy_and_keeps_the_multistep_position():
         seen.append(before - float(blob.data.ravel()[0]))
     np.testing.assert_allclose(seen, [1, 0.1, 0.1, 0.01, 0.01], rtol=1e-5)
     assert solver.current_step == 2
+
+
+def test_sigmoid_far_before_its_midpoint_is_zero_not_an_overflow():
+    # gamma * (stepsize - iter) = 1000 at iter 0: exp(1000) is past double range, and Caffe's
+    # 1 / (1 + inf) gives 0; the rate then rises along the same curve.
+    p = param(lr_policy="sigmoid", base_lr=0.1, gamma=0.01, stepsize=100000)
+    assert learning_rate(p, 0)[0] == 0.0
+    mid = learning_rate(p, 100000)[0]
+    assert mid == pytest.approx(0.05)
+    assert learning_rate(p, 99000)[0] == pytest.approx(0.1 / (1 + math.exp(10)), rel=1e-6)
+
+
+def test_power_policies_follow_c_pow_at_its_edges():
+    # exp with gamma > 1 overflows to inf as C's pow does (training then stops on the NaN check)
+    assert learning_rate(param(lr_policy="exp", base_lr=1.0, gamma=2.0), 2000)[0] == math.inf
+    # poly past max_iter with a fractional power: pow of a negative base is NaN, not an error
+    assert math.isnan(learning_rate(param(lr_policy="poly", base_lr=0.1, power=0.5,
+                                          max_iter=10), 11)[0])

@@ -101,6 +101,21 @@ def test_net_level_and_stages_select_layers():
     assert net_from_text(text, stages=["extra"]).layer_names == ["in", "staged"]
 
 
+def test_net_stages_join_the_prototxt_state():
+    # Caffe's Net(file, phase, level, stages) adds the stages to those of the file's state
+    text = """
+    state { stage: "base" }
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "both" type: "ReLU" bottom: "x" top: "y"
+            include { stage: "base" stage: "extra" } }
+    layer { name: "base_only" type: "Sigmoid" bottom: "x" top: "z" include { stage: "base" } }
+    """
+    assert net_from_text(text).layer_names == ["in", "base_only"]
+    net = net_from_text(text, stages=["extra"])
+    assert [n for n in net.layer_names if "split" not in n] == ["in", "both", "base_only"]
+    assert list(net.state.stage) == ["base", "extra"]
+
+
 # -- splits, in-place, gradients of whole nets ---------------------------------------------
 
 def test_insert_splits_names_and_loss_use():
@@ -267,6 +282,29 @@ def test_copy_from_reports_shape_mismatch(tmp_path):
                                        r"mismatch.*rename the layer"):
         other.copy_from(str(model))
 
+
+
+def test_copy_from_legacy_blob_must_be_the_shape_padded_in_front():
+    # a legacy num/channels/height/width blob fits a (2, 3) weight only as (1, 1, 2, 3)
+    text = """
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+            inner_product_param { num_output: 2 bias_term: false } }"""
+    net = net_from_text(text)
+    values = np.arange(6, dtype=np.float32)
+
+    def source(dims):
+        src = caffe_pb2.NetParameter()
+        blob = src.layer.add(name="ip").blobs.add()
+        blob.num, blob.channels, blob.height, blob.width = dims
+        blob.data.extend(values.tolist())
+        return src
+
+    net.copy_from(source((1, 1, 2, 3)))
+    np.testing.assert_array_equal(net.params["ip"][0].data, values.reshape(2, 3))
+    for dims in ((1, 1, 3, 2), (2, 3, 1, 1)):
+        with pytest.raises(NetError, match="Cannot copy param 0 weights from layer 'ip'"):
+            net.copy_from(source(dims))
 
 # -- hooks for the distributed engine ----------------------------------------------------
 

@@ -89,3 +89,22 @@ def test_enum_values_by_name_and_bad_input():
     assert P.Pooling.MAX == caffe_pb2.PoolingParameter.MAX
     with pytest.raises(TypeError, match="input 0 is not a Top"):
         L.ReLU("data")
+
+
+def test_param_name_dict_is_pycaffes_mapping():
+    # pycaffe's table: type name -> field name with "_param" stripped, one entry per
+    # LayerParameter *_param field named after its message type (Deconvolution has none)
+    from poseidon_caffe.net_spec import param_name_dict
+    names = param_name_dict()
+    assert names["Convolution"] == "convolution"
+    assert names["InnerProduct"] == "inner_product"
+    assert names["Python"] == "python"
+    assert names["Transformation"] == "transform"
+    assert "Deconvolution" not in names
+    layer = caffe_pb2.LayerParameter()
+    for type_name, name in names.items():
+        field = layer.DESCRIPTOR.fields_by_name[name + "_param"]
+        assert field.message_type.name == type_name + "Parameter"
+    # Deconvolution's keywords still land in convolution_param
+    deconv = L.Deconvolution(L.Input(shape=dict(dim=[1, 1, 4, 4])), num_output=2, kernel_size=2)
+    assert deconv.to_proto().layer[1].convolution_param.num_output == 2

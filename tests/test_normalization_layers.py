@@ -116,6 +116,46 @@ def test_batch_norm_global_stats_gradient():
     check_gradient(layer, bottom, [Blob()], check_params=False)
 
 
+BN_NET = """
+layer { name: "x" type: "DummyData" top: "x"
+  dummy_data_param { shape { dim: 4 dim: 2 } data_filler { type: "constant" value: 2 } } }
+layer { name: "y" type: "DummyData" top: "y" dummy_data_param { shape { dim: 4 dim: 1 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "x" top: "xn" %s }
+layer { name: "ip" type: "InnerProduct" bottom: "xn" top: "out"
+  inner_product_param { num_output: 1 weight_filler { type: "constant" value: 0.5 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "y" top: "loss" }
+"""
+
+
+def test_batch_norm_statistics_are_never_moved_by_the_solver():
+    # Caffe gives the three statistics blobs lr_mult 0, so weight decay and momentum leave
+    # them exactly as the forward pass stored them: sums of the batch mean 2 and variance 0,
+    # with scale factor 1 after one step.
+    from poseidon_caffe import io as pio
+    from poseidon_caffe.solver import get_solver
+    text = ('net_param { %s } base_lr: 0.1 momentum: 0.9 weight_decay: 0.5 lr_policy: "fixed" '
+            'max_iter: 1 random_seed: 1' % (BN_NET % ""))
+    solver = get_solver(pio.parse_solver_text(text, "bn solver"))
+    solver.step(1)
+    net = solver.net
+    assert net.params_lr[:3] == [0.0, 0.0, 0.0]
+    mean, variance, factor = (b.data.astype(np.float64) for b in net.params["bn"])
+    np.testing.assert_allclose(factor, [1.0])
+    np.testing.assert_allclose(mean, [2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(variance, [0.0, 0.0], atol=1e-6)
+
+
+def test_batch_norm_refuses_learned_statistics():
+    from poseidon_caffe import io as pio
+    from poseidon_caffe.net import Net
+    # two specs (the upgrade drops a full set of three, as Caffe's does)
+    text = BN_NET % "param { lr_mult: 0 } param { lr_mult: 1 }"
+    with pytest.raises(LayerError, match="bn.*param 1 has lr_mult 1"):
+        Net(pio.parse_net_text(text, "bn net"), 0)
+    frozen = BN_NET % "param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0 }"
+    assert Net(pio.parse_net_text(frozen, "bn net"), 0).params_lr[:3] == [0.0, 0.0, 0.0]
+
+
 def test_batch_norm_in_place_matches():
     x, dy = random_array(seed=1), random_array(seed=2)
     results = []

@@ -201,3 +201,58 @@ def test_nan_loss_stops_and_keeps_the_last_good_snapshot(tmp_path):
     for layer in model.layer:
         for blob in layer.blobs:
             assert np.all(np.isfinite(pio.blobproto_to_array(blob)))
+
+
+SIAMESE = """
+name: "siamese"
+layer { name: "x" type: "Input" top: "a" top: "b"
+  input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+layer { name: "left" type: "InnerProduct" bottom: "a" top: "fa"
+  param { name: "w" } param { name: "bias" } inner_product_param { num_output: 4 } }
+layer { name: "right" type: "InnerProduct" bottom: "b" top: "fb"
+  param { name: "w" } param { name: "bias" } inner_product_param { num_output: 4 } }
+"""
+
+
+def test_hdf5_weights_written_by_caffes_rules_load_into_shared_params(tmp_path):
+    # Caffe's HDF5 model: a group per layer under "data", datasets only for the parameters a
+    # layer owns -- so "right", which shares both of "left"'s, has an empty group, as "x" has.
+    h5py = pytest.importorskip("h5py")
+    from poseidon_caffe.solver.snapshot import load_weights
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    bias = np.array([1, 2, 3, 4], dtype=np.float32)
+    path = str(tmp_path / "caffe.caffemodel.h5")
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.create_group("x")
+        left = data.create_group("left")
+        left.create_dataset("0", data=w)
+        left.create_dataset("1", data=bias)
+        data.create_group("right")
+    net = Net(pio.parse_net_text(SIAMESE), caffe_pb2.TEST)
+    load_weights(net, path)
+    np.testing.assert_array_equal(net.params["right"][0].data, w)
+    np.testing.assert_array_equal(net.params["right"][1].data, bias)
+    # a parameter a layer owns may not be missing
+    with h5py.File(path, "a") as f:
+        del f["data/left/1"]
+    with pytest.raises(SnapshotError, match="Incompatible number of blobs for layer left"):
+        load_weights(net, path)
+
+
+def test_restore_logs_caffes_line(tmp_path):
+    # Caffe's restore is SGDSolver's for all six rules: the line reads the same for Adam
+    import logging
+    from poseidon_caffe import log
+    solver = make_solver(tmp_path, 'type: "Adam"')
+    solver.step(5)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log.logger.addHandler(handler)
+    try:
+        make_solver(tmp_path, 'type: "Adam"').restore(
+            str(tmp_path / "snap_iter_5.solverstate"))
+    finally:
+        log.logger.removeHandler(handler)
+    assert "SGDSolver: restoring history" in [r.getMessage() for r in records]

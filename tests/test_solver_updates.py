@@ -215,3 +215,14 @@ def test_rule_specific_checks():
         make_solver('type: "Adamax"')
     with pytest.raises(SolverError, match="regularization type"):
         make_solver('regularization_type: "L3"')
+
+
+def test_rmsprop_needs_rms_decay_below_one():
+    # Caffe's RMSProp checks 0 <= rms_decay < 1: at 1 the squared-gradient average is frozen
+    with pytest.raises(SolverError, match="rms_decay"):
+        make_solver('type: "RMSProp" rms_decay: 1.0')
+    with pytest.raises(SolverError, match="rms_decay"):
+        make_solver('type: "RMSProp" rms_decay: -0.1')
+    with pytest.raises(SolverError, match="Momentum cannot be used with RMSProp"):
+        make_solver('type: "RMSProp" momentum: 0.9')
+    assert make_solver('type: "RMSProp" rms_decay: 0.0').param.rms_decay == 0.0

@@ -104,7 +104,7 @@ class ConvPlan:
             self._dpad = None
             self._col_source = None
 
-    def columns(self, x, reuse=False):
+    def prepare(self, x, reuse=False):
         """The (C*taps, N*outputs) columns of x; ``reuse`` takes those the last forward made
         from this same array (a backward right after its forward)."""
         g = self.geom
@@ -122,9 +122,6 @@ class ConvPlan:
         self._col_source = x
         return col
 
-    def forget(self):
-        self._col_source = None
-
     def _grouped(self, w):
         g = self.geom
         return w.reshape(g.group, g.num_output // g.group, g.col_rows // g.group)
@@ -133,14 +130,16 @@ class ConvPlan:
         """y (N, M, *out) = conv(x (N, C, *in), w) + bias."""
         g = self.geom
         n = x.shape[0]
-        col = self.columns(x)
+        col = self.prepare(x)
         cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
         wg = self._grouped(w)
         yt = np.matmul(wg, cols)                  # (G, M/G, N*out)
         yv = y.reshape(n, g.num_output, g.out_count)
-        np.copyto(yv, yt.reshape(g.num_output, n, g.out_count).transpose(1, 0, 2))
-        if bias is not None:
-            yv += bias.reshape(1, -1, 1)
+        by_image = yt.reshape(g.num_output, n, g.out_count).transpose(1, 0, 2)
+        if bias is None:
+            np.copyto(yv, by_image)
+        else:
+            np.add(by_image, bias.reshape(1, -1, 1), out=yv)   # transpose and bias, one pass
         return y
 
     def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
@@ -159,7 +158,7 @@ class ConvPlan:
         if dbias is not None:
             dbias += dyt.reshape(g.num_output, -1).sum(axis=1)
         if dw is not None:
-            col = self.columns(x, reuse=True)
+            col = self.prepare(x, reuse=True)
             cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
             dwg = dw.reshape(g.group, g.num_output // g.group, g.col_rows // g.group)
             dwg += np.matmul(dyt, cols.transpose(0, 2, 1))

@@ -2,6 +2,40 @@
 import numpy as np
 
 
+# Rates of this kind of CPU, one thread, measured with the shapes of LeNet, CIFAR-10 and AlexNet:
+# sgemm on im2col shapes, copies into columns, single-precision real FFTs of feature-map size,
+# and the small batched complex GEMMs of an FFT convolution.
+GEMM_FLOPS = 85e9
+COPY_BYTES = 10e9
+FFT_FLOPS = 6e9
+CGEMM_FLOPS = 50e9
+
+
+def conv_algorithm(geom, batch):
+    """'fft' or 'im2col': whichever a cost model of one forward + backward says is cheaper.
+
+    FFT needs stride 1 and pays per transform (inputs, outputs and weights), so it wins for
+    mid-sized kernels on small maps with tens of channels (CIFAR-10's 5x5 layers) and loses
+    when the weights are many (AlexNet's 3x3 layers) or the input has few channels.
+    """
+    if any(s != 1 for s in geom.stride) or geom.taps == 1:
+        return "im2col"
+    try:
+        from .fftconv import fft_shape
+    except ImportError:                       # scipy is optional; im2col needs only numpy
+        return "im2col"
+    n, c, m, g = batch, geom.channels, geom.num_output, geom.group
+    gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
+    im2col_time = gemm / GEMM_FLOPS + n * geom.out_count * geom.col_rows * 8 / COPY_BYTES
+    shape = fft_shape(geom)
+    points = float(np.prod(shape))
+    freqs = points / shape[-1] * (shape[-1] // 2 + 1)
+    transforms = n * c + n * m + 1.5 * m * (c // g)
+    fft_time = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
+        8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
+    return "fft" if fft_time < im2col_time else "im2col"
+
+
 class CPUBackend:
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
@@ -56,9 +90,13 @@ class CPUBackend:
         return float(np.dot(x, x))
 
     # -- vision ----------------------------------------------------------------------------
-    def conv_plan(self, geom):
-        """A ConvPlan for a ConvGeometry: forward(x, w, bias, y) and
-        backward(x, dy, w, dx=None, dw=None, dbias=None) over the whole batch."""
+    def conv_plan(self, geom, batch=None):
+        """A plan for a ConvGeometry: forward(x, w, bias, y),
+        backward(x, dy, w, dx=None, dw=None, dbias=None) and prepare(x), over the whole batch.
+        With the batch size known, the cheaper of im2col + GEMM and FFT is chosen."""
+        if batch and conv_algorithm(geom, batch) == "fft":
+            from .fftconv import FFTConvPlan
+            return FFTConvPlan(geom, self.dtype)
         from .conv import ConvPlan
         return ConvPlan(geom, self.dtype)
 

@@ -5,6 +5,7 @@ keys). A reader cycles through the database forever, wrapping around at the end,
 the records of its shard (offset % size == rank), as Caffe's DataLayer::Skip does.
 """
 import os
+import threading
 
 import lmdb
 from google.protobuf.message import DecodeError
@@ -78,12 +79,40 @@ def _key_text(key):
         return repr(key)
 
 
+# LMDB allows one environment per database per process; readers of the same database (a train
+# and a test net on one source, two nets in one process) share it, closed with its last reader.
+_shared_envs = {}
+_shared_lock = threading.Lock()
+
+
+def _acquire_env(path):
+    key = os.path.realpath(path)
+    with _shared_lock:
+        entry = _shared_envs.get(key)
+        if entry is None:
+            entry = _shared_envs[key] = [open_env(path), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_env(path, env):
+    key = os.path.realpath(path)
+    with _shared_lock:
+        entry = _shared_envs.get(key)
+        if entry is None or entry[0] is not env:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _shared_envs[key]
+            env.close()
+
+
 class DatumDB:
-    """A read-only LMDB of Datum records."""
+    """A read-only LMDB of Datum records (its environment shared with other readers)."""
 
     def __init__(self, path):
         self.path = str(path)
-        self.env = open_env(self.path)
+        self.env = _acquire_env(self.path)
 
     def __len__(self):
         return self.env.stat()["entries"]
@@ -108,7 +137,7 @@ class DatumDB:
 
     def close(self):
         if self.env is not None:
-            self.env.close()
+            _release_env(self.path, self.env)
             self.env = None
 
 

@@ -147,14 +147,16 @@ class MemoryDataLayer(Layer):
 
     def reshape(self, bottom, top):
         top[0].reshape((self.batch_size,) + self.item_shape)
-        top[1].reshape((self.batch_size,))
+        if top[1].count != self.batch_size:
+            top[1].reshape((self.batch_size,))
 
     def forward(self, bottom, top):
         if self._data is None:
             raise self.error("needs its data first: call set_input_arrays(data, labels)")
         start, end = self._pos, self._pos + self.batch_size
         top[0].reshape((self.batch_size,) + self.item_shape)
-        top[1].reshape((self.batch_size,))
+        # Caffe sets up the labels as (N,) but serves them as N x 1 x 1 x 1
+        top[1].reshape((self.batch_size, 1, 1, 1))
         top[0].data[...] = self.backend.to_device(self._data[start:end])
         top[1].data[...] = self.backend.to_device(self._labels[start:end])
         self._pos = end % self._data.shape[0]

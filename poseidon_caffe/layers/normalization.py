@@ -38,7 +38,20 @@ class BatchNormLayer(Layer):
                 blob.reshape(shape)
         else:
             self.blobs = [Blob(shape) for shape in shapes]      # zeros, as Caffe starts them
+        self._freeze_statistics()
         self.param_propagate_down = [False, False, False]
+
+    def _freeze_statistics(self):
+        # As Caffe does: the statistics get param specs with lr_mult 0 (added to the layer's
+        # parameters, which the net reads next), so no solver ever decays or moves them.
+        specs = self.param.param
+        for i in range(len(self.blobs)):
+            if i == len(specs):
+                specs.add().lr_mult = 0.0
+            elif specs[i].lr_mult != 0:
+                raise self.error("param %d has lr_mult %g: batch normalization statistics "
+                                 "cannot be configured as learned parameters (use lr_mult: 0)"
+                                 % (i, specs[i].lr_mult))
 
     def reshape(self, bottom, top):
         channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1

@@ -138,10 +138,11 @@ class _ConvolutionBase(Layer):
                 raise self.error("shape mismatch - bottom[0]: %s vs. bottom[%d]: %s"
                                  % (bottom[0].shape_string(), i, b.shape_string()))
 
-    def _make_plans(self, geom, count):
-        if self._geom_key != geom.key() or len(self._plans) != count:
-            self._plans = [self.backend.conv_plan(geom) for _ in range(count)]
-            self._geom_key = geom.key()
+    def _make_plans(self, geom, count, batch):
+        key = (geom.key(), batch)
+        if self._geom_key != key or len(self._plans) != count:
+            self._plans = [self.backend.conv_plan(geom, batch) for _ in range(count)]
+            self._geom_key = key
 
     def _batch_view(self, array, channels, spatial):
         # axes before the channel axis are all independent samples
@@ -164,7 +165,7 @@ class ConvolutionLayer(_ConvolutionBase):
         out_shape = bottom[0].shape[:self.channel_axis] + (self.num_output,) + geom.out_shape
         for t in top:
             t.reshape(out_shape)
-        self._make_plans(geom, len(bottom))
+        self._make_plans(geom, len(bottom), bottom[0].count_axes(0, self.channel_axis))
 
     def forward(self, bottom, top):
         g = self.geom
@@ -208,7 +209,7 @@ class DeconvolutionLayer(_ConvolutionBase):
         out_shape = bottom[0].shape[:self.channel_axis] + (self.num_output,) + out_spatial
         for t in top:
             t.reshape(out_shape)
-        self._make_plans(geom, len(bottom))
+        self._make_plans(geom, len(bottom), bottom[0].count_axes(0, self.channel_axis))
 
     def forward(self, bottom, top):
         g = self.geom
@@ -235,7 +236,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                 if dw is not None:
                     plan.backward(dtop, x, w, dw=dw)      # reuses the columns of dtop
             elif dw is not None:
-                plan.columns(dtop)
+                plan.prepare(dtop)
                 plan.backward(dtop, x, w, dw=dw)
 
 

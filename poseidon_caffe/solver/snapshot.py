@@ -91,21 +91,30 @@ def copy_from_hdf5(net, path):
     h5py = _h5py()
     if not os.path.exists(path):
         raise SnapshotError("cannot open HDF5 weights file %s: no such file" % path)
+    layer_index = {name: i for i, name in enumerate(net.layer_names)}
     with h5py.File(path, "r") as f:
         if "data" not in f:
             raise SnapshotError("%s is not a Caffe HDF5 model: it has no 'data' group" % path)
         data = f["data"]
         for layer_name in data:
-            if layer_name not in net.params:
+            if layer_name not in layer_index:
                 log.info("Ignoring source layer %s", layer_name)
                 continue
-            target = net.params[layer_name]
+            index = layer_index[layer_name]
+            target = net.layers[index].blobs
             source = data[layer_name]
-            if len(source) != len(target):
+            if len(source) > len(target):
                 raise SnapshotError("Incompatible number of blobs for layer %s in %s: the file "
                                     "has %d, the net %d" % (layer_name, path, len(source), len(target)))
-            log.info("Copying source layer %s", layer_name)
+            if target:
+                log.info("Copying source layer %s", layer_name)
             for j, blob in enumerate(target):
+                if str(j) not in source:
+                    # Caffe writes a shared parameter only under the layer that owns it
+                    if _is_shared(net, index, j):
+                        continue
+                    raise SnapshotError("Incompatible number of blobs for layer %s in %s: "
+                                        "parameter %d is missing" % (layer_name, path, j))
                 array = np.asarray(source[str(j)])
                 if tuple(array.shape) != tuple(blob.shape):
                     raise SnapshotError(
@@ -113,6 +122,15 @@ def copy_from_hdf5(net, path):
                         "Source param shape is %s; target param shape is %s"
                         % (j, layer_name, path, _shape_text(array.shape), blob.shape_string()))
                 blob.data[...] = blob.backend.to_device(array)
+
+
+def _is_shared(net, layer_index, j):
+    """Whether param j of that layer takes its values from another layer's (weight sharing)."""
+    where = (layer_index, j)
+    for pid, place in enumerate(net.param_layer_indices):
+        if place == where:
+            return net.param_owners[pid] != -1
+    return False
 
 
 def load_weights(net, path):

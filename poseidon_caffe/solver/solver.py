@@ -475,7 +475,8 @@ class Solver:
             raise snap.SnapshotError(
                 "Incorrect length of history blobs: %s holds %d, the %s solver keeps %d"
                 % (state_file, len(history), self.type, len(self.history)))
-        log.info("%sSolver: restoring history", self.type)
+        # every rule inherits this from SGDSolver in Caffe, so the line names SGDSolver
+        log.info("SGDSolver: restoring history")
         for i, (target, source) in enumerate(zip(self.history, history)):
             if int(np.prod(source.shape)) != target.size:
                 raise snap.SnapshotError("history blob #%d in %s has %d values; the solver's has %d"

@@ -50,8 +50,9 @@ class RMSPropSolver(SGDSolver):
         if self.param.momentum != 0:
             raise SolverError("Momentum cannot be used with RMSProp (momentum: %g)"
                               % self.param.momentum)
-        if not 0.0 <= self.param.rms_decay <= 1.0:
-            raise SolverError("rms_decay should lie between 0 and 1 (got %g)"
+        # Caffe's check: 0 <= rms_decay < 1 (at 1 the squared-gradient average never moves)
+        if not 0.0 <= self.param.rms_decay < 1.0:
+            raise SolverError("rms_decay should lie in [0, 1) (got %g)"
                               % self.param.rms_decay)
 
     def compute_update_value(self, param_id, rate):

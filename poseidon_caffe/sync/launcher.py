@@ -99,14 +99,16 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
     if timeline:
         train.append("-timeline=%s" % timeline)
     train.extend(extra)
-    args = [mpiexec]
+    # hydra places ranks host by host (ip:count); one segment per (host, device) so that
+    # each rank gets its own device flag
+    args = [mpiexec, "-hosts", ",".join("%s:%d" % (ip, len(devices)) for _, ip, _ in hosts)]
     first = True
-    for _, ip, _ in hosts:
+    for _ in hosts:
         for device in devices:
             if not first:
                 args.append(":")
             first = False
-            args += ["-n", "1", "-host", ip, python, "-m", "poseidon_caffe.sync.supervise", "--",
+            args += ["-n", "1", python, "-m", "poseidon_caffe.sync.supervise", "--",
                      python, "-m", "poseidon_caffe.cli"] + train
             if use_gpu:
                 args.append("-gpu=%d" % device)

@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Write MNIST's standard idx files as the LMDBs examples/mnist names.
+
+    python scripts/create_mnist.py DATA_DIR [OUTPUT_DIR]
+
+DATA_DIR holds train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+t10k-labels-idx1-ubyte, each optionally gzipped (.gz). OUTPUT_DIR (default examples/mnist)
+receives mnist_train_lmdb and mnist_test_lmdb in Caffe's convert_mnist_data layout: one Datum
+of 1 x rows x cols raw bytes per image, keys %08d, in file order.
+Without the idx files, the quick start uses the embedded digits instead
+(python -m poseidon_caffe.data.mnist_embedded).
+"""
+import gzip
+import os
+import struct
+import sys
+
+import numpy as np
+
+from poseidon_caffe import log
+from poseidon_caffe.data.db import DataError, DatumWriter
+from poseidon_caffe.proto import caffe_pb2
+
+IMAGES_MAGIC = 2051
+LABELS_MAGIC = 2049
+
+
+def _open(directory, stem):
+    for name in (stem, stem + ".gz"):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return path, (gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb"))
+    raise DataError("MNIST file %s (or %s.gz) not found in %s" % (stem, stem, directory))
+
+
+def read_idx(directory, stem, magic):
+    path, f = _open(directory, stem)
+    with f:
+        raw = f.read()
+    dims = 3 if magic == IMAGES_MAGIC else 1
+    header = 4 * (1 + dims)
+    if len(raw) < header or struct.unpack(">i", raw[:4])[0] != magic:
+        raise DataError("%s is not an idx file of %s (magic number %d expected)"
+                        % (path, "images" if dims == 3 else "labels", magic))
+    shape = struct.unpack(">" + "i" * dims, raw[4:header])
+    count = int(np.prod(shape))
+    if len(raw) - header != count:
+        raise DataError("%s is truncated: %d bytes of data for shape %s"
+                        % (path, len(raw) - header, shape))
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
+
+
+def write_split(directory, output, images_stem, labels_stem, name):
+    images = read_idx(directory, images_stem, IMAGES_MAGIC)
+    labels = read_idx(directory, labels_stem, LABELS_MAGIC)
+    if len(images) != len(labels):
+        raise DataError("%s has %d images but %s has %d labels"
+                        % (images_stem, len(images), labels_stem, len(labels)))
+    path = os.path.join(output, name)
+    log.info("A total of %d items.", len(images))
+    log.info("Rows: %d Cols: %d", images.shape[1], images.shape[2])
+    with DatumWriter(path) as writer:
+        for i, (image, label) in enumerate(zip(images, labels)):
+            datum = caffe_pb2.Datum(channels=1, height=images.shape[1], width=images.shape[2],
+                                    data=image.tobytes(), label=int(label))
+            writer.put("%08d" % i, datum)
+    log.info("Processed %d files into %s.", len(images), path)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stderr.write(__doc__)
+        return 1
+    directory = argv[0]
+    output = argv[1] if len(argv) > 1 else os.path.join("examples", "mnist")
+    os.makedirs(output, exist_ok=True)
+    try:
+        write_split(directory, output, "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                    "mnist_train_lmdb")
+        write_split(directory, output, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+                    "mnist_test_lmdb")
+    except DataError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

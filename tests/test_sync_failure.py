@@ -1,0 +1,104 @@
+"""A rank that dies ends the whole job quickly with an error naming the rank, its host and the
+cause; the last snapshot then resumes the run to completion."""
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from poseidon_caffe.sync import launcher
+
+NET = """name: "dummy"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 8 dim: 1 dim: 8 dim: 8 } shape { dim: 8 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def write_job(tmp_path, max_iter):
+    (tmp_path / "net.prototxt").write_text(NET)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text('net: "%s"\nbase_lr: 0.01 momentum: 0.9 lr_policy: "fixed" display: 0\n'
+                      'max_iter: %d snapshot: 5 snapshot_prefix: "%s" random_seed: 3\n'
+                      % (tmp_path / "net.prototxt", max_iter, tmp_path / "snap"))
+    return str(solver)
+
+
+def command(tmp_path, solver, snapshot=""):
+    hosts = [(0, "127.0.0.1", 9999)]
+    return launcher.build_command(hosts, [0, 1], solver, snapshot=snapshot, use_gpu=False,
+                                  python=sys.executable, out_dir=str(tmp_path / "out"))
+
+
+def test_killed_rank_ends_the_job_with_its_name_and_the_snapshot_resumes(tmp_path):
+    solver = write_job(tmp_path, 1000000)
+    env = dict(os.environ, POSEIDON_NO_PROGRESS="1")
+    job = subprocess.Popen(command(tmp_path, solver), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        log1 = tmp_path / "out" / "caffe.rank1.log"
+        for _ in range(600):
+            if glob.glob(str(tmp_path / "snap_iter_10.solverstate")):
+                break
+            assert job.poll() is None, job.communicate()[1][-2000:]
+            time.sleep(0.1)
+        pid = int(re.search(r"pid (\d+)", log1.read_text()).group(1))
+        os.kill(pid, signal.SIGKILL)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert re.search(r"rank 1 on host \S+ \(pid %d\) was killed by signal 9 \(SIGKILL\)" % pid,
+                     err), err[-2000:]
+
+    # resume from the newest snapshot and run five more iterations
+    states = sorted(glob.glob(str(tmp_path / "snap_iter_*.solverstate")),
+                    key=lambda p: int(re.search(r"_iter_(\d+)\.", p).group(1)))
+    last = states[-1]
+    it = int(re.search(r"_iter_(\d+)\.", last).group(1))
+    solver = write_job(tmp_path, it + 5)
+    done = subprocess.run(command(tmp_path, solver, snapshot=last), capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Resuming from %s" % last in done.stderr
+    assert os.path.exists(str(tmp_path / ("snap_iter_%d.caffemodel" % (it + 5))))
+
+
+RAISER = r'''
+import sys, types
+from mpi4py import MPI
+from google.protobuf import text_format
+from poseidon_caffe import sync
+from poseidon_caffe.proto import caffe_pb2
+from poseidon_caffe.solver import get_solver
+sp = caffe_pb2.SolverParameter()
+text_format.Merge('base_lr: 0.01 lr_policy: "fixed" display: 0 max_iter: 100', sp)
+text_format.Merge(open(sys.argv[1]).read(), sp.net_param)
+solver = get_solver(sp)
+runner = sync.attach(solver, types.SimpleNamespace(ranks_per_host=1))
+solver.step(3)
+if MPI.COMM_WORLD.rank == 1:
+    raise RuntimeError("disk full while reading a batch")
+solver.step(100)
+'''
+
+
+def test_rank_that_raises_ends_the_job_naming_rank_host_and_cause(tmp_path):
+    (tmp_path / "net.prototxt").write_text(NET)
+    script = tmp_path / "raiser.py"
+    script.write_text(RAISER)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script),
+                           str(tmp_path / "net.prototxt")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
+    assert proc.returncode != 0
+    assert re.search(r"rank 1 on host \S+ \(pid \d+\) failed in training: RuntimeError: disk "
+                     r"full while reading a batch", proc.stderr), proc.stderr[-2000:]

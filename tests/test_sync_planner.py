@@ -1,0 +1,78 @@
+"""SACP planner: for AlexNet's and GoogLeNet's parameter blobs at chosen K, P, S the choice is
+the cheapest under Poseidon's cost model, computed here from the formulas; and the strategies'
+prices are those formulas."""
+import pytest
+
+from poseidon_caffe.sync import planner
+from poseidon_caffe.sync.engine import FactorSource
+
+
+class FakeItem:
+    def __init__(self, name, rows, cols, fc):
+        self.index = 0
+        self.name = name
+        self.count = rows * cols
+        self.rows = rows
+        self.sfb = FactorSource(cols, rows, read=None) if fc else None
+
+
+# (name, N rows = outputs, M = inputs per output, fully connected?)
+ALEXNET = [("conv1", 96, 3 * 11 * 11, False), ("conv2", 256, 48 * 5 * 5, False),
+           ("conv3", 384, 256 * 3 * 3, False), ("conv4", 384, 192 * 3 * 3, False),
+           ("conv5", 256, 192 * 3 * 3, False), ("fc6", 4096, 9216, True),
+           ("fc7", 4096, 4096, True), ("fc8", 1000, 4096, True)]
+GOOGLENET = [("conv1/7x7_s2", 64, 3 * 7 * 7, False), ("inception_5b/5x5", 128, 48 * 25, False),
+             ("loss1/fc", 1024, 2048, True), ("loss1/classifier", 1000, 1024, True),
+             ("loss3/classifier", 1000, 1024, True)]
+
+
+def model_costs(M, N, K, P, S, fc):
+    """Poseidon's cost model, bytes (float32) sent plus received per host and iteration."""
+    costs = {"ps": 4 * 2.0 * M * N * (P + S - 2) / S,
+             "allreduce": 4 * 2.0 * 2 * M * N * (P - 1) / P}
+    if fc:
+        costs["sfb"] = 4 * 2.0 * K * (P - 1) * (M + N)
+    return costs
+
+
+@pytest.mark.parametrize("K,P,S", [(32, 2, 2), (256, 8, 8), (64, 4, 4), (2048, 16, 16),
+                                   (128, 8, 1)])
+@pytest.mark.parametrize("layer", ALEXNET + GOOGLENET, ids=lambda l: l[0])
+def test_choice_is_the_cheapest_under_the_cost_model(layer, K, P, S):
+    name, N, M, fc = layer
+    item = FakeItem(name, N, M, fc)
+    costs = model_costs(M, N, K, P, S, fc)
+    best = min(costs.values())
+    expected = [n for n in ("ps", "sfb", "allreduce") if n in costs and costs[n] == best][0]
+    assert planner.choose(item, "auto", K, P, S) == expected
+    assert planner.prices(item, K, P, S) == pytest.approx(costs)
+
+
+def test_known_decisions():
+    fc6 = FakeItem("fc6", 4096, 9216, True)
+    conv1 = FakeItem("conv1", 96, 363, False)
+    # small batches over few hosts: factors are far cheaper than a 4096 x 9216 matrix
+    assert planner.choose(fc6, "auto", 32, 8, 8) == "sfb"
+    # a huge batch over many hosts: the factors outgrow the matrix
+    assert planner.choose(fc6, "auto", 8192, 16, 16) == "ps"
+    # convolutions never use factors; with shards on every host ps ties the ring, and wins it
+    assert planner.choose(conv1, "auto", 32, 8, 8) == "ps"
+    # one shard for eight hosts makes that host the bottleneck: the ring is cheaper
+    assert planner.choose(conv1, "auto", 32, 8, 1) == "allreduce"
+    # -svb=false keeps the factors out of auto
+    assert planner.choose(fc6, "auto", 32, 8, 8, svb=False) == "ps"
+
+
+def test_forced_modes_and_their_limits():
+    fc7 = FakeItem("fc7", 4096, 4096, True)
+    conv = FakeItem("conv", 64, 27, False)
+    assert planner.choose(fc7, "sfb", 32, 4, 4) == "sfb"
+    assert planner.choose(conv, "sfb", 32, 4, 4) == "ps"
+    assert planner.choose(fc7, "allreduce", 32, 4, 4) == "allreduce"
+    assert planner.choose(fc7, "auto", 32, 4, 4, staleness=2) == "ps"
+    with pytest.raises(planner.PlanError, match="staleness"):
+        planner.choose(fc7, "sfb", 32, 4, 4, staleness=1)
+    with pytest.raises(planner.PlanError, match="clip_gradients"):
+        planner.choose(fc7, "ps", 32, 4, 4, clip=True)
+    with pytest.raises(planner.PlanError, match="auto|ps|sfb|allreduce"):
+        planner.choose(fc7, "gossip", 32, 4, 4)
