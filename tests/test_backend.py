@@ -20,7 +20,20 @@ GEOMS = [
     ConvGeometry(3, 2, (5, 6), (3, 2), (2, 1), (1, 0), (1, 2), 1),             # 2-D, mixed
     ConvGeometry(2, 2, (4, 3, 5), (2, 2, 3), (1, 2, 1), (1, 0, 1), (1, 1, 2), 2),  # 3-D
     ConvGeometry(4, 6, (3, 3), (1, 1), (1, 1), (0, 0), (1, 1), 2),             # pointwise
+    ConvGeometry(4, 6, (7, 6), (3, 2), (1, 1), (1, 0), (2, 1), 2),             # stride 1, dilated
+    ConvGeometry(3, 2, (4, 5, 3), (3, 2, 2), (1, 1, 1), (1, 1, 0), (1, 2, 1)),  # 3-D, stride 1
+    ConvGeometry(6, 3, (5, 5), (3, 3), (1, 1), (2, 2), (1, 1), 3),             # pad > kernel/2
 ]
+STRIDE_ONE = [g for g in GEOMS if all(s == 1 for s in g.stride)]
+
+
+def _plans(geom):
+    from poseidon_caffe.backend.conv import ConvPlan
+    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    plans = [ConvPlan(geom)]
+    if all(s == 1 for s in geom.stride):
+        plans.append(FFTConvPlan(geom))
+    return plans
 
 
 def test_conv_geometry_output_size_rule():
@@ -70,7 +83,12 @@ def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom):
     wg = w.reshape(geom.group, geom.num_output // geom.group, -1).astype(np.float64)
     want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(
         (n, geom.num_output) + geom.out_shape) + bias.reshape((1, -1) + (1,) * geom.nd)
-    plan = B.conv_plan(geom)
+    for plan in _plans(geom):
+        _check_plan(plan, geom, x, w, bias, dy, col, wg, want)
+
+
+def _check_plan(plan, geom, x, w, bias, dy, col, wg, want):
+    n = x.shape[0]
     y = np.empty(want.shape, np.float32)
     plan.forward(x, w, bias, y)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
@@ -89,9 +107,10 @@ def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom):
     np.testing.assert_allclose(dx, dx_want, rtol=1e-4, atol=1e-4)
 
 
-def test_conv_plan_does_not_reuse_columns_of_an_older_forward():
-    geom = GEOMS[1]
-    plan = B.conv_plan(geom)
+@pytest.mark.parametrize("kind", [0, 1])
+def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
+    geom = STRIDE_ONE[1]
+    plan = _plans(geom)[kind]
     x = _rand((2, geom.channels) + geom.in_shape, 8)
     w = _rand(geom.weight_shape, 9)
     y = np.empty((2, geom.num_output) + geom.out_shape, np.float32)
@@ -100,6 +119,18 @@ def test_conv_plan_does_not_reuse_columns_of_an_older_forward():
     x *= -2                                                   # same array, new values
     plan.forward(x, w, None, y)
     np.testing.assert_allclose(y, -2 * first, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_algorithm_choice_follows_the_cost_model():
+    from poseidon_caffe.backend.cpu import conv_algorithm
+    cifar_conv2 = ConvGeometry(32, 32, (16, 16), (5, 5), (1, 1), (2, 2), (1, 1))
+    alexnet_conv3 = ConvGeometry(256, 384, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
+    alexnet_conv1 = ConvGeometry(3, 96, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
+    assert conv_algorithm(cifar_conv2, 100) == "fft"
+    assert conv_algorithm(alexnet_conv3, 32) == "im2col"
+    assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
+    assert type(B.conv_plan(cifar_conv2, 100)).__name__ == "FFTConvPlan"
+    assert type(B.conv_plan(cifar_conv2)).__name__ == "ConvPlan"
 
 
 def test_pool_geometry_window_sizes_count_padding_but_not_overhang():

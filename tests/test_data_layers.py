@@ -210,3 +210,30 @@ def test_window_data_warps_windows_and_balances_classes(tmp_path):
     np.testing.assert_array_equal(top[0].data[0], fg)
     np.testing.assert_array_equal(top[0].data[5], bg)
     layer.close()
+
+
+def test_image_data_and_hdf5_resume_where_they_stopped(listed_images, hdf5_files):
+    import json
+    root, listfile, rgbs = listed_images
+    h5list, data, label = hdf5_files
+    texts = ['name: "img" type: "ImageData" top: "data" top: "label" image_data_param { '
+             'source: "%s" root_folder: "%s" batch_size: 3 shuffle: true } '
+             'data_param { prefetch: 2 }' % (listfile, root),
+             'name: "h" type: "HDF5Data" top: "data" top: "label" '
+             'hdf5_data_param { source: "%s" batch_size: 3 shuffle: true }' % h5list]
+    for text in texts:
+        layer, top = build(text)
+        for _ in range(3):
+            layer.forward([], top)
+        state = json.loads(json.dumps(layer.get_resume_state()))
+        want = []
+        for _ in range(3):
+            layer.forward([], top)
+            want.append(top[1].data.copy())
+        getattr(layer, "close", lambda: None)()
+        other, top2 = build(text)
+        other.set_resume_state(state)
+        for labels in want:
+            other.forward([], top2)
+            np.testing.assert_array_equal(top2[1].data, labels)
+        getattr(other, "close", lambda: None)()

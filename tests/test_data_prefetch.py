@@ -106,3 +106,26 @@ def test_an_error_in_the_loader_reaches_forward():
         fetcher.next()
     fetcher.stop()
     assert not prefetch_threads()
+
+
+def test_resume_state_continues_with_the_same_batches(source):
+    import json
+    set_random_seed(5)
+    layer, top = make(source, 3)
+    for _ in range(7):                      # 28 records of 23: past the wrap-around
+        layer.forward([], top)
+    state = json.loads(json.dumps(layer.get_resume_state()))    # as a snapshot stores it
+    want = []
+    for _ in range(4):
+        layer.forward([], top)
+        want.append((top[0].data.copy(), top[1].data.copy()))
+    layer.close()
+
+    set_random_seed(77)                     # a different start, then the stored position
+    resumed, top2 = make(source, 0)
+    resumed.set_resume_state(state)
+    for x, y in want:
+        resumed.forward([], top2)
+        np.testing.assert_array_equal(top2[1].data, y)
+        np.testing.assert_array_equal(top2[0].data, x)
+    resumed.close()

@@ -120,6 +120,16 @@ def naive_pool(x, k, s, p, method, out=None):
     return y, mask
 
 
+@pytest.fixture(params=["im2col", "fft"])
+def algorithm(request, monkeypatch):
+    """Run a test once per convolution algorithm (FFT where the geometry allows it)."""
+    from poseidon_caffe.backend import cpu
+    choice = request.param
+    monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch: (
+        choice if all(s == 1 for s in geom.stride) else "im2col"))
+    return choice
+
+
 def conv_layer(extra, num_output=4, bias=True, kind="Convolution"):
     return make_layer("""name: "c" type: "%s"
         convolution_param { num_output: %d bias_term: %s %s
@@ -142,7 +152,7 @@ CONV_CASES = [
 
 # -- Convolution -----------------------------------------------------------------------------
 @pytest.mark.parametrize("extra,shape,m,bias", CONV_CASES)
-def test_convolution_forward_matches_naive_loops(extra, shape, m, bias):
+def test_convolution_forward_matches_naive_loops(extra, shape, m, bias, algorithm):
     layer = conv_layer(extra, m, bias)
     x = blob_from(_rand(shape, 1))
     top = _setup(layer, [x])
@@ -154,16 +164,18 @@ def test_convolution_forward_matches_naive_loops(extra, shape, m, bias):
     assert top[0].shape == want.shape
     assert layer.blobs[0].shape == (m, shape[1] // cp.group) + tuple(layer.kernel)
     assert len(layer.blobs) == (2 if bias else 1) and nd == len(layer.kernel)
+    fft = algorithm == "fft" and all(s == 1 for s in layer.stride)
+    assert type(layer._plans[0]).__name__ == ("FFTConvPlan" if fft else "ConvPlan")
     np.testing.assert_allclose(top[0].data, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("extra,shape,m,bias", CONV_CASES)
-def test_convolution_gradient(extra, shape, m, bias):
+def test_convolution_gradient(extra, shape, m, bias, algorithm):
     layer = conv_layer(extra, m, bias)
     check_gradient(layer, [blob_from(_rand(shape, 2))], [Blob(())], max_checks=60)
 
 
-def test_convolution_axis_treats_leading_axes_as_samples():
+def test_convolution_axis_treats_leading_axes_as_samples(algorithm):
     layer = conv_layer("kernel_size: 2 axis: 2", 3)
     x = _rand((2, 2, 3, 4, 4), 3)
     top = _setup(layer, [blob_from(x)])
@@ -173,7 +185,7 @@ def test_convolution_axis_treats_leading_axes_as_samples():
     np.testing.assert_allclose(top[0].data.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 
-def test_convolution_two_bottoms_share_weights():
+def test_convolution_two_bottoms_share_weights(algorithm):
     layer = conv_layer("kernel_size: 3 pad: 1", 2)
     bottoms = [blob_from(_rand((1, 2, 4, 4), s)) for s in (4, 5)]
     tops = [Blob(()), Blob(())]
@@ -224,7 +236,7 @@ DECONV_CASES = [
 
 
 @pytest.mark.parametrize("extra,shape,m,bias", DECONV_CASES)
-def test_deconvolution_forward_matches_naive_scatter(extra, shape, m, bias):
+def test_deconvolution_forward_matches_naive_scatter(extra, shape, m, bias, algorithm):
     layer = conv_layer(extra, m, bias, kind="Deconvolution")
     x = _rand(shape, 6)
     top = _setup(layer, [blob_from(x)])
@@ -237,7 +249,7 @@ def test_deconvolution_forward_matches_naive_scatter(extra, shape, m, bias):
 
 
 @pytest.mark.parametrize("extra,shape,m,bias", DECONV_CASES)
-def test_deconvolution_gradient(extra, shape, m, bias):
+def test_deconvolution_gradient(extra, shape, m, bias, algorithm):
     layer = conv_layer(extra, m, bias, kind="Deconvolution")
     check_gradient(layer, [blob_from(_rand(shape, 7))], [Blob(())], max_checks=60)
 

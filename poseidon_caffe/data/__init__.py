@@ -6,8 +6,9 @@ layers then read only that worker's share of every database, by one of two rules
 * striding (Caffe's multi-GPU rule): worker r of P reads records r, r+P, r+2P, ... of the one
   database, so P workers of batch B together see exactly the batches of one worker of batch P*B;
 * partitions (Poseidon's rule, ``partitioned=True``): worker r reads the whole database
-  ``<source>_<r>`` that ``make_partitions`` wrote; with its round-robin split the records each
-  worker sees are the same as under striding.
+  ``<source>_<r>`` that ``make_partitions`` wrote (record i into partition i % P), so each
+  worker holds exactly the records striding would give it, on its own disk if need be; only
+  the wrap-around point differs when P does not divide the number of records.
 
 Only TRAIN-phase layers are sharded: as in Caffe, the test nets of every worker read the whole
 test set.

@@ -184,6 +184,26 @@ class ShardedRecordReader:
         self._advance()
         return datum
 
+    def state(self):
+        """Where the reader stands, as JSON-friendly values: the offset and the next key."""
+        key = self._cursor.key() if self._cursor is not None else None
+        return {"offset": self.offset,
+                "key": key.decode("latin-1") if key is not None else None,
+                "skip": self._initial_skip if key is None else 0}
+
+    def restore(self, state):
+        """Continue from a position ``state()`` returned (e.g. from a snapshot)."""
+        self.close()
+        self.offset = int(state["offset"])
+        self._initial_skip = int(state.get("skip", 0))
+        if state.get("key") is None:
+            return
+        self._txn = self.db.env.begin(write=False, buffers=False)
+        self._cursor = self._txn.cursor()
+        if not self._cursor.set_key(state["key"].encode("latin-1")):
+            raise DataError("cannot resume reading LMDB database %r: record %r is not in it "
+                            "(was the database rebuilt?)" % (self.db.path, state["key"]))
+
     def close(self):
         self._cursor = None
         if self._txn is not None:

@@ -60,11 +60,11 @@ def image_to_datum(path, label, height, width, is_color, encoding):
     if encoding:
         same_ext = os.path.splitext(path)[1].lower().lstrip(".") in _aliases(encoding)
         if same_ext and not height and not width:
-            image = read_image(path, 0, 0, is_color)     # checks it decodes, and its channels
+            # the file itself, as Caffe stores it (decoded once to check it is an image; the
+            # reader forces colour or grey when it decodes the record)
+            image = read_image(path, 0, 0, is_color)
             with open(path, "rb") as f:
-                data = f.read()
-            if (image.shape[2] == 3) == bool(is_color):
-                return caffe_pb2.Datum(data=data, label=label, encoded=True), image.shape
+                return caffe_pb2.Datum(data=f.read(), label=label, encoded=True), image.shape
         image = read_image(path, height, width, is_color)
         return (caffe_pb2.Datum(data=encode_image(image, encoding), label=label, encoded=True),
                 image.shape)

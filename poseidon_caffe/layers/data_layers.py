@@ -74,11 +74,21 @@ class _PrefetchingDataLayer(Layer):
         self.output_labels = len(top) > 1
         self.transformer = DataTransformer(
             self._transform_param(), self.phase, "%s layer %r" % (self.type, self.name))
-        loader, shape = self._make_loader()
+        self._loader, shape = self._make_loader()
         self._shape = shape
-        depth = self.param.data_param.prefetch
-        self._resources.prefetcher = Prefetcher(loader, depth, "%s-%s" % (self.type, self.name))
+        self._consumed_state = self._loader.state()
+        self._start_prefetch()
         log.info("output data size: %s", ",".join(str(s) for s in shape))
+
+    def _start_prefetch(self):
+        loader = self._loader      # the thread holds the loader, never the layer
+
+        def produce():
+            data, labels = loader()
+            return data, labels, loader.state()
+
+        self._resources.prefetcher = Prefetcher(produce, self.param.data_param.prefetch,
+                                                "%s-%s" % (self.type, self.name))
 
     def _transform_param(self):
         return self.param.transform_param
@@ -93,7 +103,7 @@ class _PrefetchingDataLayer(Layer):
             top[1].reshape((self._shape[0],))
 
     def forward(self, bottom, top):
-        data, labels = self._resources.prefetcher.next()
+        data, labels, self._consumed_state = self._resources.prefetcher.next()
         top[0].reshape(data.shape)
         top[0].data[...] = data
         if self.output_labels:
@@ -104,6 +114,17 @@ class _PrefetchingDataLayer(Layer):
         """Stop the prefetch thread and release the files; the layer is done after this."""
         if hasattr(self, "_finalizer"):
             self._finalizer()
+
+    # the solver keeps these in a snapshot's side file, so a resumed run reads on from the
+    # batch after the last one trained on, with the same random crops and mirrors
+    def get_resume_state(self):
+        return self._consumed_state
+
+    def set_resume_state(self, state):
+        self._resources.prefetcher.stop()
+        self._loader.restore(state)
+        self._consumed_state = self._loader.state()
+        self._start_prefetch()
 
     def _shard(self):
         """(rank, size, partitioned) for this layer: TEST nets read everything, as in Caffe."""
@@ -142,6 +163,13 @@ class _DatumBatchLoader:
                        "x".join(map(str, image.shape))))
         batch = np.stack(images)
         return tp.transform(batch, self.rng), labels
+
+    def state(self):
+        return {"reader": self.reader.state(), "rng": self.rng.bit_generator.state}
+
+    def restore(self, state):
+        self.reader.restore(state["reader"])
+        self.rng.bit_generator.state = state["rng"]
 
 
 @register("Data")
@@ -214,7 +242,9 @@ def read_image_list(path, where):
 
 class _ImageListLoader:
     def __init__(self, lines, root, param, transformer, rng, rank, size, list_path):
-        self.lines = list(lines)
+        self.all_lines = list(lines)
+        self.order = np.arange(len(self.all_lines))
+        self.lines = self.all_lines
         self.root = root
         self.param = param
         self.transformer = transformer
@@ -229,8 +259,20 @@ class _ImageListLoader:
             self.position = int(rng.integers(0, param.rand_skip)) % len(self.lines)
 
     def _shuffle(self):
-        order = self.rng.permutation(len(self.lines))
-        self.lines = [self.lines[i] for i in order]
+        self.order = self.order[self.rng.permutation(len(self.order))]
+        self.lines = [self.all_lines[i] for i in self.order]
+
+    def state(self):
+        return {"position": int(self.position), "offset": int(self.offset),
+                "order": self.order.tolist() if self.param.shuffle else None,
+                "rng": self.rng.bit_generator.state}
+
+    def restore(self, state):
+        self.position, self.offset = int(state["position"]), int(state["offset"])
+        if state.get("order") is not None:
+            self.order = np.asarray(state["order"], dtype=np.int64)
+            self.lines = [self.all_lines[i] for i in self.order]
+        self.rng.bit_generator.state = state["rng"]
 
     def _advance(self):
         self.position += 1
@@ -421,6 +463,12 @@ class _WindowLoader:
         out[region] = values * np.float32(self.scale)
         return out, label
 
+    def state(self):
+        return {"rng": self.rng.bit_generator.state}
+
+    def restore(self, state):
+        self.rng.bit_generator.state = state["rng"]
+
     def __call__(self):
         batch = self.wp.batch_size
         num_fg = int(batch * self.wp.fg_fraction)
@@ -552,6 +600,19 @@ class HDF5DataLayer(Layer):
     def reshape(self, bottom, top):
         for blob, shape in zip(top, self._shapes):
             blob.reshape(shape)
+
+    def get_resume_state(self):
+        return {"file_order": [int(i) for i in self.file_order], "file_pos": int(self.file_pos),
+                "rows": self.rows.tolist(), "row_pos": int(self.row_pos), "offset": int(self.offset),
+                "rng": self.rng.bit_generator.state}
+
+    def set_resume_state(self, state):
+        self.file_order = [int(i) for i in state["file_order"]]
+        self.file_pos = int(state["file_pos"])
+        self._load_file(self.file_order[self.file_pos])
+        self.rows = np.asarray(state["rows"], dtype=np.int64)
+        self.row_pos, self.offset = int(state["row_pos"]), int(state["offset"])
+        self.rng.bit_generator.state = state["rng"]
 
     def forward(self, bottom, top):
         batch = self.param.hdf5_data_param.batch_size

@@ -158,5 +158,5 @@ class MemoryDataLayer(Layer):
         # Caffe sets up the labels as (N,) but serves them as N x 1 x 1 x 1
         top[1].reshape((self.batch_size, 1, 1, 1))
         top[0].data[...] = self.backend.to_device(self._data[start:end])
-        top[1].data[...] = self.backend.to_device(self._labels[start:end])
+        top[1].data[...] = self.backend.to_device(self._labels[start:end]).reshape(top[1].shape)
         self._pos = end % self._data.shape[0]
