@@ -475,7 +475,9 @@ class Net:
                 self._forward_debug_info(i)
         return loss
 
-    def backward_from_to(self, start=None, end=0):
+    def backward_from_to(self, start=None, end=0, seeded=()):
+        """Backward over layers start..end (descending). A loss top's diff is seeded with its
+        loss weight, except for the blob indices in ``seeded``, whose diffs the caller set."""
         start = len(self.layers) - 1 if start is None else start
         hook = self._grad_ready_hook
         debug = self.param.debug_info
@@ -484,7 +486,8 @@ class Net:
                 continue
             tops = self.top_vecs[i]
             for j, weight in self.layer_loss_weights[i]:
-                tops[j].diff[...] = weight
+                if self.top_ids[i][j] not in seeded:
+                    tops[j].diff[...] = weight
             self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
             if debug:
                 self._backward_debug_info(i)
@@ -700,7 +703,7 @@ class Net:
             for name, array in kwargs.items():
                 array = np.asarray(array)
                 blob = self.blobs[name]
-                if array.ndim == 0 or array.shape[0] != blob.shape[0]:
+                if array.shape[:1] != blob.shape[:1]:
                     raise NetError("Input %r is not batch sized: got shape %s, blob is %s"
                                    % (name, array.shape, blob.shape))
                 blob.data[...] = array
@@ -727,11 +730,12 @@ class Net:
             for name, array in kwargs.items():
                 array = np.asarray(array)
                 blob = self.blobs[name]
-                if array.ndim == 0 or array.shape[0] != blob.shape[0]:
+                if array.shape[:1] != blob.shape[:1]:
                     raise NetError("Diff %r is not batch sized: got shape %s, blob is %s"
                                    % (name, array.shape, blob.shape))
                 blob.diff[...] = array
-        self.backward_from_to(start_ind, end_ind)
+        self.backward_from_to(start_ind, end_ind,
+                              seeded={self.blob_name_to_index[name] for name in kwargs})
         named = self.blobs
         return {out: named[out].diff for out in outputs}
 

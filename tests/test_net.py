@@ -402,3 +402,19 @@ def test_debug_info_logs_forward_and_backward(caplog):
     assert "[Forward] Layer conv1, param blob 0 data:" in text
     assert "[Backward] Layer ip2, param blob 0 diff:" in text
     assert "[Backward] All net params (data, diff): L1 norm" in text
+
+
+def test_backward_keeps_a_loss_diff_the_caller_gives():
+    """pycaffe's net.backward(loss=...) seeds the loss top with the caller's value, as Caffe
+    does; without it the loss weight is the seed. The gradient scales with the seed."""
+    net = net_from_text(GRAPH.replace('loss_weight: 0.5', 'loss_weight: 0'))
+    fill_inputs(net)
+    net.forward()
+    net.clear_param_diffs()
+    plain = net.backward(l1=np.float32(1), l2=np.float32(0))["x"].copy()
+    net.clear_param_diffs()
+    tripled = net.backward(l1=np.float32(3), l2=np.float32(0))["x"].copy()
+    np.testing.assert_allclose(tripled, 3 * plain, rtol=1e-5)
+    net.clear_param_diffs()
+    net.backward_from_to()
+    np.testing.assert_allclose(net.blobs["x"].diff, plain, rtol=1e-5)
