@@ -125,28 +125,32 @@ def _measure(step, iters):
 
 
 def _profile(net, iters):
-    """Per layer type forward/backward ms and the GEMM share (np.matmul timed in place)."""
+    """Per layer type forward/backward ms, and the time inside GEMMs (real and the complex ones
+    of FFT convolution) and inside FFTs, found by timing those calls in place."""
     import numpy as np
-    from poseidon_caffe.backend import conv as conv_mod
-    gemm_time = [0.0]
-    real_matmul = np.matmul
+    import scipy.fft as sfft
+    from poseidon_caffe.backend import cpu
+    spent = {"gemm": 0.0, "fft": 0.0}
+    depth = [0]
 
-    def timed_matmul(*args, **kwargs):
-        t0 = time.perf_counter()
-        out = real_matmul(*args, **kwargs)
-        gemm_time[0] += time.perf_counter() - t0
-        return out
+    def timed(kind, fn):
+        def wrapper(*args, **kwargs):
+            if depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[kind] += time.perf_counter() - t0
+                depth[0] -= 1
+        return wrapper
 
-    real_dot = np.dot
-
-    def timed_dot(*args, **kwargs):
-        t0 = time.perf_counter()
-        out = real_dot(*args, **kwargs)
-        gemm_time[0] += time.perf_counter() - t0
-        return out
-
-    conv_mod.np.matmul = timed_matmul
-    np.dot = timed_dot
+    originals = [(np, "matmul"), (np, "dot"), (cpu.CPUBackend, "gemm"), (sfft, "rfftn"),
+                 (sfft, "irfftn")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in originals]
+    for owner, name, fn in saved:
+        setattr(owner, name, timed("fft" if "fft" in name else "gemm", fn))
     per_type = {}
     total = 0.0
     try:
@@ -164,10 +168,11 @@ def _profile(net, iters):
                 per_type.setdefault(net.layers[i].type, [0.0, 0.0])[1] += dt
                 total += dt
     finally:
-        conv_mod.np.matmul = real_matmul
-        np.dot = real_dot
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
     scale = 1000.0 / iters
-    return {"total_ms": total * scale, "gemm_ms": gemm_time[0] * scale,
+    return {"total_ms": total * scale, "gemm_ms": spent["gemm"] * scale,
+            "fft_ms": spent["fft"] * scale,
             "per_type_ms": {k: [v[0] * scale, v[1] * scale] for k, v in per_type.items()}}
 
 
@@ -275,9 +280,10 @@ def main(argv=None):
                 "%s / %s" % ref))
             if args.profile and ours:
                 prof = ours["profile"]
-                print("    profile: total %.1f ms, GEMM %.1f ms (%.0f%%)" % (
-                    prof["total_ms"], prof["gemm_ms"],
-                    100.0 * prof["gemm_ms"] / max(prof["total_ms"], 1e-9)))
+                share = 100.0 / max(prof["total_ms"], 1e-9)
+                print("    profile (wall): total %.1f ms, GEMM %.1f ms (%.0f%%), FFT %.1f ms "
+                      "(%.0f%%)" % (prof["total_ms"], prof["gemm_ms"], prof["gemm_ms"] * share,
+                                    prof["fft_ms"], prof["fft_ms"] * share))
                 for kind, (fwd, bwd) in sorted(prof["per_type_ms"].items(),
                                                key=lambda kv: -sum(kv[1])):
                     print("      %-18s fwd %8.1f  bwd %8.1f" % (kind, fwd, bwd))

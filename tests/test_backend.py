@@ -124,10 +124,12 @@ def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
 def test_conv_algorithm_choice_follows_the_cost_model():
     from poseidon_caffe.backend.cpu import conv_algorithm
     cifar_conv2 = ConvGeometry(32, 32, (16, 16), (5, 5), (1, 1), (2, 2), (1, 1))
-    alexnet_conv3 = ConvGeometry(256, 384, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
+    cifar_conv1 = ConvGeometry(3, 32, (32, 32), (5, 5), (1, 1), (2, 2), (1, 1))
     alexnet_conv1 = ConvGeometry(3, 96, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
+    inception_1x1 = ConvGeometry(192, 64, (28, 28), (1, 1), (1, 1), (0, 0), (1, 1))
     assert conv_algorithm(cifar_conv2, 100) == "fft"
-    assert conv_algorithm(alexnet_conv3, 32) == "im2col"
+    assert conv_algorithm(cifar_conv1, 100) == "im2col"           # three input channels
+    assert conv_algorithm(inception_1x1, 32) == "im2col"          # a plain GEMM
     assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
     assert type(B.conv_plan(cifar_conv2, 100)).__name__ == "FFTConvPlan"
     assert type(B.conv_plan(cifar_conv2)).__name__ == "ConvPlan"
@@ -173,3 +175,28 @@ def test_gemm_transposes_and_accumulation():
     B.gemm(a, b, trans_b=True, alpha=2.0, beta=0.5, out=out)
     np.testing.assert_allclose(out, 2 * a @ b.T + 0.5, rtol=1e-6)
     np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T, rtol=1e-6)
+
+
+def test_fft_plan_never_uses_a_stale_weight_spectrum():
+    from poseidon_caffe.backend.conv import ConvPlan
+    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    geom = ConvGeometry(3, 4, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1))
+    plan, reference = FFTConvPlan(geom), ConvPlan(geom)
+    x = _rand((2, 3, 6, 5), 13)
+    w = _rand(geom.weight_shape, 14)
+    dy = _rand((2, 4, 6, 5), 15)
+    y = np.empty_like(dy)
+    dx, want = np.empty_like(x), np.empty_like(x)
+
+    plan.forward(x, w, None, y)
+    other = w * 2                                   # a different weight array
+    plan.backward(x, dy, other, dx=dx)
+    reference.backward(x, dy, other, dx=want)
+    np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-4)
+
+    plan.forward(x, w, None, y)
+    plan.backward(x, dy, w, dw=np.zeros_like(w))    # the backward after the forward
+    w *= 3                                          # same array, new values (a solver step)
+    plan.backward(None, dy, w, dx=dx)               # Deconvolution's forward
+    reference.backward(None, dy, w, dx=want)
+    np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-4)

@@ -129,3 +129,32 @@ def test_resume_state_continues_with_the_same_batches(source):
         np.testing.assert_array_equal(top2[1].data, y)
         np.testing.assert_array_equal(top2[0].data, x)
     resumed.close()
+
+
+def test_solver_resumed_from_a_snapshot_trains_on_the_same_batches(source, tmp_path):
+    from poseidon_caffe.solver import get_solver
+    net = ('name: "tiny" layer { name: "d" type: "Data" top: "data" top: "label" '
+           'transform_param { crop_size: 5 mirror: true scale: 0.01 } '
+           'data_param { source: "%s" batch_size: 4 backend: LMDB } } '
+           'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+           'inner_product_param { num_output: 23 weight_filler { type: "xavier" } } } '
+           'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" '
+           'top: "loss" }' % source)
+
+    def solver():
+        param = text_format.Parse(
+            'base_lr: 0.1 momentum: 0.9 lr_policy: "fixed" max_iter: 8 snapshot: 4 '
+            'random_seed: 3 display: 0 snapshot_prefix: "%s"' % (tmp_path / "tiny"),
+            caffe_pb2.SolverParameter())
+        param.net_param.CopyFrom(text_format.Parse(net, caffe_pb2.NetParameter()))
+        return get_solver(param)
+
+    straight = solver()
+    straight.solve()
+    resumed = solver()
+    resumed.solve(str(tmp_path / "tiny_iter_4.solverstate"))
+    assert resumed.iter == 8
+    np.testing.assert_array_equal(resumed.net.params["ip"][0].data,
+                                  straight.net.params["ip"][0].data)
+    straight.net.layers[0].close()
+    resumed.net.layers[0].close()

@@ -40,21 +40,25 @@ def command(tmp_path, solver, snapshot=""):
 def test_killed_rank_ends_the_job_with_its_name_and_the_snapshot_resumes(tmp_path):
     solver = write_job(tmp_path, 1000000)
     env = dict(os.environ, POSEIDON_NO_PROGRESS="1")
-    job = subprocess.Popen(command(tmp_path, solver), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env)
+    # the job's output goes to files: a pipe nobody reads would stall it
+    out, err_file = open(tmp_path / "job.out", "w"), open(tmp_path / "job.err", "w")
+    job = subprocess.Popen(command(tmp_path, solver), stdout=out, stderr=err_file, env=env)
     try:
         log1 = tmp_path / "out" / "caffe.rank1.log"
         for _ in range(600):
             if glob.glob(str(tmp_path / "snap_iter_10.solverstate")):
                 break
-            assert job.poll() is None, job.communicate()[1][-2000:]
+            assert job.poll() is None, (tmp_path / "job.err").read_text()[-2000:]
             time.sleep(0.1)
         pid = int(re.search(r"pid (\d+)", log1.read_text()).group(1))
         os.kill(pid, signal.SIGKILL)
-        _, err = job.communicate(timeout=60)
+        job.wait(timeout=60)
     finally:
         if job.poll() is None:
             job.kill()
+        out.close()
+        err_file.close()
+    err = (tmp_path / "job.err").read_text()
     assert job.returncode != 0
     assert re.search(r"rank 1 on host \S+ \(pid %d\) was killed by signal 9 \(SIGKILL\)" % pid,
                      err), err[-2000:]

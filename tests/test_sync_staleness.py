@@ -42,7 +42,7 @@ for it in range(iters):
     solver.step(1)
     losses.append(float(solver.net.blobs["loss"].data))
     if comm.rank == comm.size - 1:
-        time.sleep(0.004)   # a slow worker, so that the others run ahead
+        time.sleep(0.01)   # a slow worker, so that the others run ahead
 runner.finish()
 stats = runner.engine.stats()
 stats["losses"] = losses

@@ -1,6 +1,11 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
+try:                                   # BLAS with beta: accumulate without a temporary
+    from scipy.linalg.blas import sgemm as _sgemm
+except ImportError:                    # scipy is optional
+    _sgemm = None
+
 
 # Rates of this kind of CPU, one thread, measured with the shapes of LeNet, CIFAR-10 and AlexNet:
 # sgemm on im2col shapes, copies into columns, single-precision real FFTs of feature-map size,
@@ -14,9 +19,11 @@ CGEMM_FLOPS = 50e9
 def conv_algorithm(geom, batch):
     """'fft' or 'im2col': whichever a cost model of one forward + backward says is cheaper.
 
-    FFT needs stride 1 and pays per transform (inputs, outputs and weights), so it wins for
-    mid-sized kernels on small maps with tens of channels (CIFAR-10's 5x5 layers) and loses
-    when the weights are many (AlexNet's 3x3 layers) or the input has few channels.
+    im2col: three GEMMs (forward, filter, data) and two copies of the columns.
+    FFT: transforms of input and output, each forward and back, and three batched complex
+    GEMMs. FFT needs stride 1; it wins for 3x3 and 5x5 kernels on the maps of CIFAR-10 and
+    AlexNet, and loses when the input has only a few channels (a net's first layer), where
+    the transforms of the outputs outweigh the small GEMMs they replace.
     """
     if any(s != 1 for s in geom.stride) or geom.taps == 1:
         return "im2col"
@@ -26,13 +33,13 @@ def conv_algorithm(geom, batch):
         return "im2col"
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
     gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
-    im2col_time = gemm / GEMM_FLOPS + n * geom.out_count * geom.col_rows * 8 / COPY_BYTES
+    im2col_time = 3 * gemm / GEMM_FLOPS + 2 * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES
     shape = fft_shape(geom)
     points = float(np.prod(shape))
     freqs = points / shape[-1] * (shape[-1] // 2 + 1)
-    transforms = n * c + n * m + 1.5 * m * (c // g)
+    transforms = 2 * (n * c + n * m)          # the weights' few taps go by small DFT GEMMs
     fft_time = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
-        8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
+        3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
     return "fft" if fft_time < im2col_time else "im2col"
 
 
@@ -57,17 +64,27 @@ class CPUBackend:
     # -- BLAS ------------------------------------------------------------------------------
     def gemm(self, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
         """out = alpha * op(a) @ op(b) + beta * out."""
+        if out is not None and beta != 0.0 and _sgemm is not None and out.dtype == np.float32 \
+                and out.flags.c_contiguous and a.dtype == b.dtype == np.float32:
+            # BLAS accumulates into out itself: no temporary the size of out, no extra pass.
+            # Row-major out is column-major out.T = op(b).T @ op(a).T.
+            result = _sgemm(alpha, b.T, a.T, beta=beta, c=out.T, trans_a=int(trans_b),
+                            trans_b=int(trans_a), overwrite_c=1)
+            if not np.shares_memory(result, out):
+                out[...] = result.T
+            return out
         a = a.T if trans_a else a
         b = b.T if trans_b else b
         if out is None or beta == 0.0:
-            result = a @ b
+            if out is None:
+                result = a @ b
+            else:
+                result = np.matmul(a, b, out=out)
             if alpha != 1.0:
                 result *= alpha
-            if out is None:
-                return result
-            out[...] = result
-            return out
-        out *= beta
+            return result
+        if beta != 1.0:
+            out *= beta
         out += (a @ b) * alpha if alpha != 1.0 else a @ b
         return out
 

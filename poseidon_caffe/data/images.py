@@ -58,6 +58,13 @@ def decode_image(data, color=None, name="<bytes>"):
     return _to_array(img, color)
 
 
+def join_root(root, name):
+    """Caffe's root_folder + file name (plain concatenation), adding a missing trailing slash."""
+    if root and not root.endswith("/"):
+        root += "/"
+    return root + name
+
+
 def read_image(path, height=0, width=0, is_color=True):
     """Caffe's ReadImageToCVMat: read, force colour or grey, resize when both sizes are > 0."""
     Image = _pil()

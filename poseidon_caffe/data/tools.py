@@ -13,7 +13,7 @@ from .. import log
 from ..proto import caffe_pb2
 from . import partition_path
 from .db import DataError, DatumDB, DatumWriter, parse_datum
-from .images import datum_image, encode_image, read_image
+from .images import datum_image, encode_image, join_root, read_image
 
 COMMIT_EVERY = 1000
 
@@ -105,7 +105,7 @@ def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize
                 encoding = os.path.splitext(name)[1].lstrip(".").lower()
                 if not encoding:
                     log.warning("Failed to guess the encoding of '%s'", name)
-            path = root + name if (not root or root.endswith("/")) else os.path.join(root, name)
+            path = join_root(root, name)
             try:
                 datum, shape = image_to_datum(path, label, resize_height, resize_width,
                                               not gray, encoding if encoded else "")

@@ -15,7 +15,7 @@ import numpy as np
 from .. import data as data_pkg
 from .. import log
 from ..data import db as dbmod
-from ..data.images import datum_image, read_image, resize
+from ..data.images import datum_image, join_root, read_image, resize
 from ..data.prefetch import Prefetcher
 from ..data.transform import DataTransformer, load_mean_file
 from ..proto import caffe_pb2
@@ -40,10 +40,6 @@ def _transform_param(layer_param, sub_param):
     return tp
 
 
-def _join(root, name):
-    if not root or root.endswith("/") or os.path.isabs(name):
-        return root + name if not os.path.isabs(name) else name
-    return root + "/" + name
 
 
 class _Resources:
@@ -105,10 +101,10 @@ class _PrefetchingDataLayer(Layer):
     def forward(self, bottom, top):
         data, labels, self._consumed_state = self._resources.prefetcher.next()
         top[0].reshape(data.shape)
-        top[0].data[...] = data
+        top[0].data[...] = self.backend.to_device(data)
         if self.output_labels:
             top[1].reshape(labels.shape)
-            top[1].data[...] = labels
+            top[1].data[...] = self.backend.to_device(labels)
 
     def close(self):
         """Stop the prefetch thread and release the files; the layer is done after this."""
@@ -285,7 +281,7 @@ class _ImageListLoader:
 
     def read(self, name):
         p = self.param
-        path = _join(self.root, name)
+        path = join_root(self.root, name)
         try:
             return read_image(path, p.new_height, p.new_width, p.is_color)
         except dbmod.DataError as exc:
@@ -375,6 +371,11 @@ def read_window_file(path, where):
     return images, windows
 
 
+def _round_half_away(x):
+    """C's round(): halves away from zero (Python's round() goes to even)."""
+    return int(np.floor(abs(x) + 0.5) * (1 if x >= 0 else -1))
+
+
 class _WindowLoader:
     """Caffe's WindowDataLayer batch: fg_fraction foreground windows, the rest background;
     each window padded by context, warped (or squared) to crop_size, mirrored, mean-subtracted,
@@ -397,7 +398,7 @@ class _WindowLoader:
         path, _ = self.images[index]
         if path in self.cache:
             return self.cache[path]
-        image = read_image(_join(self.wp.root_folder, path), 0, 0, True)
+        image = read_image(join_root(self.wp.root_folder, path), 0, 0, True)
         if self.wp.cache_images:
             self.cache[path] = image
         return image
@@ -408,7 +409,7 @@ class _WindowLoader:
         crop, pad = self.crop, self.wp.context_pad
         height, width = image.shape[:2]
         use_square = self.wp.crop_mode == "square"
-        self.mirror_now = self.mirror and bool(self.rng.integers(0, 2))
+        mirror = self.mirror and bool(self.rng.integers(0, 2))
         out_w = out_h = crop
         off_x = off_y = 0
         if pad > 0 or use_square:
@@ -419,10 +420,10 @@ class _WindowLoader:
             center_x, center_y = x1 + half_w, y1 + half_h
             if use_square:
                 half_h = half_w = max(half_h, half_w)
-            x1 = int(round(center_x - half_w * context_scale))
-            x2 = int(round(center_x + half_w * context_scale))
-            y1 = int(round(center_y - half_h * context_scale))
-            y2 = int(round(center_y + half_h * context_scale))
+            x1 = _round_half_away(center_x - half_w * context_scale)
+            x2 = _round_half_away(center_x + half_w * context_scale)
+            y1 = _round_half_away(center_y - half_h * context_scale)
+            y2 = _round_half_away(center_y + half_h * context_scale)
             unclipped_h, unclipped_w = y2 - y1 + 1, x2 - x1 + 1
             pad_x1, pad_y1 = max(0, -x1), max(0, -y1)
             pad_x2, pad_y2 = max(0, x2 - width + 1), max(0, y2 - height + 1)
@@ -431,21 +432,23 @@ class _WindowLoader:
             clipped_h, clipped_w = y2 - y1 + 1, x2 - x1 + 1
             scale_x = crop / float(unclipped_w)
             scale_y = crop / float(unclipped_h)
-            out_w = int(round(clipped_w * scale_x))
-            out_h = int(round(clipped_h * scale_y))
-            pad_x1 = int(round(pad_x1 * scale_x))
-            pad_x2 = int(round(pad_x2 * scale_x))
-            pad_y1 = int(round(pad_y1 * scale_y))
+            out_w = _round_half_away(clipped_w * scale_x)
+            out_h = _round_half_away(clipped_h * scale_y)
+            pad_x1 = _round_half_away(pad_x1 * scale_x)
+            pad_x2 = _round_half_away(pad_x2 * scale_x)
+            pad_y1 = _round_half_away(pad_y1 * scale_y)
             off_y = pad_y1
             # a mirrored patch sits where the right-hand padding was
-            off_x = pad_x2 if self.mirror_now else pad_x1
+            off_x = pad_x2 if mirror else pad_x1
             if off_y + out_h > crop:
                 out_h = crop - off_y
             if off_x + out_w > crop:
                 out_w = crop - off_x
-        patch = image[y1:y2 + 1, x1:x2 + 1]
-        patch = resize(patch, max(out_h, 1), max(out_w, 1))
-        if self.mirror_now:
+        # a window thinner than one output pixel still yields one
+        out_h, out_w = max(out_h, 1), max(out_w, 1)
+        off_y, off_x = min(off_y, crop - out_h), min(off_x, crop - out_w)
+        patch = resize(image[y1:y2 + 1, x1:x2 + 1], out_h, out_w)
+        if mirror:
             patch = patch[:, ::-1]
         channels = patch.shape[2]
         out = np.zeros((channels, crop, crop), dtype=np.float32)
@@ -624,7 +627,8 @@ class HDF5DataLayer(Layer):
             mine = np.nonzero(offsets % self.size == self.rank)[0][:batch - filled]
             consumed = (mine[-1] + 1) if len(mine) == batch - filled else len(remaining)
             for blob, arr in zip(top, self.arrays):
-                blob.data[filled:filled + len(mine)] = arr[remaining[mine]]
+                blob.data[filled:filled + len(mine)] = self.backend.to_device(
+                    arr[remaining[mine]])
             filled += len(mine)
             self.row_pos += consumed
             self.offset += consumed

@@ -427,7 +427,8 @@ class Solver:
             return
         if not self.param.HasField("snapshot_prefix") and not self.solver_file:
             raise SolverError("In solver params, snapshot is specified but snapshot_prefix is not")
-        probe = "%s_iter_%d.tempfile" % (self._snapshot_prefix(), self.iter)
+        # the process id keeps the probes of several workers sharing a folder apart
+        probe = "%s_iter_%d.tempfile.%d" % (self._snapshot_prefix(), self.iter, os.getpid())
         try:
             with open(probe, "w"):
                 pass

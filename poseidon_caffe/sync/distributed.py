@@ -331,7 +331,9 @@ class DistributedRunner:
         self.solver.step(iters)
 
     def finish(self):
+        from .failure import job_finished
         self.engine.close()
+        job_finished()
         if self.timeline is not None:
             self.timeline.write()
         if self.output_dir:

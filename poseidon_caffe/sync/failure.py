@@ -1,5 +1,6 @@
 """A rank that raises ends the whole job at once, with an error naming the rank, its host and
 the cause; never a hang. (A rank that is killed outright is reported by ``supervise``.)"""
+import atexit
 import os
 import sys
 import threading
@@ -7,7 +8,7 @@ import traceback
 
 from .. import log
 
-_state = {"installed": False, "topology": None}
+_state = {"installed": False, "topology": None, "open": False}
 
 
 def describe():
@@ -50,3 +51,20 @@ def install(topology):
 
     sys.excepthook = excepthook
     threading.excepthook = thread_hook
+    atexit.register(_exit_check)
+    _state["open"] = True
+
+
+def job_finished():
+    """This rank finished its part cleanly: leaving now strands nobody."""
+    _state["open"] = False
+
+
+def _exit_check():
+    # a rank leaving mid-job (an error handled by returning a status) would strand its peers
+    if _state["open"]:
+        sys.stderr.write("*** %s exited before the job finished (its log above says why); "
+                         "ending the job\n" % describe())
+        sys.stderr.flush()
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)

@@ -164,3 +164,33 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run_local(settings, argv=None, repo_root=None):
+    """What every ``examples/*/run_local.py`` does with the settings at its top:
+    ``run_local.py [HOSTFILE] [--dry-run]`` (the host file defaults to ``localserver``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    dry_run = "--dry-run" in argv
+    rest = [a for a in argv if a != "--dry-run"]
+    if len(rest) > 1 or any(a.startswith("-") for a in rest):
+        sys.stderr.write("usage: run_local.py [HOSTFILE] [--dry-run]\n")
+        return 2
+    root = repo_root or os.getcwd()
+    hostfile = rest[0] if rest else os.path.join(root, "localserver")
+    try:
+        hosts = read_localserver(hostfile)
+    except HostFileError as exc:
+        sys.stderr.write("%s\n" % exc)
+        return 2
+    devices = list(settings["devices"])
+    staleness = int(settings.get("staleness", 0))
+    out = output_dir(settings.get("dataset", "data"), staleness, len(hosts), len(devices),
+                     os.path.join(root, "output"))
+    if not dry_run:
+        os.makedirs(out, exist_ok=True)
+    args = build_command(hosts, devices, settings["solver_filename"], staleness=staleness,
+                         svb=settings.get("svb", False), sync=settings.get("sync", "auto"),
+                         dwbp=settings.get("dwbp", True),
+                         snapshot=settings.get("snapshot_filename", ""), out_dir=out,
+                         use_gpu=settings.get("use_gpu"))
+    return run(args, dry_run)

@@ -1,0 +1,32 @@
+#!/usr/bin/env python
+"""Start alexnet training on every host of the host file and every device listed below.
+
+    python examples/alexnet/run_local.py [HOSTFILE] [--dry-run]
+
+HOSTFILE has Poseidon's format, one machine per line: <client_id> <ip> <port> (default: the
+localserver file at the repository root). The mpiexec command is printed, then run; output
+goes to output/caffe.imagenet.S<staleness>.M<hosts>.T<devices>/.
+"""
+import os
+import sys
+
+# ---- settings: edit these ------------------------------------------------------------------
+solver_filename = "examples/alexnet/solver.prototxt"
+snapshot_filename = ""        # a .solverstate to resume from, or ""
+devices = [0]                 # GPU ids per host; CPU workers when no GPU is present
+staleness = 0                 # stale-synchronous bound (0 = bulk synchronous)
+svb = False                   # allow sufficient-factor broadcasting in auto mode
+sync = "auto"                 # auto | ps | sfb | allreduce
+dwbp = True                   # wait-free backprop
+dataset = "imagenet"
+# ---------------------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    os.chdir(ROOT)
+    from poseidon_caffe.sync.launcher import run_local
+    sys.exit(run_local(dict(solver_filename=solver_filename, snapshot_filename=snapshot_filename,
+                            devices=devices, staleness=staleness, svb=svb, sync=sync, dwbp=dwbp,
+                            dataset=dataset), repo_root=ROOT))

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Train googlenet on every host of the host file (Poseidon's localserver format) and every device.
+# Usage: bash examples/googlenet/train_googlenet.sh [HOSTFILE]      (DRY_RUN=1 only prints the command)
+set -euo pipefail
+
+# ---- Poseidon's parameter block --------------------------------------------------------------
+solver_filename="examples/googlenet/solver.prototxt"
+snapshot_filename=""          # a .solverstate to resume from, or empty
+num_app_threads=1             # devices (worker ranks) per host
+param_table_staleness=0       # stale-synchronous bound (0 = bulk synchronous)
+svb=false                     # sufficient-factor broadcasting for fully connected layers
+devices="0"                   # comma-separated device ids, num_app_threads of them
+# -----------------------------------------------------------------------------------------------
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+hostfile="${1:-$root/localserver}"
+python="${PYTHON:-python}"
+ndevices=$(echo "$devices" | tr ',' '\n' | grep -c .)
+if [ "$ndevices" -ne "$num_app_threads" ]; then
+  echo "devices=$devices lists $ndevices devices but num_app_threads=$num_app_threads" >&2
+  exit 2
+fi
+args=(-m poseidon_caffe.sync.launcher --solver "$solver_filename" --hostfile "$hostfile"
+      --devices "$devices" --staleness "$param_table_staleness" --svb "$svb"
+      --dataset imagenet --output_root "$root/output")
+if [ -n "$snapshot_filename" ]; then args+=(--snapshot "$snapshot_filename"); fi
+if [ -n "${DRY_RUN:-}" ]; then args+=(--dry-run); fi
+exec "$python" "${args[@]}"
