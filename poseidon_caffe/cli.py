@@ -47,8 +47,9 @@ CAFFE_FLAGS = [
 # Read by the distributed engine (poseidon_caffe.sync) when a job runs on several ranks.
 SYNC_FLAGS = [
     gflags.Flag("sync", "", "Optional; distributed gradient exchange: auto, ps, sfb or allreduce."),
-    gflags.Flag("svb", False, "Optional; allow sufficient-factor broadcasting for fully connected "
-                "layers in auto mode."),
+    gflags.Flag("svb", None, "Optional; true or false: allow or forbid sufficient-factor "
+                "broadcasting for fully connected layers in auto mode (unset: the planner "
+                "weighs it like the other choices).", kind=bool),
     gflags.Flag("dwbp", True, "Wait-free backpropagation: send each layer's gradients as soon as "
                 "they are ready (-nodwbp sends after the whole backward pass)."),
     gflags.Flag("staleness", 0, "Stale-synchronous bound in iterations (0 = bulk synchronous)."),
@@ -138,36 +139,28 @@ def world_size():
     return 1
 
 
-def _distribute(solver, values):
-    """Hand the solver to the distributed engine when the job is distributed."""
+def _is_distributed(values):
     if values["sync"] and values["sync"] not in SYNC_MODES:
         raise CommandError("-sync takes one of %s, not %r" % (", ".join(SYNC_MODES), values["sync"]))
-    if world_size() <= 1 and not values["sync"]:
-        return solver
-    try:
-        sync = importlib.import_module("poseidon_caffe.sync")
-    except ImportError as exc:
-        raise CommandError("distributed training asked for (-sync=%s, %d ranks) but the sync "
-                           "engine cannot be imported: %s" % (values["sync"], world_size(), exc))
-    attach = getattr(sync, "attach", None) or getattr(sync, "maybe_distribute", None)
-    if attach is None:
-        raise CommandError("distributed training asked for (-sync=%s, %d ranks) but "
-                           "poseidon_caffe.sync offers no attach(solver, options)"
-                           % (values["sync"], world_size()))
-    options = types.SimpleNamespace(**values)
-    runner = attach(solver, options)
-    return runner if runner is not None else solver
+    return world_size() > 1 or bool(values["sync"])
 
 
 def _prepare_distributed(values):
     """Start this rank's part of a distributed job (topology, per-rank log, data shard) before
-    the solver is built, so its data layers read this worker's share."""
-    if world_size() <= 1 and not values["sync"]:
-        return
+    the solver is built, so its data layers read this worker's share. mpi4py is imported only
+    here: a single-process run never loads it."""
+    if _is_distributed(values):
+        importlib.import_module("poseidon_caffe.sync").prepare(types.SimpleNamespace(**values))
+
+
+def _distribute(solver, values):
+    """Hand the solver to the distributed engine when the job is distributed; returns what to
+    run (the engine's runner, or the solver itself)."""
+    if not _is_distributed(values):
+        return solver
     sync = importlib.import_module("poseidon_caffe.sync")
-    prepare = getattr(sync, "prepare", None)
-    if prepare is not None:
-        prepare(types.SimpleNamespace(**values))
+    runner = sync.attach(solver, types.SimpleNamespace(**values))
+    return runner if runner is not None else solver
 
 
 # -- commands -----------------------------------------------------------------------------------

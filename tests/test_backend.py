@@ -174,7 +174,8 @@ def test_gemm_transposes_and_accumulation():
     out = np.ones((3, 5), np.float32)
     B.gemm(a, b, trans_b=True, alpha=2.0, beta=0.5, out=out)
     np.testing.assert_allclose(out, 2 * a @ b.T + 0.5, rtol=1e-6)
-    np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T, rtol=1e-6)
+    np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
+                               rtol=1e-6)
 
 
 def test_fft_plan_never_uses_a_stale_weight_spectrum():

@@ -151,11 +151,15 @@ def test_sync_flag_hands_the_solver_to_the_engine(tmp_path, monkeypatch):
     def attach(solver, options):
         seen["solver"], seen["options"] = solver, options
 
-    monkeypatch.setitem(sys.modules, "poseidon_caffe.sync", types.SimpleNamespace(attach=attach))
+    def prepare(options):
+        seen["prepared"] = options.sync
+
+    monkeypatch.setitem(sys.modules, "poseidon_caffe.sync",
+                        types.SimpleNamespace(attach=attach, prepare=prepare))
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "-solver=solver.prototxt", "--sync=sfb", "-staleness", "2",
                      "-nodwbp"]) == 0
-    assert seen["solver"].iter == 2
+    assert seen["solver"].iter == 2 and seen["prepared"] == "sfb"
     assert (seen["options"].sync, seen["options"].staleness, seen["options"].dwbp) == ("sfb", 2, False)
 
 

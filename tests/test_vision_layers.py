@@ -10,7 +10,6 @@ from gradcheck import blob_from, check_gradient, make_layer
 from poseidon_caffe import rng as prng
 from poseidon_caffe.blob import Blob
 from poseidon_caffe.layers import LayerError
-from poseidon_caffe.proto import caffe_pb2
 
 
 def _rand(shape, seed=0, low=-1.0, high=1.0):
@@ -133,7 +132,8 @@ def algorithm(request, monkeypatch):
 def conv_layer(extra, num_output=4, bias=True, kind="Convolution"):
     return make_layer("""name: "c" type: "%s"
         convolution_param { num_output: %d bias_term: %s %s
-          weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "uniform" min: -1 max: 1 } }"""
+          weight_filler { type: "gaussian" std: 0.5 }
+          bias_filler { type: "uniform" min: -1 max: 1 } }"""
                       % (kind, num_output, "true" if bias else "false", extra))
 
 

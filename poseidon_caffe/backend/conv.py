@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .geometry import ConvGeometry  # noqa: F401  (re-exported)
+from .geometry import ConvGeometry
 
 
 def _tap_slices(geom, tap):
@@ -78,7 +78,7 @@ def col2im(col, geom, n, out=None, pad_buffer=None):
 class ConvPlan:
     """Forward, backward-data and backward-filter of one convolution geometry.
 
-    The plan owns its work buffers (padded input, columns, transposed top diff) and reuses them
+    The plan owns its work buffers (padded input, columns, col2im accumulator) and reuses them
     across calls; it keeps the columns of its last forward so that backward-filter needs no
     second im2col (Caffe's backward reads the same bottom data the forward did).
     """

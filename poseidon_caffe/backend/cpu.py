@@ -1,11 +1,6 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
-try:                                   # BLAS with beta: accumulate without a temporary
-    from scipy.linalg.blas import sgemm as _sgemm
-except ImportError:                    # scipy is optional
-    _sgemm = None
-
 
 # Rates of this kind of CPU, one thread, measured with the shapes of LeNet, CIFAR-10 and AlexNet:
 # sgemm on im2col shapes, copies into columns, single-precision real FFTs of feature-map size,
@@ -63,16 +58,10 @@ class CPUBackend:
 
     # -- BLAS ------------------------------------------------------------------------------
     def gemm(self, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
-        """out = alpha * op(a) @ op(b) + beta * out."""
-        if out is not None and beta != 0.0 and _sgemm is not None and out.dtype == np.float32 \
-                and out.flags.c_contiguous and a.dtype == b.dtype == np.float32:
-            # BLAS accumulates into out itself: no temporary the size of out, no extra pass.
-            # Row-major out is column-major out.T = op(b).T @ op(a).T.
-            result = _sgemm(alpha, b.T, a.T, beta=beta, c=out.T, trans_a=int(trans_b),
-                            trans_b=int(trans_a), overwrite_c=1)
-            if not np.shares_memory(result, out):
-                out[...] = result.T
-            return out
+        """out = alpha * op(a) @ op(b) + beta * out.
+
+        Only numpy's BLAS is used: a second BLAS (scipy's) would bring a second thread pool
+        that spins against the first when threads are more than one."""
         a = a.T if trans_a else a
         b = b.T if trans_b else b
         if out is None or beta == 0.0:

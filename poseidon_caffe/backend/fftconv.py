@@ -135,10 +135,9 @@ class FFTConvPlan:
         spec = sfft.rfftn(buf, axes=self.axes, workers=WORKERS)
         return spec.reshape((self.freqs,) + spec.shape[self.nd:])
 
-    def _spatial(self, spec, n, channels, offset, size, out):
-        """Inverse rfft of (F, G, N, C/G) and the window at ``offset`` of ``size`` into ``out``
-        (N, C, *size); returns the real spatial-first array for an optional bias add."""
-        g = self.geom
+    def _spatial(self, spec, channels, offset, size, out):
+        """Inverse rfft of (F, G, N, C/G); its window at ``offset`` of ``size`` goes into
+        ``out`` (N, C, *size)."""
         full = sfft.irfftn(spec.reshape(self.freq_shape + spec.shape[1:]), s=self.shape,
                            axes=self.axes, workers=WORKERS)
         window = full[tuple(slice(o, o + s) for o, s in zip(offset, size))]
@@ -160,7 +159,7 @@ class FFTConvPlan:
         ws = self._weight_spectrum(w)
         self._weights, self._weights_source = ws, w     # the backward right after reuses it
         ys = np.matmul(xs, np.conj(ws))                         # (F, G, N, M/G)
-        self._spatial(ys, x.shape[0], g.num_output, (0,) * g.nd, g.out_shape, y)
+        self._spatial(ys, g.num_output, (0,) * g.nd, g.out_shape, y)
         if bias is not None:
             y += bias.reshape((1, -1) + (1,) * g.nd)
         return y
@@ -183,4 +182,4 @@ class FFTConvPlan:
         if dx is not None:
             ws = cached if cached is not None else self._weight_spectrum(w)  # (F, G, C/G, M/G)
             xs = np.matmul(dys, ws.transpose(0, 1, 3, 2))        # (F, G, N, C/G)
-            self._spatial(xs, dy.shape[0], g.channels, g.pad, g.in_shape, dx)
+            self._spatial(xs, g.channels, g.pad, g.in_shape, dx)

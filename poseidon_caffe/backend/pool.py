@@ -3,13 +3,11 @@
 A loop over the kernel taps (9 for a 3x3 window) reads one strided view of the padded input
 per tap covering every image, channel and output position at once; nothing loops over images
 or pixels. (Splitting the input into its stride phases first, for unit-stride rows, measured
-no better overall: it wins on AlexNet's maps and loses on CIFAR-10's.) Window rules are Caffe's: MAX ignores padding (the padded cells hold -inf), AVE divides
-by the window clipped to the padded input (padding counts, overhang past it does not),
-STOCHASTIC has no padding.
+no better overall: it wins on AlexNet's maps and loses on CIFAR-10's.) Window rules are
+Caffe's: MAX ignores padding (the padded cells hold -inf), AVE divides by the window clipped
+to the padded input (padding counts, overhang past it does not), STOCHASTIC has no padding.
 """
 import numpy as np
-
-from .geometry import PoolGeometry  # noqa: F401  (re-exported)
 
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 

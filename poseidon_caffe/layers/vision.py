@@ -234,7 +234,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                 # the bottom gradient is the forward convolution of the top gradient
                 plan.forward(dtop, w, None, self._batch_view(b.diff, g.num_output, g.out_shape))
                 if dw is not None:
-                    plan.backward(dtop, x, w, dw=dw)      # reuses the columns of dtop
+                    plan.backward(dtop, x, w, dw=dw)      # reuses what forward took from dtop
             elif dw is not None:
                 plan.prepare(dtop)
                 plan.backward(dtop, x, w, dw=dw)

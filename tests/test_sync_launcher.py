@@ -1,0 +1,126 @@
+"""The launcher: Poseidon's localserver host files parse (with clear errors), run_local.py and
+the train_*.sh scripts build the expected mpiexec argument lists (dry run), and one real run
+trains the MNIST example on two local workers."""
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from poseidon_caffe.sync import launcher
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+
+
+def hostfile(tmp_path, text):
+    path = tmp_path / "localserver"
+    path.write_text(text)
+    return str(path)
+
+
+def test_localserver_parses_poseidon_format(tmp_path):
+    path = hostfile(tmp_path, "0 127.0.0.1 9999\n\n1 localhost 10000\n")
+    assert launcher.read_localserver(path) == [(0, "127.0.0.1", 9999), (1, "localhost", 10000)]
+    assert launcher.read_localserver(os.path.join(ROOT, "localserver")) == [(0, "127.0.0.1", 9999)]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("0 127.0.0.1\n", r"localserver:1: expected '<client_id> <ip> <port>' \(3 fields\), got 2"),
+    ("zero 127.0.0.1 9999\n", r"localserver:1: client id 'zero' is not an integer"),
+    ("0 127.0.0.1 port\n", r"localserver:1: port 'port' is not an integer"),
+    ("0 127.0.0.1 9999\n0 127.0.0.1 9998\n", r"localserver:2: duplicate client id 0 \(first on line 1\)"),
+    ("0 no-such-host.invalid 9999\n", r"localserver:1: unknown host 'no-such-host.invalid'"),
+    ("\n", r"lists no machines"),
+])
+def test_localserver_errors_name_file_line_and_problem(tmp_path, text, message):
+    with pytest.raises(launcher.HostFileError, match=message):
+        launcher.read_localserver(hostfile(tmp_path, text))
+
+
+def rank_command(solver, extra=()):
+    return [PY, "-m", "poseidon_caffe.sync.supervise", "--", PY, "-m", "poseidon_caffe.cli",
+            "train", "-solver=%s" % solver, "-sync=auto", "-svb=true", "-dwbp=true",
+            "-staleness=2", "-ranks_per_host=2", "-output_dir=out"] + list(extra)
+
+
+def test_one_segment_per_host_and_device():
+    hosts = [(0, "10.0.0.1", 9999), (1, "10.0.0.2", 9999)]
+    args = launcher.build_command(hosts, [0, 3], "s.prototxt", staleness=2, svb=True,
+                                  out_dir="out", use_gpu=True, mpiexec="mpiexec", python=PY)
+    expected = ["mpiexec", "-hosts", "10.0.0.1:2,10.0.0.2:2"]
+    for n, device in enumerate([0, 3, 0, 3]):
+        if n:
+            expected.append(":")
+        expected += ["-n", "1"] + rank_command("s.prototxt", ["-gpu=%d" % device])
+    assert args == expected
+
+
+def dry_run(cmd, env=None):
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stderr
+    return shlex.split(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("example", ["googlenet", "alexnet", "mnist"])
+def test_run_local_dry_run(tmp_path, example):
+    path = hostfile(tmp_path, "0 127.0.0.1 9999\n1 localhost 9999\n")
+    args = dry_run([PY, os.path.join(ROOT, "examples", example, "run_local.py"), path,
+                    "--dry-run"])
+    assert args[1:3] == ["-hosts", "127.0.0.1:1,localhost:1"]
+    assert args.count(":") == 1
+    dataset = "mnist" if example == "mnist" else "imagenet"
+    solver = {"mnist": "examples/mnist/lenet_solver.prototxt"}.get(
+        example, "examples/%s/solver.prototxt" % example)
+    assert "-solver=%s" % solver in args
+    assert "-output_dir=%s" % os.path.join(ROOT, "output", "caffe.%s.S0.M2.T1" % dataset) in args
+    assert not os.path.exists(os.path.join(ROOT, "output", "caffe.%s.S0.M2.T1" % dataset))
+
+
+@pytest.mark.parametrize("example", ["googlenet", "alexnet"])
+def test_train_script_dry_run(tmp_path, example):
+    path = hostfile(tmp_path, "0 127.0.0.1 9999\n")
+    args = dry_run(["bash", os.path.join(ROOT, "examples", example, "train_%s.sh" % example), path],
+                   env={"DRY_RUN": "1", "PYTHON": PY})
+    assert args[1:3] == ["-hosts", "127.0.0.1:1"]
+    assert "-solver=examples/%s/solver.prototxt" % example in args
+    assert "-staleness=0" in args and "-svb=false" in args
+    assert "-output_dir=%s" % os.path.join(ROOT, "output", "caffe.imagenet.S0.M1.T1") in args
+
+
+def test_bad_host_file_is_reported_by_run_local(tmp_path):
+    path = hostfile(tmp_path, "0 127.0.0.1 9999 extra\n")
+    proc = subprocess.run([PY, os.path.join(ROOT, "examples", "mnist", "run_local.py"), path,
+                           "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "localserver:1: expected '<client_id> <ip> <port>' (3 fields), got 4" in proc.stderr
+
+
+def test_mnist_trains_on_two_local_workers(tmp_path):
+    mnist = os.path.join(ROOT, "examples", "mnist")
+    if not os.path.isdir(os.path.join(mnist, "mnist_train_lmdb")):
+        pytest.skip("the MNIST databases are not built (see examples/mnist)")
+    text = open(os.path.join(mnist, "lenet_solver.prototxt")).read()
+    net = os.path.join(mnist, "lenet_train_test.prototxt")
+    lines = [l for l in text.splitlines()
+             if not l.split(":")[0].strip() in ("net", "max_iter", "display", "test_interval",
+                                                "test_iter", "snapshot", "snapshot_prefix")]
+    lines += ['net: "%s"' % net, "max_iter: 6", "display: 3", "test_interval: 6", "test_iter: 2",
+              'snapshot_prefix: "%s"' % (tmp_path / "lenet")]
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    args = launcher.build_command([(0, "127.0.0.1", 9999)], [0, 1], str(solver), svb=True,
+                                  out_dir=str(out), use_gpu=False, python=PY)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Test net output #0: accuracy" in proc.stderr
+    assert "Optimization Done." in proc.stderr
+    assert os.path.exists(tmp_path / "lenet_iter_6.caffemodel")
+    for rank in (0, 1):
+        assert "Worker rank %d of 2" % rank in (out / ("caffe.rank%d.log" % rank)).read_text()
+    rows = (out / "solver.netoutputs").read_text().splitlines()
+    assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 3
