@@ -169,11 +169,20 @@ def test_lrn_window_sum_and_ops():
     np.testing.assert_allclose(y[0, 0], x[0, 0] / np.sqrt(s0), rtol=1e-6)
 
 
-def test_gemm_transposes_and_accumulation():
+@pytest.mark.parametrize("accumulating", [False, True])
+def test_gemm_transposes_and_accumulation(accumulating, monkeypatch):
+    from poseidon_caffe.backend import cpu
+    if accumulating:
+        pytest.importorskip("scipy")
+    monkeypatch.setattr(cpu, "_ACCUMULATING_GEMM", cpu._sgemm if accumulating else None)
     a, b = _rand((3, 4), 11), _rand((5, 4), 12)
     out = np.ones((3, 5), np.float32)
     B.gemm(a, b, trans_b=True, alpha=2.0, beta=0.5, out=out)
     np.testing.assert_allclose(out, 2 * a @ b.T + 0.5, rtol=1e-6)
+    dy = _rand((3, 5), 13)
+    acc = np.ones((4, 5), np.float32)
+    B.gemm(a, dy, trans_a=True, beta=1.0, out=acc)                  # dW += x^T dy
+    np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-6)
     np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
                                rtol=1e-6)
 

@@ -1,6 +1,16 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
+from .threads import thread_count
+
+try:                                  # a BLAS call that accumulates: out = a b + beta out
+    from scipy.linalg.blas import sgemm as _sgemm
+except ImportError:                   # scipy is optional
+    _sgemm = None
+# scipy's BLAS is a second library with its own thread pool; with more than one thread the
+# two pools spin against each other, so it is used only when everything runs on one thread.
+_ACCUMULATING_GEMM = _sgemm if thread_count() == 1 else None
+
 
 # Rates of this kind of CPU, one thread, measured with the shapes of LeNet, CIFAR-10 and AlexNet:
 # sgemm on im2col shapes, copies into columns, single-precision real FFTs of feature-map size,
@@ -58,10 +68,17 @@ class CPUBackend:
 
     # -- BLAS ------------------------------------------------------------------------------
     def gemm(self, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
-        """out = alpha * op(a) @ op(b) + beta * out.
-
-        Only numpy's BLAS is used: a second BLAS (scipy's) would bring a second thread pool
-        that spins against the first when threads are more than one."""
+        """out = alpha * op(a) @ op(b) + beta * out."""
+        if out is not None and beta != 0.0 and _ACCUMULATING_GEMM is not None and \
+                out.dtype == a.dtype == b.dtype == np.float32 and out.flags.c_contiguous:
+            # BLAS adds into out itself: no temporary the size of out, no extra pass.
+            # Row-major out is column-major out.T = op(b).T @ op(a).T.
+            result = _ACCUMULATING_GEMM(alpha, b.T, a.T, beta=beta, c=out.T,
+                                        trans_a=int(trans_b), trans_b=int(trans_a),
+                                        overwrite_c=1)
+            if not np.shares_memory(result, out):
+                out[...] = result.T
+            return out
         a = a.T if trans_a else a
         b = b.T if trans_b else b
         if out is None or beta == 0.0:

@@ -15,34 +15,26 @@ only the real inputs and outputs are, once, on their way in and out. The weights
 few taps, so their spectrum (and dW's way back) is a product with small DFT matrices instead
 of one FFT per (output, input) channel pair.
 """
-import os
-
 import numpy as np
 import scipy.fft as sfft
 
+from .threads import thread_count
 
-def _thread_count():
-    """As many FFT threads as the BLAS is told to use (all cores when nothing says)."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return os.cpu_count() or 1
-
-
-WORKERS = _thread_count()
+WORKERS = thread_count()        # as many FFT threads as the BLAS has
 
 
 def fft_shape(geom):
     return tuple(sfft.next_fast_len(p, real=True) for p in geom.padded_shape)
 
 
-def _along(matrix, arr, axis):
+def _along(matrix, arr, axis, out=None):
     """``matrix`` (out, in) applied to axis ``axis`` of ``arr``, as one batched GEMM."""
     lead = int(np.prod(arr.shape[:axis], dtype=np.int64))
     rest = int(np.prod(arr.shape[axis + 1:], dtype=np.int64))
-    out = np.matmul(matrix, arr.reshape(lead, arr.shape[axis], rest))
-    return out.reshape(arr.shape[:axis] + (matrix.shape[0],) + arr.shape[axis + 1:])
+    shape = arr.shape[:axis] + (matrix.shape[0],) + arr.shape[axis + 1:]
+    target = None if out is None else out.reshape(lead, matrix.shape[0], rest)
+    result = np.matmul(matrix, arr.reshape(lead, arr.shape[axis], rest), out=target)
+    return result.reshape(shape)
 
 
 class FFTConvPlan:
@@ -60,15 +52,16 @@ class FFTConvPlan:
         self.freqs = int(np.prod(self.freq_shape))
         self._spectrum = None          # (F, G, N, C/G) spectrum of the last prepared input
         self._source = None
-        self._weights = None           # (F, G, C/G, M/G) spectrum of the last forward's weights
+        self._weights = None           # conj spectrum (F, G, C/G, M/G) of the forward's weights
         self._weights_source = None
+        self._weights_buffer = None
         self._buffers = {}
         self._dft = self._dft_matrices()
 
     # -- the kernel's small DFTs -------------------------------------------------------------
     def _dft_matrices(self):
-        """Per spatial axis: forward (freq, taps) and inverse (taps, freq) DFT matrices at the
-        dilated tap positions; the last axis keeps half the spectrum (real transforms)."""
+        """Per spatial axis: conjugate forward (freq, taps) and inverse (taps, freq) DFT
+        matrices at the dilated tap positions; the last axis keeps half the spectrum."""
         g = self.geom
         forward, inverse = [], []
         for axis, (length, k, d) in enumerate(zip(self.shape, g.kernel, g.dilation)):
@@ -76,7 +69,7 @@ class FFTConvPlan:
             freq = np.arange(length // 2 + 1 if last else length)
             taps = np.arange(k) * d
             phase = 2j * np.pi * np.outer(freq, taps) / length
-            forward.append(np.exp(-phase).astype(np.complex64))
+            forward.append(np.exp(phase).astype(np.complex64))     # conjugate DFT
             weight = np.ones(len(freq))
             if last:
                 # the half spectrum stands for its mirror image too (not DC, nor Nyquist)
@@ -86,17 +79,23 @@ class FFTConvPlan:
             inverse.append((np.exp(phase).T * weight / length).astype(np.complex64))
         return forward, inverse
 
-    def _weight_spectrum(self, w):
-        """(F, G, C/G, M/G) spectrum of the (dilated, zero-padded) weights."""
+    def _conj_weight_spectrum(self, w):
+        """(F, G, C/G, M/G) complex conjugate of the (dilated, zero-padded) weights' spectrum,
+        made by conjugate DFT matrices (the forward needs conj(W), so no conjugating copy)."""
         g = self.geom
         gr, mg, cg = g.group, g.num_output // g.group, g.channels // g.group
         nd = self.nd
         # (M, C/G, *k) -> (*k, G, C/G, M/G)
         order = tuple(range(3, 3 + nd)) + (0, 2, 1)
         arr = np.ascontiguousarray(w.reshape((gr, mg, cg) + g.kernel).transpose(order))
+        shape = (self.freqs, gr, cg, mg)
+        if self._weights_buffer is None or self._weights_buffer.shape != shape:
+            self._weights_buffer = np.empty(shape, dtype=np.complex64)
         for axis in reversed(range(nd)):
-            arr = _along(self._dft[0][axis], arr, axis)
-        return arr.reshape(self.freqs, gr, cg, mg)
+            # the last product lands in a kept buffer: a fresh one each call would page-fault
+            arr = _along(self._dft[0][axis], arr, axis,
+                         out=self._weights_buffer if axis == 0 else None)
+        return self._weights_buffer
 
     def _filter_gradient(self, spec):
         """(F, G, M/G, C/G) spectrum -> (M, C/G, *k) real weight gradient at the kernel taps."""
@@ -156,9 +155,9 @@ class FFTConvPlan:
     def forward(self, x, w, bias, y):
         g = self.geom
         xs = self.prepare(x)
-        ws = self._weight_spectrum(w)
-        self._weights, self._weights_source = ws, w     # the backward right after reuses it
-        ys = np.matmul(xs, np.conj(ws))                         # (F, G, N, M/G)
+        wc = self._conj_weight_spectrum(w)
+        self._weights, self._weights_source = wc, w     # the backward right after reuses it
+        ys = np.matmul(xs, wc)                                  # (F, G, N, M/G)
         self._spatial(ys, g.num_output, (0,) * g.nd, g.out_shape, y)
         if bias is not None:
             y += bias.reshape((1, -1) + (1,) * g.nd)
@@ -173,13 +172,15 @@ class FFTConvPlan:
             dbias += dy.sum(axis=(0,) + tuple(range(2, 2 + g.nd)))
         if dx is None and dw is None:
             return
-        dys = self._spectrum_of(dy, g.num_output, "dy", (0,) * g.nd)   # (F, G, N, M/G)
+        # conj(DY) serves both products: dW = conj(DY)^T X, and dX = conj(conj(DY) conj(W)^T)
+        dyc = np.conjugate(self._spectrum_of(dy, g.num_output, "dy", (0,) * g.nd))
         if dw is not None:
             xs = self.prepare(x, reuse=True)
             # (F, G, M/G, N) @ (F, G, N, C/G)
-            spec = np.matmul(np.conj(dys).transpose(0, 1, 3, 2), xs)
+            spec = np.matmul(dyc.transpose(0, 1, 3, 2), xs)
             dw += self._filter_gradient(spec)
         if dx is not None:
-            ws = cached if cached is not None else self._weight_spectrum(w)  # (F, G, C/G, M/G)
-            xs = np.matmul(dys, ws.transpose(0, 1, 3, 2))        # (F, G, N, C/G)
+            wc = cached if cached is not None else self._conj_weight_spectrum(w)
+            xs = np.matmul(dyc, wc.transpose(0, 1, 3, 2))         # (F, G, N, C/G)
+            np.conjugate(xs, out=xs)
             self._spatial(xs, g.channels, g.pad, g.in_shape, dx)
