@@ -55,6 +55,9 @@ SYNC_FLAGS = [
     gflags.Flag("staleness", 0, "Stale-synchronous bound in iterations (0 = bulk synchronous)."),
     gflags.Flag("timeline", "", "Optional; write a timeline of communication to this file."),
     gflags.Flag("ranks_per_host", 0, "Worker ranks per host (0 = detect from MPI)."),
+    gflags.Flag("server_ranks", 0, "Dedicated parameter-server ranks: the last N ranks of the "
+                "job hold the server shards and train nothing (0 = one shard per host, "
+                "co-located with a worker)."),
     gflags.Flag("output_dir", "", "Optional; directory for per-rank logs and timelines."),
 ]
 
@@ -148,9 +151,18 @@ def _is_distributed(values):
 def _prepare_distributed(values):
     """Start this rank's part of a distributed job (topology, per-rank log, data shard) before
     the solver is built, so its data layers read this worker's share. mpi4py is imported only
-    here: a single-process run never loads it."""
-    if _is_distributed(values):
-        importlib.import_module("poseidon_caffe.sync").prepare(types.SimpleNamespace(**values))
+    here: a single-process run never loads it. A dedicated server rank (-server_ranks) serves
+    here and returns True: it has no solver to build."""
+    if not _is_distributed(values):
+        return False
+    sync = importlib.import_module("poseidon_caffe.sync")
+    options = types.SimpleNamespace(**values)
+    topology = sync.prepare(options)
+    if getattr(topology, "is_server", False):
+        # a dedicated parameter-server rank builds no net: it serves until the workers finish
+        sync.serve(options)
+        return True
+    return False
 
 
 def _distribute(solver, values):
@@ -191,7 +203,8 @@ def train(values):
     elif values["weights"]:
         solver_param.ClearField("weights")
         solver_param.weights.append(values["weights"])
-    _prepare_distributed(values)
+    if _prepare_distributed(values):
+        return 0
     with SignalHandler(sigint, sighup) as handler:
         solver = get_solver(solver_param, solver_file=values["solver"])
         solver.set_action_function(handler.requested_action)

@@ -18,6 +18,7 @@ staleness = 0                 # stale-synchronous bound (0 = bulk synchronous)
 svb = False                   # allow sufficient-factor broadcasting in auto mode
 sync = "auto"                 # auto | ps | sfb | allreduce
 dwbp = True                   # wait-free backprop
+num_servers = 0               # dedicated parameter-server ranks (0: one shard per host)
 dataset = "imagenet"
 # ---------------------------------------------------------------------------------------------
 
@@ -29,4 +30,5 @@ if __name__ == "__main__":
     from poseidon_caffe.sync.launcher import run_local
     sys.exit(run_local(dict(solver_filename=solver_filename, snapshot_filename=snapshot_filename,
                             devices=devices, staleness=staleness, svb=svb, sync=sync, dwbp=dwbp,
+                            num_servers=num_servers,
                             dataset=dataset), repo_root=ROOT))

@@ -10,6 +10,7 @@ num_app_threads=1             # devices (worker ranks) per host
 param_table_staleness=0       # stale-synchronous bound (0 = bulk synchronous)
 svb=false                     # sufficient-factor broadcasting for fully connected layers
 devices="0"                   # comma-separated device ids, num_app_threads of them
+num_servers=0                 # dedicated parameter-server ranks (0: one shard per host)
 # -----------------------------------------------------------------------------------------------
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,6 +24,7 @@ if [ "$ndevices" -ne "$num_app_threads" ]; then
 fi
 args=(-m poseidon_caffe.sync.launcher --solver "$solver_filename" --hostfile "$hostfile"
       --devices "$devices" --staleness "$param_table_staleness" --svb "$svb"
+      --num_servers "$num_servers"
       --dataset imagenet --output_root "$root/output")
 if [ -n "$snapshot_filename" ]; then args+=(--snapshot "$snapshot_filename"); fi
 if [ -n "${DRY_RUN:-}" ]; then args+=(--dry-run); fi

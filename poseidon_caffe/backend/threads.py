@@ -1,5 +1,17 @@
-"""How many threads the numeric libraries are told to use (all cores when nothing says)."""
+"""How many threads the numeric libraries use, and batch-splitting for memory-bound passes.
+
+BLAS and the FFT have their own threads; the numpy passes of pooling, LRN and the copies of
+convolution have none. ``over_batch`` cuts such work into slices of the batch that fit in the
+cache (so a chain of passes over one slice reads memory once, not once per pass) and, when
+more than one thread is configured, runs the slices on a small persistent pool: numpy releases
+the GIL inside ufuncs and copies, so the slices really run side by side.
+"""
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+# bytes a slice of work should touch: about half of one core's L2 cache
+SLICE_BYTES = 512 * 1024
 
 
 def thread_count():
@@ -8,3 +20,57 @@ def thread_count():
         if value.isdigit() and int(value) > 0:
             return int(value)
     return os.cpu_count() or 1
+
+
+_pool = {"executor": None, "size": 0}
+_pool_lock = threading.Lock()
+_local = threading.local()
+
+
+def _executor(size):
+    with _pool_lock:
+        if _pool["size"] != size:
+            if _pool["executor"] is not None:
+                _pool["executor"].shutdown(wait=False)
+            _pool["executor"] = ThreadPoolExecutor(size, thread_name_prefix="Backend-")
+            _pool["size"] = size
+        return _pool["executor"]
+
+
+def slices(n, bytes_per_item, threads, slice_bytes=None):
+    """[(lo, hi), ...] covering range(n): each about ``slice_bytes``, at least one per thread
+    when there are enough items."""
+    per = max(1, int((slice_bytes or SLICE_BYTES) // max(1, bytes_per_item)))
+    count = max(-(-n // per), min(threads, n))
+    step, extra = divmod(n, count)
+    bounds, lo = [], 0
+    for i in range(count):
+        hi = lo + step + (1 if i < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def over_batch(fn, n, bytes_per_item, threads=None):
+    """Calls ``fn(lo, hi)`` for slices of range(n) that together cover it once.
+
+    ``bytes_per_item`` is what one item's share of the work touches (all arrays, temporaries
+    included); ``fn`` must write only its own slice. With several threads the slices run on
+    the pool; a call made from inside a pool thread runs its slices in place.
+    """
+    threads = thread_count() if threads is None else threads
+    parts = slices(n, bytes_per_item, threads)
+    if threads <= 1 or len(parts) == 1 or getattr(_local, "inside", False):
+        for lo, hi in parts:
+            fn(lo, hi)
+        return
+
+    def run(part):
+        _local.inside = True
+        try:
+            fn(*part)
+        finally:
+            _local.inside = False
+
+    for future in [_executor(threads).submit(run, part) for part in parts]:
+        future.result()

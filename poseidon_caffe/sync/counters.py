@@ -26,10 +26,10 @@ class ByteCounters:
                 row[kinds[0]] += int(sent)
                 row[kinds[1]] += int(received)
 
-    def end_iteration(self):
+    def end_iteration(self, count=1):
         with self._lock:
-            self._iterations += 1
-            self._window_iterations += 1
+            self._iterations += count
+            self._window_iterations += count
 
     def per_iteration(self, window=True):
         """{key: {kind: bytes per iteration}} over the display window (or the whole run)."""

@@ -19,6 +19,7 @@ from .. import log
 from .. import rng
 from .engine import FactorSource, Item, SyncEngine
 from .failure import install as install_failure_handlers
+from .rule import SolverRule
 from .timeline import Timeline
 from .topology import Topology
 
@@ -40,7 +41,8 @@ def prepare(options=None):
     """
     if _state["topology"] is not None:
         return _state["topology"]
-    topology = Topology(ranks_per_host=int(_opt(options, "ranks_per_host", 0)))
+    topology = Topology(ranks_per_host=int(_opt(options, "ranks_per_host", 0)),
+                        server_ranks=int(_opt(options, "server_ranks", 0)))
     _state["topology"] = topology
     install_failure_handlers(topology)
     output_dir = _opt(options, "output_dir", "")
@@ -48,58 +50,20 @@ def prepare(options=None):
         os.makedirs(output_dir, exist_ok=True)
         _state["log_handler"] = log.add_file(os.path.join(output_dir,
                                                           "caffe.rank%d.log" % topology.rank))
-    if topology.rank != 0:
+    if topology.job.rank != 0:
         log.set_console_level(logging.ERROR)
-    log.info("Worker rank %d of %d on host %s (pid %d): host %d of %d, device %d of %d",
+    if topology.is_server:
+        log.info("Server rank %d of %d on host %s (pid %d): dedicated parameter-server shard "
+                 "%d of %d for %d workers", topology.rank, topology.job.size, topology.hostname,
+                 os.getpid(), topology.server_index, topology.num_servers, topology.num_workers)
+        return topology
+    log.info("Worker rank %d of %d on host %s (pid %d): host %d of %d, device %d of %d%s",
              topology.rank, topology.size, topology.hostname, os.getpid(), topology.host,
-             topology.num_hosts, topology.local_rank, topology.local_size)
+             topology.num_hosts, topology.local_rank, topology.local_size,
+             ", %d dedicated server ranks" % topology.num_servers if topology.dedicated else "")
     from .. import data
     data.set_worker(topology.rank, topology.size)
     return topology
-
-
-class SolverRule:
-    """The solver's update math (Caffe's ApplyUpdate per parameter) over array slices, so a
-    parameter-server shard applies to its rows exactly what a local solver applies."""
-
-    def __init__(self, solver):
-        from ..solver import updates
-        self.updates = updates
-        self.solver = solver
-        self.net = solver.net
-        self.count = len(solver.net.learnable_params)
-        self.rates = {}
-        self.kind = solver.type
-
-    def history(self, index):
-        return [h.reshape(-1) for h in self.solver.history[index::self.count]]
-
-    def initial_history(self, index):
-        return [np.asarray(h, dtype=np.float32) for h in self.history(index)]
-
-    def apply(self, index, data, diff, history, clock):
-        p, u = self.solver.param, self.updates
-        u.normalize(diff, p.iter_size)
-        u.regularize(data, diff, p.weight_decay * self.net.params_weight_decay[index],
-                     p.regularization_type)
-        rate = self.rates[clock] * self.net.params_lr[index]
-        kind = self.kind
-        if kind == "SGD":
-            u.sgd(diff, history[0], rate, p.momentum)
-        elif kind == "Nesterov":
-            u.nesterov(diff, history[0], rate, p.momentum)
-        elif kind == "AdaGrad":
-            u.adagrad(diff, history[0], rate, p.delta)
-        elif kind == "RMSProp":
-            u.rmsprop(diff, history[0], rate, p.rms_decay, p.delta)
-        elif kind == "AdaDelta":
-            u.adadelta(diff, history[0], history[1], rate, p.momentum, p.delta)
-        elif kind == "Adam":
-            u.adam(diff, history[0], history[1], rate, p.momentum, p.momentum2, p.delta,
-                   clock + 1)
-        else:
-            raise ValueError("the sync engine has no update rule for solver type %r" % kind)
-        data -= diff
 
 
 def _ip_factor_source(net, layer_index):
@@ -305,7 +269,8 @@ class DistributedRunner:
         self.engine.sync_point()
         server = self.engine.strategies.get("ps")
         if server is not None:
-            histories = self.engine.scheduler.call(server.gather_history)
+            clock = self.engine.clock
+            histories = self.engine.scheduler.call(lambda: server.gather_history(clock))
             if topo.rank == 0:
                 for index, arrays in histories.items():
                     for target, full in zip(self.rule.history(index), arrays):
@@ -349,4 +314,29 @@ class DistributedRunner:
 def attach(solver, options=None):
     """Make ``solver`` one worker of the MPI job; returns the runner whose ``solve()`` trains."""
     topology = prepare(options)
+    if topology.is_server:
+        raise RuntimeError("rank %d is a dedicated parameter server (-server_ranks=%d): it "
+                           "serves (sync.serve) and trains no solver"
+                           % (topology.rank, topology.num_servers))
     return DistributedRunner(solver, options, topology)
+
+
+def is_server(options=None):
+    """Whether this rank of the job is a dedicated parameter-server shard."""
+    return prepare(options).is_server
+
+
+def serve(options=None):
+    """Run one session of a dedicated server rank (it answers one ``attach`` of the workers);
+    returns the server's statistics, also written to the output folder."""
+    from .failure import job_finished
+    from .server import serve as _serve
+    topology = prepare(options)
+    stats = _serve(topology)
+    job_finished()
+    output_dir = _opt(options, "output_dir", "")
+    if output_dir:
+        path = os.path.join(output_dir, "sync_stats.rank%d.json" % topology.rank)
+        with open(path, "w") as f:
+            json.dump(stats, f, indent=1, sort_keys=True)
+    return stats

@@ -15,6 +15,7 @@ from .counters import ByteCounters
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
 from .ps import ParameterServer
+from .server import setup_message
 from .sfb import SufficientFactors
 from .transport import Transport
 
@@ -77,7 +78,7 @@ class SyncEngine:
         self.plan, self.predicted = make_plan(
             self.items, mode, lambda item: batch_rows(item) * self.iter_size,
             (topology.num_hosts, topology.num_shards, topology.local_size), self.staleness, svb,
-            self.clip is not None, announce)
+            self.clip is not None, announce, dedicated=topology.dedicated)
         for item in self.items:
             item.strategy = self.plan[item.index]
             item.fresh = start_clock
@@ -87,12 +88,18 @@ class SyncEngine:
             self.strategies["allreduce"] = RingAllreduce(self.transport, topology, self.counters)
         if "sfb" in used:
             self.strategies["sfb"] = SufficientFactors(self.transport, topology, self.counters)
-        if "ps" in used:
+        ps_items = [item for item in self.items if item.strategy == "ps"]
+        if topology.dedicated and topology.is_leader:
+            # the dedicated servers learn this session's blobs (none: they have nothing to do)
+            setup = (setup_message(rule.solver, ps_items, start_clock, self.staleness, topology)
+                     if topology.rank == 0 else None)
+            topology.ps_comm.bcast(setup, root=0)
+        if ps_items:
             server = ParameterServer(self.transport, topology, self.counters, rule,
                                      self.staleness, start_clock, self.workers)
-            for item in self.items:
-                if item.strategy == "ps":
-                    server.add(item, item.data_flat)
+            for item in ps_items:
+                server.add(item, item.data_flat)
+            server.seed_servers()
             self.strategies["ps"] = server
         self.buckets = make_buckets(self.items, self.plan, fuse_bytes)
         self.bucket_predicted = {b.name: sum(self.predicted[i.index] for i in b.items)
@@ -308,6 +315,7 @@ class SyncEngine:
                     req = self.topology.leaders.Ibarrier()
                     self.transport.wait([req], "finishing the parameter server",
                                         self.topology.leader_ranks)
+                server.stop_servers(clock)
             self.scheduler.call(drain)
         self.scheduler.stop()
         for strategy in self.strategies.values():

@@ -79,10 +79,14 @@ def gpu_available():
 
 def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto", dwbp=True,
                   snapshot="", weights="", out_dir="", timeline="", use_gpu=None,
-                  mpiexec=None, python=None, extra=()):
-    """The mpiexec argument list: one rank per (host, device), hosts in file order."""
+                  mpiexec=None, python=None, extra=(), num_servers=0):
+    """The mpiexec argument list: one rank per (host, device), hosts in file order; then
+    ``num_servers`` dedicated parameter-server ranks, placed on the hosts in turn."""
     if not devices:
         raise ValueError("devices is empty: list at least one device (or CPU worker) per host")
+    if num_servers < 0:
+        raise ValueError("num_servers is %d: give 0 (shards co-located with the workers) or "
+                         "more dedicated server ranks" % num_servers)
     python = python or sys.executable
     mpiexec = mpiexec or shutil.which("mpiexec") or os.path.join(os.path.dirname(python),
                                                                    "mpiexec")
@@ -90,6 +94,8 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
     train = ["train", "-solver=%s" % solver, "-sync=%s" % sync,
              "-svb=%s" % str(bool(svb)).lower(), "-dwbp=%s" % str(bool(dwbp)).lower(),
              "-staleness=%d" % staleness, "-ranks_per_host=%d" % len(devices)]
+    if num_servers:
+        train.append("-server_ranks=%d" % num_servers)
     if snapshot:
         train.append("-snapshot=%s" % snapshot)
     if weights:
@@ -101,17 +107,23 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
     train.extend(extra)
     # hydra places ranks host by host (ip:count); one segment per (host, device) so that
     # each rank gets its own device flag
-    args = [mpiexec, "-hosts", ",".join("%s:%d" % (ip, len(devices)) for _, ip, _ in hosts)]
+    # the servers are the last ranks: hydra places them after the workers, one slot each
+    places = ["%s:%d" % (ip, len(devices)) for _, ip, _ in hosts]
+    places += ["%s:1" % hosts[s % len(hosts)][1] for s in range(num_servers)]
+    args = [mpiexec, "-hosts", ",".join(places)]
+    rank_command = [python, "-m", "poseidon_caffe.sync.supervise", "--",
+                    python, "-m", "poseidon_caffe.cli"] + train
     first = True
     for _ in hosts:
         for device in devices:
             if not first:
                 args.append(":")
             first = False
-            args += ["-n", "1", python, "-m", "poseidon_caffe.sync.supervise", "--",
-                     python, "-m", "poseidon_caffe.cli"] + train
+            args += ["-n", "1"] + rank_command
             if use_gpu:
                 args.append("-gpu=%d" % device)
+    for _ in range(num_servers):
+        args += [":", "-n", "1"] + rank_command
     return args
 
 
@@ -142,6 +154,8 @@ def main(argv=None):
     parser.add_argument("--svb", default="false", choices=("true", "false"))
     parser.add_argument("--sync", default="auto", choices=("auto", "ps", "sfb", "allreduce"))
     parser.add_argument("--dwbp", default="true", choices=("true", "false"))
+    parser.add_argument("--num_servers", type=int, default=0,
+                        help="dedicated parameter-server ranks (0: one shard per host)")
     parser.add_argument("--snapshot", default="")
     parser.add_argument("--weights", default="")
     parser.add_argument("--dataset", default="data")
@@ -158,7 +172,8 @@ def main(argv=None):
         os.makedirs(out, exist_ok=True)
     args = build_command(hosts, a.devices, a.solver, staleness=a.staleness,
                          svb=a.svb == "true", sync=a.sync, dwbp=a.dwbp == "true",
-                         snapshot=a.snapshot, weights=a.weights, out_dir=out)
+                         snapshot=a.snapshot, weights=a.weights, out_dir=out,
+                         num_servers=a.num_servers)
     return run(args, a.dry_run)
 
 
@@ -192,5 +207,6 @@ def run_local(settings, argv=None, repo_root=None):
                          svb=settings.get("svb", False), sync=settings.get("sync", "auto"),
                          dwbp=settings.get("dwbp", True),
                          snapshot=settings.get("snapshot_filename", ""), out_dir=out,
-                         use_gpu=settings.get("use_gpu"))
+                         use_gpu=settings.get("use_gpu"),
+                         num_servers=int(settings.get("num_servers", 0)))
     return run(args, dry_run)

@@ -6,6 +6,10 @@ received off the host:
   ps        2MN(P+S-2)/S   (every host holds a shard)
   sfb       2K(P-1)(M+N)   (InnerProduct weights only)
   allreduce 4MN(P-1)/P     (2MN(P-1)/P each way)
+With S dedicated server ranks (``-server_ranks``) a host sends and receives every row, 2MN,
+and a server node moves the P hosts' pushes and pulls of its 1/S of the rows, 2MN P/S; an
+iteration waits for the busier of the two, so ps is priced max(2MN, 2MN P/S) when choosing,
+while the prediction that the byte counters are held to stays the per-host 2MN.
 The cheapest wins; ties go to ps, then sfb, then allreduce (Poseidon's own order).
 """
 from .. import log
@@ -30,16 +34,27 @@ def blob_dims(item):
     return item.count // rows, rows
 
 
-def prices(item, K, P, S):
+def prices(item, K, P, S, dedicated=False):
+    """{strategy: the busiest node's bytes per iteration} for one blob."""
     M, N = blob_dims(item)
-    out = {"ps": ParameterServer.price(M, N, K, P, S),
+    ps = ParameterServer.price(M, N, K, P, S, dedicated)
+    if dedicated:
+        ps = max(ps, ParameterServer.server_load(M, N, P, S))
+    out = {"ps": ps,
            "allreduce": RingAllreduce.price(M, N, K, P, S)}
     if item.sfb is not None:
         out["sfb"] = SufficientFactors.price(M, N, K, P, S)
     return out
 
 
-def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False):
+def host_price(name, M, N, K, P, S, dedicated=False):
+    """Off-host bytes one host sends plus receives per iteration with strategy ``name``."""
+    if name == "ps":
+        return ParameterServer.price(M, N, K, P, S, dedicated)
+    return STRATEGIES[name].price(M, N, K, P, S)
+
+
+def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False, dedicated=False):
     """The strategy name for one blob."""
     if mode not in MODES:
         raise PlanError("-sync=%s is not one of %s" % (mode, "|".join(MODES)))
@@ -63,7 +78,7 @@ def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False):
         if item.sfb is not None:
             return "sfb"
         return "allreduce" if clip else "ps"
-    cost = prices(item, K, P, S)
+    cost = prices(item, K, P, S, dedicated)
     if svb is False:
         cost.pop("sfb", None)
     if clip:
@@ -72,29 +87,35 @@ def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False):
 
 
 def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, clip=False,
-              announce=True):
+              announce=True, dedicated=False):
     """{item index: strategy name} and {item index: predicted off-host bytes per iteration}.
 
     ``topology_shape`` is (hosts P, shards S, devices per host); a host's factors count its
     devices' batches, so K = K_per_worker * devices per host (times iter_size, folded in by
-    the caller).
+    the caller). ``dedicated``: the S shards are dedicated server ranks.
     """
     P, S, per_host = topology_shape
     plan, predicted = {}, {}
+    server_load = 0.0
     for item in items:
         K = K_per_worker(item) * per_host
-        name = choose(item, mode, K, P, S, staleness, svb, clip)
+        name = choose(item, mode, K, P, S, staleness, svb, clip, dedicated)
         M, N = blob_dims(item)
         plan[item.index] = name
-        predicted[item.index] = STRATEGIES[name].price(M, N, K, P, S)
+        predicted[item.index] = host_price(name, M, N, K, P, S, dedicated)
+        if dedicated and name == "ps":
+            server_load += ParameterServer.server_load(M, N, P, S)
         if announce:
-            cost = prices(item, K, P, S)
+            cost = prices(item, K, P, S, dedicated)
             log.info("Sync plan: %s (M=%d N=%d K=%d P=%d S=%d): %s -> %s", item.name, M, N, K,
                      P, S, ", ".join("%s %s" % (n, human_bytes(c)) for n, c in sorted(cost.items())),
                      name)
     if announce:
         log.info("Sync plan: predicted %s off-host per host per iteration (%d hosts, %d shards, "
                  "%d devices per host)", human_bytes(sum(predicted.values())), P, S, per_host)
+        if dedicated:
+            log.info("Sync plan: predicted %s per dedicated server node per iteration",
+                     human_bytes(server_load))
     return plan, predicted
 
 

@@ -1,27 +1,48 @@
 """A Bösen-style parameter server, sharded by rows, with a staleness bound (SSP).
 
-Every parameter blob is cut into contiguous row ranges, one per shard; the shards live on the
-host leaders (one per host, as in Poseidon), and the range given to shard 0 rotates with the
-blob so small blobs do not all land on one shard. Per iteration (clock) a host leader pushes
-its host's summed gradient rows to the shards that own them. A shard that has the pushes of
-every host for clock c averages them, applies the solver's update to its rows with the history
-it keeps, and pushes the fresh rows to every host (server push). A host at clock c may go on
-once every shard of a blob has applied clock c - s (s = staleness; 0 is bulk-synchronous).
+Every parameter blob is cut into contiguous row ranges, one per shard; the range given to
+shard 0 rotates with the blob so small blobs do not all land on one shard. The shards live on
+the host leaders (one per host, as in Poseidon) or on dedicated server ranks (``server.py``).
+Per iteration (clock) a host leader pushes its host's summed gradient rows to the shards that
+own them. A shard that has the pushes of every host for clock c averages them, applies the
+solver's update to its rows with the history it keeps, and pushes the fresh rows to every
+host (server push). A host at clock c may go on once every shard of a blob has applied clock
+c - s (s = staleness; 0 is bulk-synchronous).
+
+Pushes and pulls travel on duplicates of ``topology.ps_comm`` (leaders, then dedicated
+servers), with the blob's index as tag; a third duplicate carries the control messages to
+dedicated servers (gather the history for a snapshot, stop).
 """
 import numpy as np
 
 ITEMSIZE = 4
+CONTROL_TAG = 1
+SNAPSHOT, STOP = "snapshot", "stop"
+
+
+def row_layout(index, count, rows, num_shards):
+    """[(shard, lo, hi)]: the flat ranges of a blob of ``rows`` rows owned by each shard."""
+    per_row = count // rows
+    bounds = [(j * rows) // num_shards for j in range(num_shards + 1)]
+    parts = []
+    for j in range(num_shards):
+        shard = (j + index) % num_shards
+        lo, hi = bounds[j] * per_row, bounds[j + 1] * per_row
+        if hi > lo:
+            parts.append((shard, lo, hi))
+    return parts
 
 
 class _Shard:
-    """The rows [lo, hi) of one blob that this host's shard owns."""
+    """The rows [lo, hi) of one blob that this process's shard owns."""
 
-    def __init__(self, index, lo, hi, data, history, sources, start_clock):
+    def __init__(self, index, name, lo, hi, data, history, sources, start_clock):
         self.index = index
+        self.name = name
         self.lo, self.hi = lo, hi
         self.data = data
         self.history = history
-        self.sources = sources            # leader-comm ranks that push to this shard
+        self.sources = sources            # ps_comm ranks that push to this shard remotely
         self.next_clock = {s: start_clock for s in sources}
         self.buffers = {s: np.empty(hi - lo, dtype=np.float32) for s in sources}
         self.requests = {}
@@ -29,16 +50,125 @@ class _Shard:
         self.applied = start_clock         # clocks < applied are in self.data
 
 
+class ShardStore:
+    """The shards one process holds: takes pushes, applies the update once every host has
+    pushed a clock, and sends the fresh rows to every remote host."""
+
+    def __init__(self, push_comm, pull_comm, counters, rule, num_hosts, workers,
+                 on_applied=None):
+        self.push_comm = push_comm
+        self.pull_comm = pull_comm
+        self.counters = counters
+        self.rule = rule
+        self.num_hosts = num_hosts
+        self.workers = workers
+        self.on_applied = on_applied       # a co-located shard refreshes its host's replica
+        self.shards = {}
+        self.in_flight = []                # (request, buffer kept alive until sent)
+
+    def add(self, index, name, lo, hi, data_rows, history_rows, sources, start_clock):
+        own = _Shard(index, name, lo, hi, np.array(data_rows, dtype=np.float32, copy=True),
+                     [np.array(h, dtype=np.float32, copy=True) for h in history_rows],
+                     sources, start_clock)
+        self.shards[index] = own
+        for src in sources:
+            own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src, tag=index)
+        return own
+
+    def deposit(self, index, clock, grad_rows):
+        """A push for ``clock``: from this host itself, or received from another."""
+        own = self.shards[index]
+        slot = own.pending.get(clock)
+        if slot is None:
+            own.pending[clock] = [grad_rows.astype(np.float32, copy=True), 1]
+        else:
+            slot[0] += grad_rows
+            slot[1] += 1
+        while own.applied in own.pending and own.pending[own.applied][1] == self.num_hosts:
+            total, _ = own.pending.pop(own.applied)
+            total *= 1.0 / self.workers
+            self.rule.apply(own.index, own.data, total, own.history, own.applied)
+            own.applied += 1
+            if self.on_applied is not None:
+                self.on_applied(own)
+            for dest in own.sources:
+                fresh = own.data.copy()
+                self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
+                                       fresh))
+                self.counters.add(own.name, sent=fresh.nbytes)
+
+    def progress(self):
+        """Take every push that has arrived; returns how many."""
+        taken = 0
+        for index, own in self.shards.items():
+            for src in own.sources:
+                req = own.requests[src]
+                while req.Test():
+                    clock = own.next_clock[src]
+                    own.next_clock[src] += 1
+                    self.counters.add(own.name, received=own.buffers[src].nbytes)
+                    self.deposit(index, clock, own.buffers[src])
+                    taken += 1
+                    req = own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
+                                                                  tag=index)
+        if self.in_flight:
+            self.in_flight = [(r, b) for r, b in self.in_flight if not r.Test()]
+        return taken
+
+    def applied_all(self, clock):
+        return all(own.applied >= clock for own in self.shards.values())
+
+    def history(self):
+        return {index: (own.lo, own.hi, [h.copy() for h in own.history])
+                for index, own in self.shards.items()}
+
+    def sends_done(self):
+        return not self.in_flight
+
+    def close(self):
+        for own in self.shards.values():
+            for req in own.requests.values():
+                req.Cancel()
+                req.Wait()
+        for req, _ in self.in_flight:
+            req.Wait()
+        self.in_flight = []
+        self.shards.clear()
+
+
+def assemble_history(items, parts):
+    """{index: [full history arrays]} from shards' {index: (lo, hi, [rows])} pieces."""
+    out = {index: None for index in items}
+    for part in parts:
+        for index, (lo, hi, hist) in part.items():
+            if out[index] is None:
+                out[index] = [np.zeros(items[index].count, np.float32) for _ in hist]
+            for full, rows in zip(out[index], hist):
+                full[lo:hi] = rows
+    return out
+
+
 class ParameterServer:
+    """The workers' side of the server (and, co-located, the shards of this host)."""
     name = "ps"
     remote_update = True
 
     @staticmethod
-    def price(M, N, K, P, S):
-        """Off-host bytes sent plus received by one host when every host holds a shard:
-        push and pull of the (S-1)/S rows owned elsewhere, and, as a shard, the P-1 other
-        hosts' pushes and pulls of its 1/S rows: 2MN(P+S-2)/S."""
+    def price(M, N, K, P, S, dedicated=False):
+        """Off-host bytes sent plus received by one host per iteration.
+
+        Co-located (every host holds a shard): push and pull of the (S-1)/S rows owned
+        elsewhere, and, as a shard, the P-1 other hosts' pushes and pulls of its 1/S rows:
+        2MN(P+S-2)/S. Dedicated servers: every row goes out and comes back: 2MN."""
+        if dedicated:
+            return ITEMSIZE * 2.0 * M * N
         return ITEMSIZE * 2.0 * M * N * (P + S - 2) / S
+
+    @staticmethod
+    def server_load(M, N, P, S):
+        """Bytes one dedicated server node moves per iteration: the P hosts' pushes and
+        pulls of its 1/S of the rows: 2MN P/S."""
+        return ITEMSIZE * 2.0 * M * N * P / S
 
     def __init__(self, transport, topology, counters, rule, staleness, start_clock, workers):
         self.transport = transport
@@ -48,77 +178,89 @@ class ParameterServer:
         self.staleness = int(staleness)
         self.start_clock = int(start_clock)
         self.workers = workers
+        self.dedicated = topology.dedicated
         self.items = {}
         self.layout = {}          # index -> [(shard, lo, hi)]
-        self.shards = {}          # index -> _Shard owned here
         self.replicas = {}        # index -> flat copy of the blob as last pulled (leaders)
         self.versions = {}        # index -> {shard: clocks applied in what we hold}
         self.stages = {}          # (index, shard) -> receive buffer
         self.pull_requests = {}
         self.in_flight = []       # (request, buffer kept alive until sent)
         self.reads = {}           # index -> worst staleness read (clock - version)
-        self.push_comm = self.pull_comm = None
+        self.push_comm = self.pull_comm = self.control_comm = None
+        self.store = None
         if topology.is_leader:
-            self.push_comm = topology.leaders.Dup()
-            self.pull_comm = topology.leaders.Dup()
+            comm = topology.ps_comm
+            self.push_comm = comm.Dup()
+            self.pull_comm = comm.Dup()
+            if self.dedicated:
+                self.control_comm = comm.Dup()
+            else:
+                self.store = ShardStore(self.push_comm, self.pull_comm, counters, rule,
+                                        topology.num_hosts, workers, self._own_rows_applied)
             transport.progress_hooks.append(self.progress)
 
     def add(self, item, flat_data):
         """Register a blob; ``flat_data`` is its current value (the same on every rank)."""
         self.items[item.index] = item
-        S = self.topology.num_shards
-        rows = item.rows
-        per_row = item.count // rows
-        bounds = [(j * rows) // S for j in range(S + 1)]
-        parts = []
-        for j in range(S):
-            shard = (j + item.index) % S
-            lo, hi = bounds[j] * per_row, bounds[j + 1] * per_row
-            if hi > lo:
-                parts.append((shard, lo, hi))
+        topo = self.topology
+        parts = row_layout(item.index, item.count, item.rows, topo.num_shards)
         self.layout[item.index] = parts
-        if not self.topology.is_leader:
+        if not topo.is_leader:
             return
-        me = self.topology.host
+        me = None if self.dedicated else topo.host
         self.replicas[item.index] = flat_data.astype(np.float32, copy=True)
         self.versions[item.index] = {shard: self.start_clock for shard, _, _ in parts}
         self.reads[item.index] = 0
         history = self.rule.initial_history(item.index)
         for shard, lo, hi in parts:
             if shard == me:
-                rows_history = [h[lo:hi].astype(np.float32, copy=True) for h in history]
-                sources = [h for h in range(self.topology.num_hosts) if h != me]
-                own = _Shard(item.index, lo, hi, flat_data[lo:hi].astype(np.float32, copy=True),
-                             rows_history, sources, self.start_clock)
-                self.shards[item.index] = own
-                for src in sources:
-                    own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
-                                                             tag=item.index)
+                sources = [h for h in range(topo.num_hosts) if h != me]
+                self.store.add(item.index, item.name, lo, hi, flat_data[lo:hi],
+                               [h[lo:hi] for h in history], sources, self.start_clock)
             else:
                 stage = np.empty(hi - lo, dtype=np.float32)
                 self.stages[(item.index, shard)] = stage
                 self.pull_requests[(item.index, shard)] = self.pull_comm.Irecv(
-                    stage, source=shard, tag=item.index)
+                    stage, source=topo.shard_comm_ranks[shard], tag=item.index)
+
+    def seed_servers(self):
+        """Rank 0 hands every dedicated server the rows it owns: the blobs' values and the
+        solver's history (restored from a snapshot, or zero), after the servers learnt the
+        items from the set-up message."""
+        topo = self.topology
+        if not self.dedicated or topo.rank != 0:
+            return
+        pieces = [dict() for _ in range(topo.num_servers)]
+        for index, parts in self.layout.items():
+            history = self.rule.initial_history(index)
+            for shard, lo, hi in parts:
+                pieces[shard][index] = (lo, hi, self.replicas[index][lo:hi].copy(),
+                                        [h[lo:hi].copy() for h in history])
+        for shard, piece in enumerate(pieces):
+            self.control_comm.send(piece, dest=topo.shard_comm_ranks[shard], tag=CONTROL_TAG)
 
     # -- worker side --------------------------------------------------------------------------
     def exchange(self, item, flat_grad, data_out, clock, what):
         """Push this worker's gradient for ``clock``; leave in ``data_out`` the blob's value
         from the shards, at most ``staleness`` clocks behind. Returns the staleness read."""
         key = item.name
+        topo = self.topology
         self.transport.local_sum_to_leader(flat_grad, key, what)
         staleness_read = 0
-        if self.topology.is_leader:
+        if topo.is_leader:
+            me = None if self.dedicated else topo.host
             for shard, lo, hi in self.layout[item.index]:
-                if shard == self.topology.host:
-                    self._deposit(self.shards[item.index], clock, flat_grad[lo:hi])
+                if shard == me:
+                    self.store.deposit(item.index, clock, flat_grad[lo:hi])
                 else:
                     piece = flat_grad[lo:hi]
-                    self.in_flight.append((self.push_comm.Isend(piece, dest=shard,
-                                                                tag=item.index), piece))
+                    self.in_flight.append((self.push_comm.Isend(
+                        piece, dest=topo.shard_comm_ranks[shard], tag=item.index), piece))
                     self.counters.add(key, sent=piece.nbytes)
             needed = clock + 1 - self.staleness
             versions = self.versions[item.index]
-            owners = [self.topology.leader_ranks[s] for s in versions]
+            owners = [topo.shard_job_ranks[s] for s in versions]
             self.transport.wait_until(lambda: min(versions.values()) >= needed, what, owners)
             staleness_read = clock + 1 - min(versions.values())
             self.reads[item.index] = max(self.reads[item.index], staleness_read)
@@ -132,25 +274,15 @@ class ParameterServer:
         if not self.topology.is_leader:
             return
         for index, versions in self.versions.items():
-            owners = [self.topology.leader_ranks[s] for s in versions]
+            owners = [self.topology.shard_job_ranks[s] for s in versions]
             self.transport.wait_until(lambda v=versions: min(v.values()) >= clock, what, owners)
 
     def current_value(self, index):
         return self.replicas[index]
 
-    # -- shard side ---------------------------------------------------------------------------
     def progress(self):
-        for index, own in self.shards.items():
-            key = self.items[index].name
-            for src in own.sources:
-                req = own.requests[src]
-                while req.Test():
-                    clock = own.next_clock[src]
-                    own.next_clock[src] += 1
-                    self.counters.add(key, received=own.buffers[src].nbytes)
-                    self._deposit(own, clock, own.buffers[src])
-                    req = own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
-                                                                  tag=index)
+        if self.store is not None:
+            self.store.progress()
         for (index, shard), req in list(self.pull_requests.items()):
             while req.Test():
                 stage = self.stages[(index, shard)]
@@ -159,9 +291,13 @@ class ParameterServer:
                 self.versions[index][shard] += 1
                 self.counters.add(self.items[index].name, received=stage.nbytes)
                 req = self.pull_requests[(index, shard)] = self.pull_comm.Irecv(
-                    stage, source=shard, tag=index)
+                    stage, source=self.topology.shard_comm_ranks[shard], tag=index)
         if self.in_flight:
             self.in_flight = [(r, b) for r, b in self.in_flight if not r.Test()]
+
+    def _own_rows_applied(self, own):
+        self.replicas[own.index][own.lo:own.hi] = own.data
+        self.versions[own.index][self.topology.host] += 1
 
     def _range(self, index, shard):
         for s, lo, hi in self.layout[index]:
@@ -169,65 +305,62 @@ class ParameterServer:
                 return lo, hi
         raise KeyError((index, shard))
 
-    def _deposit(self, own, clock, grad_rows):
-        slot = own.pending.get(clock)
-        if slot is None:
-            own.pending[clock] = [grad_rows.astype(np.float32, copy=True), 1]
-        else:
-            slot[0] += grad_rows
-            slot[1] += 1
-        hosts = self.topology.num_hosts
-        while own.applied in own.pending and own.pending[own.applied][1] == hosts:
-            total, _ = own.pending.pop(own.applied)
-            total *= 1.0 / self.workers
-            self.rule.apply(own.index, own.data, total, own.history, own.applied)
-            own.applied += 1
-            key = self.items[own.index].name
-            me = self.topology.host
-            self.replicas[own.index][own.lo:own.hi] = own.data
-            self.versions[own.index][me] += 1
-            for dest in own.sources:
-                fresh = own.data.copy()
-                self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
-                                       fresh))
-                self.counters.add(key, sent=fresh.nbytes)
-
-    def gather_history(self):
-        """Rank 0 gets {index: [full history arrays]} assembled from every shard (collective
-        over the host leaders; None elsewhere)."""
-        if not self.topology.is_leader:
+    # -- snapshots and the end -----------------------------------------------------------------
+    def gather_history(self, clock):
+        """Rank 0 gets {index: [full history arrays]} assembled from every shard, as they stand
+        once clock - 1 is applied (None on the other ranks)."""
+        topo = self.topology
+        if self.dedicated:
+            if topo.rank != 0:
+                return None
+            parts = []
+            for shard in range(topo.num_servers):
+                self.control_comm.send((SNAPSHOT, clock), dest=topo.shard_comm_ranks[shard],
+                                       tag=CONTROL_TAG)
+            for shard in range(topo.num_servers):
+                source = topo.shard_comm_ranks[shard]
+                req = self.control_comm.irecv(source=source, tag=CONTROL_TAG)
+                box = {}
+                self.transport.wait_until(lambda: _test_into(req, box),
+                                          "gathering the server history for the snapshot",
+                                          [topo.shard_job_ranks[shard]])
+                parts.append(box["value"])
+            return assemble_history(self.items, parts)
+        if not topo.is_leader:
             return None
-        mine = {index: (own.lo, own.hi, [h.copy() for h in own.history])
-                for index, own in self.shards.items()}
-        everything = self.topology.leaders.gather(mine, root=0)
+        everything = topo.leaders.gather(self.store.history(), root=0)
         if everything is None:
             return None
-        out = {}
-        for index, item in self.items.items():
-            out[index] = None
-        for part in everything:
-            for index, (lo, hi, hist) in part.items():
-                if out[index] is None:
-                    out[index] = [np.zeros(self.items[index].count, np.float32) for _ in hist]
-                for full, rows in zip(out[index], hist):
-                    full[lo:hi] = rows
-        return out
+        return assemble_history(self.items, everything)
+
+    def stop_servers(self, clock):
+        """Rank 0 tells the dedicated servers that the session ends after ``clock`` - 1."""
+        topo = self.topology
+        if self.dedicated and topo.rank == 0:
+            for shard in range(topo.num_servers):
+                self.control_comm.send((STOP, clock), dest=topo.shard_comm_ranks[shard],
+                                       tag=CONTROL_TAG)
 
     def close(self):
-        for own in self.shards.values():
-            for req in own.requests.values():
-                req.Cancel()
-                req.Wait()
         for req in self.pull_requests.values():
             req.Cancel()
             req.Wait()
         for req, _ in self.in_flight:
             req.Wait()
         self.in_flight = []
-        self.shards.clear()
         self.pull_requests.clear()
+        if self.store is not None:
+            self.store.close()
         if self.push_comm is not None:
             self.transport.progress_hooks.remove(self.progress)
-            self.push_comm.Free()
-            self.pull_comm.Free()
-            self.push_comm = self.pull_comm = None
+            for comm in (self.push_comm, self.pull_comm, self.control_comm):
+                if comm is not None:
+                    comm.Free()
+            self.push_comm = self.pull_comm = self.control_comm = None
+
+
+def _test_into(request, box):
+    done, value = request.test()
+    if done:
+        box["value"] = value
+    return done

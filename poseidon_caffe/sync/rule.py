@@ -1,0 +1,84 @@
+"""The solver's update math (Caffe's ApplyUpdate per parameter) over array slices, so that a
+parameter-server shard applies to its rows exactly what a local solver applies.
+
+``UpdateRule`` needs only the solver's parameters, each blob's lr and decay multipliers and the
+learning rate of every clock; a worker builds it from its solver (``SolverRule``), a dedicated
+server from what rank 0 sends it at start (``ServerRule`` with ``ScheduledRates``).
+"""
+import numpy as np
+
+from ..solver import updates
+from ..solver.lr_policy import learning_rate
+
+
+class UpdateRule:
+    def __init__(self, param, kind, lr_mult, decay_mult, rate_of):
+        self.param = param
+        self.kind = kind
+        self.lr_mult = lr_mult              # index -> the blob's lr multiplier
+        self.decay_mult = decay_mult        # index -> the blob's weight decay multiplier
+        self.rate_of = rate_of              # clock -> the solver's learning rate
+
+    def apply(self, index, data, diff, history, clock):
+        p, u = self.param, updates
+        u.normalize(diff, p.iter_size)
+        u.regularize(data, diff, p.weight_decay * self.decay_mult[index], p.regularization_type)
+        rate = self.rate_of(clock) * self.lr_mult[index]
+        kind = self.kind
+        if kind == "SGD":
+            u.sgd(diff, history[0], rate, p.momentum)
+        elif kind == "Nesterov":
+            u.nesterov(diff, history[0], rate, p.momentum)
+        elif kind == "AdaGrad":
+            u.adagrad(diff, history[0], rate, p.delta)
+        elif kind == "RMSProp":
+            u.rmsprop(diff, history[0], rate, p.rms_decay, p.delta)
+        elif kind == "AdaDelta":
+            u.adadelta(diff, history[0], history[1], rate, p.momentum, p.delta)
+        elif kind == "Adam":
+            u.adam(diff, history[0], history[1], rate, p.momentum, p.momentum2, p.delta,
+                   clock + 1)
+        else:
+            raise ValueError("the sync engine has no update rule for solver type %r" % kind)
+        data -= diff
+
+
+class SolverRule(UpdateRule):
+    """A worker's rule: the solver's fields, its net's multipliers, and the rates the solver
+    computed (``rates`` is filled by the runner, one entry per clock)."""
+
+    def __init__(self, solver):
+        self.solver = solver
+        self.net = solver.net
+        self.count = len(solver.net.learnable_params)
+        self.rates = {}
+        super().__init__(solver.param, solver.type, self.net.params_lr,
+                         self.net.params_weight_decay, self.rates.__getitem__)
+
+    def history(self, index):
+        return [h.reshape(-1) for h in self.solver.history[index::self.count]]
+
+    def initial_history(self, index):
+        return [np.asarray(h, dtype=np.float32) for h in self.history(index)]
+
+
+class ScheduledRates:
+    """The learning rate of each clock from the solver's policy, computed in clock order from
+    where the workers' solver stood at start (multistep carries its position along)."""
+
+    def __init__(self, param, start_clock, current_step, keep=64):
+        self.param = param
+        self.next_clock = int(start_clock)
+        self.step = int(current_step)
+        self.rates = {}
+        self.keep = int(keep)
+
+    def __call__(self, clock):
+        while self.next_clock <= clock:
+            self.rates[self.next_clock], self.step = learning_rate(self.param, self.next_clock,
+                                                                   self.step)
+            self.next_clock += 1
+        rate = self.rates[clock]
+        for old in [c for c in self.rates if c < self.next_clock - self.keep]:
+            del self.rates[old]
+        return rate
