@@ -163,7 +163,7 @@ def test_lrn_window_sum_and_ops():
     a = np.arange(5, dtype=np.float32).reshape(1, 5, 1, 1)
     np.testing.assert_array_equal(window_sum(a, 3, (1,)).ravel(), [1, 3, 6, 9, 7])
     x = _rand((1, 3, 2, 2), 10)
-    y, (scale, _) = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)
+    y, (scale,) = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)
     s0 = 2.0 + 1.0 * (x[0, 0] ** 2 + x[0, 1] ** 2)
     np.testing.assert_allclose(scale[0, 0], s0, rtol=1e-6)
     np.testing.assert_allclose(y[0, 0], x[0, 0] / np.sqrt(s0), rtol=1e-6)

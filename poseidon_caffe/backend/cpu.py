@@ -146,11 +146,13 @@ class CPUBackend:
         from .pool import PoolPlan
         return PoolPlan(geom, self.dtype)
 
-    def lrn_forward(self, x, size, alpha, beta, k, across_channels):
-        """(top, state) of Caffe's LRN on (N, C, H, W); state goes to lrn_backward."""
+    def lrn_forward(self, x, size, alpha, beta, k, across_channels, out=None, state=None):
+        """(top, state) of Caffe's LRN on (N, C, H, W); state goes to lrn_backward. ``out``
+        receives top; the buffers of an earlier ``state`` of the same shape are reused."""
         from .lrn import lrn_forward
-        return lrn_forward(x, size, alpha, beta, k, across_channels)
+        return lrn_forward(x, size, alpha, beta, k, across_channels, out=out, state=state)
 
-    def lrn_backward(self, x, top, state, dy, size, alpha, beta, across_channels):
+    def lrn_backward(self, x, top, state, dy, size, alpha, beta, across_channels, out=None):
+        """d bottom of lrn_forward, written into ``out`` when given."""
         from .lrn import lrn_backward
-        return lrn_backward(x, top, state, dy, size, alpha, beta, across_channels)
+        return lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=out)

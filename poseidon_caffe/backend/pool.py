@@ -19,6 +19,7 @@ import numpy as np
 from .threads import over_batch
 
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
+SEPARABLE_MIN_CELLS = 27 * 27      # input cells per channel from which the stages are used
 
 
 class PoolPlan:
@@ -35,6 +36,10 @@ class PoolPlan:
         self._pad_buffers = {}
         # the separable stages run last axis first; stage i reduces spatial axis order[i]
         self.order = tuple(reversed(range(len(geom.in_shape))))
+        # measured: the stages win on large maps (AlexNet's 55x55 and 27x27, by 1.5-2x); on
+        # small maps (16x16, 13x13, LeNet's) their short strided rows cost more than the
+        # k^2 whole-array passes of the tap loop, which also routes the gradient by bincount
+        self.separable = geom.in_count >= SEPARABLE_MIN_CELLS
         self._inv_sizes = None
         self._test_terms = None
 
@@ -111,6 +116,8 @@ class PoolPlan:
 
     # -- MAX -------------------------------------------------------------------------------
     def max_forward(self, x, y):
+        if not self.separable:
+            return self._max_by_taps(x, y)
         g = self.geom
         n = x.shape[0]
         index_types = [np.uint8 if k < 256 else np.int32 for k in g.kernel]
@@ -181,23 +188,66 @@ class PoolPlan:
             g_ = dy[lo:hi]
             for i in reversed(range(len(self.order))):
                 axis = self.order[i]
-                prev = np.zeros(self._stage_shape(i - 1, g_.shape[:2]) if i else
-                                g_.shape[:2] + self._extent(), dtype=self.dtype)
                 idx = self._stage_index[i][lo:hi]
                 selected = np.empty(g_.shape, dtype=bool)
-                routed = np.empty(g_.shape, dtype=self.dtype)
-                for t in range(self.geom.kernel[axis]):
-                    view, count = self._tap(prev, axis, t)
-                    if count == 0:
-                        break
-                    sel, part = (self._first(b, axis, count) for b in (selected, routed))
+
+                def emit(t, count, out, g_=g_, idx=idx, axis=axis):
+                    sel = self._first(selected, axis, count)
                     np.equal(self._first(idx, axis, count), t, out=sel)
-                    np.multiply(self._first(g_, axis, count), sel, out=part)
-                    view += part
-                g_ = prev
+                    np.multiply(self._first(g_, axis, count), sel, out=out)
+                g_ = self._unstage(i, g_, emit)
             dx[lo:hi] = g_[self.geom.interior()] if any(self.geom.pad) else g_
         over_batch(run, dy.shape[0], self._bytes_per_image(dy.shape[1]))
         return dx
+
+    def _unstage(self, stage, g_, emit):
+        """The adjoint of a stage: a new array of the stage's input shape holding, at each tap
+        t's positions, ``emit(t, count, out)``'s values, summed where windows overlap. Taps
+        below the stride land on disjoint cells and are written in place; later taps add."""
+        axis = self.order[stage]
+        g = self.geom
+        shape = (self._stage_shape(stage - 1, g_.shape[:2]) if stage else
+                 g_.shape[:2] + self._extent())
+        extent = shape[2 + axis]
+        k, s, o = g.kernel[axis], g.stride[axis], g.out_shape[axis]
+        covered = k >= s and o >= -(-extent // s)      # every cell under some tap t < s
+        prev = np.empty(shape, self.dtype) if covered else np.zeros(shape, self.dtype)
+        scratch = None
+        for t in range(k):
+            view, count = self._tap(prev, axis, t)
+            if count == 0:
+                break
+            if t < s:
+                emit(t, count, view)
+                continue
+            if scratch is None:
+                scratch = np.empty(g_.shape, self.dtype)
+            part = self._first(scratch, axis, count)
+            emit(t, count, part)
+            view += part
+        return prev
+
+    def _max_by_taps(self, x, y):
+        """One pass per window tap over the whole batch; the winner is the last tap that
+        took over (strictly greater), kept as a running maximum of (took over) * tap."""
+        g = self.geom
+        read = self._reader(self._padded(x, -np.inf))
+        index_type = np.uint8 if len(g.taps) < 256 else np.int32
+        idx = np.zeros(y.shape, dtype=index_type)
+        took = np.empty(y.shape, dtype=bool)
+        tagged = np.empty(y.shape, dtype=index_type)
+        for t, tap in enumerate(g.taps):
+            v = read(tap)
+            if t == 0:
+                np.copyto(y, v)
+                continue
+            np.greater(v, y, out=took)
+            np.maximum(y, v, out=y)
+            np.multiply(took, index_type(t), out=tagged)
+            np.maximum(idx, tagged, out=idx)
+        self._tap_index = idx
+        self._winners = "taps"
+        return y
 
     def _routed_by_taps(self, dy, dx):
         """One bincount over flat input indices (STOCHASTIC train's drawn taps)."""
@@ -217,6 +267,13 @@ class PoolPlan:
 
     def ave_forward(self, x, y):
         inverse = self._inverse_sizes()
+        if not self.separable:
+            read = self._reader(self._padded(x, 0.0))
+            y[...] = 0
+            for tap in self.geom.taps:
+                y += read(tap)
+            y *= inverse
+            return y
 
         def run(lo, hi):
             a = self._source(x, lo, hi, 0.0)
@@ -239,19 +296,16 @@ class PoolPlan:
 
     def ave_backward(self, dy, dx):
         inverse = self._inverse_sizes()
+        if not self.separable:
+            share = dy * inverse
+            return self._scatter(dy.shape, ((tap, share) for tap in self.geom.taps), dx)
 
         def run(lo, hi):
             g_ = dy[lo:hi] * inverse
             for i in reversed(range(len(self.order))):
-                axis = self.order[i]
-                prev = np.zeros(self._stage_shape(i - 1, g_.shape[:2]) if i else
-                                g_.shape[:2] + self._extent(), dtype=self.dtype)
-                for t in range(self.geom.kernel[axis]):
-                    view, count = self._tap(prev, axis, t)
-                    if count == 0:
-                        break
-                    view += self._first(g_, axis, count)
-                g_ = prev
+                def emit(t, count, out, g_=g_, axis=self.order[i]):
+                    np.copyto(out, self._first(g_, axis, count))
+                g_ = self._unstage(i, g_, emit)
             dx[lo:hi] = g_[self.geom.interior()] if any(self.geom.pad) else g_
         over_batch(run, dy.shape[0], self._bytes_per_image(dy.shape[1]))
         return dx

@@ -468,16 +468,19 @@ class LRNLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        y, self.state = self.backend.lrn_forward(bottom[0].data, self.size, self.alpha,
-                                                 self.beta, self.k, self.across)
-        top[0].data[...] = y
+        inplace = top[0] is bottom[0]          # then top must not be written while read
+        y, self.state = self.backend.lrn_forward(
+            bottom[0].data, self.size, self.alpha, self.beta, self.k, self.across,
+            out=None if inplace else top[0].data, state=getattr(self, "state", None))
+        if inplace:
+            top[0].data[...] = y
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        bottom[0].diff[...] = self.backend.lrn_backward(
+        self.backend.lrn_backward(
             bottom[0].data, top[0].data, self.state, top[0].diff, self.size, self.alpha,
-            self.beta, self.across)
+            self.beta, self.across, out=bottom[0].diff)
 
 
 # -- Im2col ---------------------------------------------------------------------------------

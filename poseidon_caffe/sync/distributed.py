@@ -67,27 +67,20 @@ def prepare(options=None):
 
 
 def _ip_factor_source(net, layer_index):
-    """Sufficient factors of an InnerProduct layer: None when the layer cannot use them."""
+    """Sufficient factors of an InnerProduct layer (the layer offers them): None when the layer
+    cannot use them."""
     layer = net.layers[layer_index]
-    lp = net.param.layer[layer_index]
-    if lp.type != "InnerProduct" or len(net.bottom_vecs[layer_index]) != 1:
+    bottom, top = net.bottom_vecs[layer_index], net.top_vecs[layer_index]
+    if not hasattr(layer, "sufficient_factors") or len(bottom) != 1:
         return None
-    ipp = lp.inner_product_param
-    bottom, top = net.bottom_vecs[layer_index][0], net.top_vecs[layer_index][0]
-    axis = bottom.canonical_axis_index(ipp.axis)
-    K = bottom.count_axes(0, axis)
-    M = bottom.count_axes(axis)
-    N = ipp.num_output
-    weight = layer.blobs[0]
-    if weight.count != M * N:
+    M, N = layer.k, layer.num_output
+    if layer.blobs[0].count != M * N:
         return None
 
     def read():
-        b, t = net.bottom_vecs[layer_index][0], net.top_vecs[layer_index][0]
-        k = b.count_axes(0, axis)
-        return (np.array(t.diff, dtype=np.float32).reshape(k, N),
-                np.array(b.data, dtype=np.float32).reshape(k, M))
-    return FactorSource(M, N, read, transpose=ipp.transpose, rows_per_pass=K)
+        diff, data = layer.sufficient_factors(bottom, top)
+        return np.array(diff, dtype=np.float32), np.array(data, dtype=np.float32)
+    return FactorSource(M, N, read, transpose=layer.transpose, rows_per_pass=layer.m)
 
 
 def build_items(net):

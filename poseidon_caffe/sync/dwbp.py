@@ -15,9 +15,6 @@ import queue
 import threading
 import time
 
-import numpy as np
-
-from .. import log
 
 
 class SyncError(RuntimeError):
