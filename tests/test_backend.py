@@ -210,3 +210,141 @@ def test_fft_plan_never_uses_a_stale_weight_spectrum():
     plan.backward(None, dy, w, dx=dx)               # Deconvolution's forward
     reference.backward(None, dy, w, dx=want)
     np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-4)
+
+
+# -- batch slicing, the thread pool, and the paths that use them ---------------------------
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def small_slices(request, monkeypatch):
+    """Slices of a few hundred bytes (so a small batch splits into many), on 1 or 2 threads."""
+    from poseidon_caffe.backend import threads
+    monkeypatch.setattr(threads, "SLICE_BYTES", 300)
+    monkeypatch.setattr(threads, "thread_count", lambda: request.param)
+    return request.param
+
+
+def test_slices_cover_the_range_once_with_a_slice_per_thread():
+    from poseidon_caffe.backend.threads import slices
+    for n, per_item, threads in [(10, 100, 1), (10, 10 ** 9, 2), (7, 1, 3), (1, 5, 4), (32, 50, 2)]:
+        parts = slices(n, per_item, threads, slice_bytes=400)
+        covered = [i for lo, hi in parts for i in range(lo, hi)]
+        assert covered == list(range(n))
+        assert len(parts) >= min(n, threads)
+        assert all(hi - lo >= 1 for lo, hi in parts)
+    assert len(slices(100, 100, 1, slice_bytes=1000)) == 10
+
+
+def test_over_batch_runs_slices_on_the_pool_threads():
+    import threading
+    from poseidon_caffe.backend.threads import over_batch
+    seen = {}
+
+    def work(lo, hi):
+        seen[(lo, hi)] = threading.current_thread().name
+    over_batch(work, 8, 1, threads=2)
+    assert sorted(seen) == [(0, 4), (4, 8)]
+    assert all(name.startswith("Backend-") for name in seen.values())
+    seen.clear()
+    over_batch(work, 8, 1, threads=1)
+    assert list(seen.values()) == [threading.current_thread().name]
+
+
+def _naive_max_pool(x, g):
+    """Caffe's loops: window clipped to the input, first strict maximum in row-major order."""
+    n, c = x.shape[:2]
+    y = np.empty((n, c) + g.out_shape, np.float32)
+    mask = np.empty(y.shape, np.int64)
+    dy_route = []
+    for a, b, i, j in itertools.product(range(n), range(c), *map(range, g.out_shape)):
+        hs, ws = i * g.stride[0] - g.pad[0], j * g.stride[1] - g.pad[1]
+        best, where = -np.inf, -1
+        for u in range(max(hs, 0), min(hs + g.kernel[0], g.in_shape[0])):
+            for v in range(max(ws, 0), min(ws + g.kernel[1], g.in_shape[1])):
+                if x[a, b, u, v] > best:
+                    best, where = x[a, b, u, v], u * g.in_shape[1] + v
+        y[a, b, i, j], mask[a, b, i, j] = best, where
+        dy_route.append(((a, b, i, j), (a, b) + divmod(where, g.in_shape[1])))
+    return y, mask, dy_route
+
+
+POOL_GEOMS = [   # (in, kernel, stride, pad, out): overlap, overhang, padding, k == s, k < s
+    ((9, 11), (3, 3), (2, 2), (0, 0), (4, 5)),
+    ((8, 8), (3, 3), (2, 2), (0, 0), (4, 4)),        # rounded up: the last window overhangs
+    ((7, 6), (3, 2), (2, 1), (1, 1), (4, 7)),
+    ((6, 6), (2, 2), (2, 2), (0, 0), (3, 3)),
+    ((7, 7), (2, 2), (3, 3), (0, 0), (2, 2)),
+]
+
+
+@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("spec", POOL_GEOMS, ids=str)
+def test_max_pool_paths_match_caffe_loops(spec, separable, small_slices):
+    g = PoolGeometry(*spec)
+    plan = B.pool_plan(g)
+    plan.separable = separable
+    x = np.round(_rand((3, 2) + g.in_shape, 20) * 4)          # many ties
+    y = np.empty((3, 2) + g.out_shape, np.float32)
+    plan.max_forward(x, y)
+    want, mask, routes = _naive_max_pool(x, g)
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(plan.mask(), mask)
+    dy = _rand(y.shape, 21)
+    dx = np.full(x.shape, np.nan, np.float32)
+    plan.routed_backward(dy, dx)
+    dx_want = np.zeros(x.shape)
+    for out_index, in_index in routes:
+        dx_want[in_index] += dy[out_index]
+    np.testing.assert_allclose(dx, dx_want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("spec", POOL_GEOMS, ids=str)
+def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, separable, small_slices):
+    g = PoolGeometry(*spec)
+    plan = B.pool_plan(g)
+    plan.separable = separable
+    x = _rand((3, 2) + g.in_shape, 22)
+    y = np.empty((3, 2) + g.out_shape, np.float32)
+    plan.ave_forward(x, y)
+    want = np.empty(y.shape)
+    for i, j in itertools.product(*map(range, g.out_shape)):
+        hs, ws = i * g.stride[0] - g.pad[0], j * g.stride[1] - g.pad[1]
+        size = ((min(hs + g.kernel[0], g.in_shape[0] + g.pad[0]) - hs) *
+                (min(ws + g.kernel[1], g.in_shape[1] + g.pad[1]) - ws))
+        win = x[:, :, max(hs, 0):hs + g.kernel[0], max(ws, 0):ws + g.kernel[1]]
+        want[:, :, i, j] = win.sum(axis=(2, 3)) / size
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    dy = _rand(y.shape, 23)
+    dx = np.full(x.shape, np.nan, np.float32)
+    plan.ave_backward(dy, dx)
+    lhs, rhs = np.vdot(y.astype(np.float64), dy), np.vdot(x.astype(np.float64), dx)
+    assert abs(lhs - rhs) <= 1e-5 * max(1.0, abs(lhs))
+
+
+@pytest.mark.parametrize("across", [True, False], ids=["across", "within"])
+def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slices, monkeypatch):
+    """Slices of the batch (and, across channels, blocks of rows of one image) on 1 or 2
+    threads give the same numbers as one pass over the whole batch, into given buffers."""
+    from poseidon_caffe.backend import lrn, threads
+    x = _rand((3, 6, 5, 4), 24) * 3
+    dy = _rand(x.shape, 25)
+    top, dx = np.empty_like(x), np.empty_like(x)
+    _, state = B.lrn_forward(x, 5, 0.5, 0.75, 2.0, across, out=top)
+    B.lrn_backward(x, top, state, dy, 5, 0.5, 0.75, across, out=dx)
+    top_again, _ = B.lrn_forward(x, 5, 0.5, 0.75, 2.0, across, state=state)   # reused state
+    np.testing.assert_array_equal(top_again, top)
+    monkeypatch.setattr(threads, "SLICE_BYTES", 10 ** 9)
+    monkeypatch.setattr(threads, "thread_count", lambda: 1)
+    whole, whole_state = lrn.lrn_forward(x, 5, 0.5, 0.75, 2.0, across)
+    np.testing.assert_allclose(top, whole, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx, lrn.lrn_backward(x, whole, whole_state, dy, 5, 0.5, 0.75,
+                                                    across), rtol=1e-6, atol=1e-7)
+    # and against the definition, computed here in float64
+    half = 2
+    sq = np.pad(x.astype(np.float64) ** 2, ((0, 0), (half, half), (0, 0), (0, 0)) if across
+                else ((0, 0), (0, 0), (half, half), (half, half)))
+    if across:
+        scale = 2.0 + 0.5 / 5 * sum(sq[:, i:i + 6] for i in range(5))
+    else:
+        scale = 1.0 + 0.5 / 25 * sum(sq[:, :, i:i + 5, j:j + 4]
+                                     for i in range(5) for j in range(5))
+    np.testing.assert_allclose(top, x * scale ** -0.75, rtol=1e-5, atol=1e-6)

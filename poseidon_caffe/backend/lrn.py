@@ -6,14 +6,15 @@ WITHIN_CHANNEL:  scale = 1 + alpha/n^2 * sum of x^2 over the n x n spatial windo
 top = x * scale^-beta. Both windows are symmetric (n is odd), so the backward's sum over the
 windows that contain an element is the same window sum.
 
-Both directions run over cache-sized slices of the batch (threads.over_batch): the ten-odd
+Both directions run over cache-sized slices of the batch (threads.over_batch; rows
+of one image when an image is bigger): the ten-odd
 passes of one slice stay in cache, so memory is read and written about once per array, and
 slices run side by side when two threads are configured. Only ``scale`` is kept for the
 backward; scale^-beta is recomputed there from it, in cache, rather than stored and re-read.
 """
 import numpy as np
 
-from .threads import over_batch
+from . import threads
 
 
 def window_sum(a, size, axes, out=None):
@@ -39,16 +40,18 @@ def window_sum(a, size, axes, out=None):
     return a
 
 
-def _negative_power(scale, beta):
-    """scale ** -beta, with the square-root forms for Caffe's usual betas."""
+def _negative_power(scale, beta, out=None, work=None):
+    """scale ** -beta, with the square-root forms for Caffe's usual betas; ``out`` and
+    ``work`` (scale's shape) take the result and an intermediate when given."""
+    out = np.empty_like(scale) if out is None else out
     if beta == 0.75:
-        root = np.sqrt(scale)
-        root *= np.sqrt(root)
-        return np.reciprocal(root, out=root)
+        np.sqrt(scale, out=out)
+        out *= np.sqrt(out, out=np.empty_like(scale) if work is None else work)
+        return np.reciprocal(out, out=out)
     if beta == 0.5:
-        root = np.sqrt(scale)
-        return np.reciprocal(root, out=root)
-    return np.power(scale, np.float32(-beta))
+        np.sqrt(scale, out=out)
+        return np.reciprocal(out, out=out)
+    return np.power(scale, np.float32(-beta), out=out)
 
 
 def _region(size, across_channels):
@@ -56,8 +59,26 @@ def _region(size, across_channels):
     return ((1,), size) if across_channels else ((2, 3), size * size)
 
 
-def _bytes_per_image(x):
-    return int(np.prod(x.shape[1:])) * x.itemsize * 6
+def _over_pieces(fn, x, across_channels):
+    """Calls fn(piece) for index tuples that together cover x (N, C, H, W) once: slices of
+    the batch, and when one image is bigger than a slice and the window runs across
+    channels, blocks of rows of one image (AlexNet's first LRN: 1.2 MB an image)."""
+    n, _, h, _ = x.shape
+    per_image = int(np.prod(x.shape[1:])) * x.itemsize * 6     # arrays and temporaries
+    blocks = 1
+    if across_channels:
+        blocks = min(h, max(1, -(-per_image // threads.SLICE_BYTES)))
+    if blocks == 1:
+        threads.over_batch(lambda lo, hi: fn((slice(lo, hi),)), n, per_image)
+        return
+    rows = -(-h // blocks)
+    blocks = -(-h // rows)
+
+    def run(lo, hi):
+        for item in range(lo, hi):
+            image, block = divmod(item, blocks)
+            fn((slice(image, image + 1), slice(None), slice(block * rows, (block + 1) * rows)))
+    threads.over_batch(run, n * blocks, per_image // blocks)
 
 
 def lrn_forward(x, size, alpha, beta, k, across_channels, out=None, state=None):
@@ -71,13 +92,14 @@ def lrn_forward(x, size, alpha, beta, k, across_channels, out=None, state=None):
     scale = state[0] if state is not None and state[0].shape == x.shape else np.empty_like(x)
     coef, offset = np.float32(alpha / norm), np.float32(k)
 
-    def run(lo, hi):
-        xs, sc = x[lo:hi], scale[lo:hi]
-        window_sum(xs * xs, size, axes, out=sc)
+    def run(piece):
+        xs, sc = x[piece], scale[piece]
+        a, b = (threads.scratch(name, xs.shape) for name in ("lrn_a", "lrn_b"))
+        window_sum(np.multiply(xs, xs, out=a), size, axes, out=sc)
         sc *= coef
         sc += offset
-        np.multiply(_negative_power(sc, beta), xs, out=top[lo:hi])
-    over_batch(run, x.shape[0], _bytes_per_image(x))
+        np.multiply(_negative_power(sc, beta, out=b, work=a), xs, out=top[piece])
+    _over_pieces(run, x, across_channels)
     return top, (scale,)
 
 
@@ -89,15 +111,17 @@ def lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=None
     dx = np.empty_like(x) if out is None else out
     coef = np.float32(2.0 * alpha * beta / norm)
 
-    def run(lo, hi):
-        sc = scale[lo:hi]
-        ratio = dy[lo:hi] * top[lo:hi]
+    def run(piece):
+        sc = scale[piece]
+        ratio, accum, power = (threads.scratch(name, sc.shape)
+                               for name in ("lrn_a", "lrn_b", "lrn_c"))
+        np.multiply(dy[piece], top[piece], out=ratio)
         ratio /= sc
-        accum = window_sum(ratio, size, axes)
-        accum *= x[lo:hi]
+        window_sum(ratio, size, axes, out=accum)
+        accum *= x[piece]
         accum *= coef
-        part = dx[lo:hi]
-        np.multiply(_negative_power(sc, beta), dy[lo:hi], out=part)
+        part = dx[piece]
+        np.multiply(_negative_power(sc, beta, out=power, work=ratio), dy[piece], out=part)
         part -= accum
-    over_batch(run, x.shape[0], _bytes_per_image(x))
+    _over_pieces(run, x, across_channels)
     return dx

@@ -8,6 +8,8 @@ the GIL inside ufuncs and copies, so the slices really run side by side.
 """
 import os
 import threading
+
+import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 
 # bytes a slice of work should touch: measured best between L2 (1 MB) and the shared L3
@@ -74,3 +76,16 @@ def over_batch(fn, n, bytes_per_item, threads=None):
 
     for future in [_executor(threads).submit(run, part) for part in parts]:
         future.result()
+
+
+def scratch(name, shape, dtype=np.float32):
+    """A work array of ``shape`` owned by the calling thread and reused across calls: fresh
+    temporaries of a few MB are returned to the system when freed and page-fault again on
+    every use."""
+    store = _local.__dict__.setdefault("scratch", {})
+    need = int(np.prod(shape))
+    buf = store.get(name)
+    if buf is None or buf.size < need or buf.dtype != dtype:
+        buf = np.empty(need, dtype=dtype)
+        store[name] = buf
+    return buf[:need].reshape(shape)
