@@ -2,14 +2,18 @@
 
 This module is the face only: the names pycaffe users know, each defined in its own room.
 """
-from . import io, proto  # noqa: F401
-from .backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401
-from .blob import Blob  # noqa: F401
-from .layers import Layer, layer_type_list  # noqa: F401
-from .net import Net, TEST, TRAIN  # noqa: F401
-from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
-from .rng import set_random_seed  # noqa: F401
-from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: F401
+from . import thread_budget
+
+thread_budget.apply()          # before numpy loads: ranks sharing a host share its cores
+
+from . import io, proto  # noqa: F401,E402
+from .backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401,E402
+from .blob import Blob  # noqa: F401,E402
+from .layers import Layer, layer_type_list  # noqa: F401,E402
+from .net import Net, TEST, TRAIN  # noqa: F401,E402
+from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401,E402
+from .rng import set_random_seed  # noqa: F401,E402
+from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: F401,E402
                      RMSPropSolver, SGDSolver, get_solver)
 
 __version__ = "0.1.0"

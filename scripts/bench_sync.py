@@ -16,6 +16,7 @@ import tempfile
 
 WORKER = r'''
 import json, sys, time, types
+import poseidon_caffe  # first: it gives each rank its share of the cores before numpy loads
 import numpy as np
 from mpi4py import MPI
 from google.protobuf import text_format
