@@ -99,11 +99,14 @@ def test_bad_host_file_is_reported_by_run_local(tmp_path):
 
 
 def test_mnist_trains_on_two_local_workers(tmp_path):
+    from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
     mnist = os.path.join(ROOT, "examples", "mnist")
-    if not os.path.isdir(os.path.join(mnist, "mnist_train_lmdb")):
-        pytest.skip("the MNIST databases are not built (see examples/mnist)")
+    train_db, test_db = ensure_mnist_lmdbs(str(tmp_path / "digits"))
     text = open(os.path.join(mnist, "lenet_solver.prototxt")).read()
-    net = os.path.join(mnist, "lenet_train_test.prototxt")
+    net = tmp_path / "lenet_train_test.prototxt"
+    net.write_text(open(os.path.join(mnist, "lenet_train_test.prototxt")).read()
+                   .replace("examples/mnist/mnist_train_lmdb", train_db)
+                   .replace("examples/mnist/mnist_test_lmdb", test_db))
     lines = [l for l in text.splitlines()
              if not l.split(":")[0].strip() in ("net", "max_iter", "display", "test_interval",
                                                 "test_iter", "snapshot", "snapshot_prefix")]

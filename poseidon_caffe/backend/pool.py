@@ -31,7 +31,8 @@ class PoolPlan:
         self._pad = None
         self._pad_fill = None
         self._tap_index = None     # which tap was drawn (STOCHASTIC train)
-        self._stage_index = None   # per stage, which tap of its axis won (MAX)
+        self._took = None          # per stage and tap t > 0: did t take over (MAX)
+        self._lead = None          # (N, C) of the last MAX forward by stages
         self._winners = None       # "stages" or "taps": how the last forward kept its winners
         self._pad_buffers = {}
         # the separable stages run last axis first; stage i reduces spatial axis order[i]
@@ -120,11 +121,11 @@ class PoolPlan:
             return self._max_by_taps(x, y)
         g = self.geom
         n = x.shape[0]
-        index_types = [np.uint8 if k < 256 else np.int32 for k in g.kernel]
-        if self._stage_index is None or self._stage_index[-1].shape != y.shape:
-            self._stage_index = [np.empty(self._stage_shape(i, x.shape[:2]),
-                                          dtype=index_types[axis])
-                                 for i, axis in enumerate(self.order)]
+        shapes = [self._stage_shape(i, x.shape[:2]) for i in range(len(self.order))]
+        if self._took is None or [t[0].shape for t in self._took if t] != \
+                [s for s, axis in zip(shapes, self.order) if g.kernel[axis] > 1]:
+            self._took = [[np.empty(shape, dtype=bool) for _ in range(g.kernel[axis] - 1)]
+                          for shape, axis in zip(shapes, self.order)]
 
         def run(lo, hi):
             a = self._source(x, lo, hi, -np.inf)
@@ -132,31 +133,52 @@ class PoolPlan:
                 last = i == len(self.order) - 1
                 out = y[lo:hi] if last else np.empty(self._stage_shape(i, a.shape[:2]),
                                                      self.dtype)
-                self._max_stage(a, axis, out, self._stage_index[i][lo:hi])
+                self._max_stage(a, axis, out, [t[lo:hi] for t in self._took[i]])
                 a = out
         over_batch(run, n, self._bytes_per_image(x.shape[1]))
         self._winners = "stages"
+        self._lead = x.shape[:2]
         return y
 
-    def _max_stage(self, a, axis, out, idx):
-        """out = maximum over the taps of ``axis``; idx = the first tap reaching it."""
-        view, _ = self._tap(a, axis, 0)
-        np.copyto(out, view)
-        idx[...] = 0
-        took = np.empty(out.shape, dtype=bool)
-        tagged = np.empty(out.shape, dtype=idx.dtype)
-        # only a strictly greater value takes over and taps come in order, so the winner is
-        # the largest tap that took over: a running maximum of (took over) * tap. (Masked
-        # copies, np.copyto(where=), are many times slower than these plain passes.)
+    def _max_stage(self, a, axis, out, took):
+        """out = maximum over the taps of ``axis``; took[t-1] = tap t was strictly greater
+        than every tap before it. Only a strictly greater value takes over and taps come in
+        order, so the winner is the last tap that took over (the first maximum, as in Caffe).
+        Two passes per tap: a comparison and a maximum."""
+        o = out.shape[2 + axis]
+        first, _ = self._tap(a, axis, 0)
         for t in range(1, self.geom.kernel[axis]):
             view, count = self._tap(a, axis, t)
+            k = took[t - 1]
+            if count < o:
+                self._rest(k, axis, count)[...] = False
             if count == 0:
-                break
-            o, i, k, tg = (self._first(b, axis, count) for b in (out, idx, took, tagged))
-            np.greater(view, o, out=k)
-            np.maximum(o, view, out=o)
-            np.multiply(k, idx.dtype.type(t), out=tg)
-            np.maximum(i, tg, out=i)
+                continue
+            if t == 1 and count == o:
+                np.greater(view, first, out=k)          # no copy of tap 0 needed
+                np.maximum(first, view, out=out)
+                continue
+            if t == 1:
+                np.copyto(out, first)
+            m, k = self._first(out, axis, count), self._first(k, axis, count)
+            np.greater(view, m, out=k)
+            np.maximum(m, view, out=m)
+        if self.geom.kernel[axis] == 1:
+            np.copyto(out, first)
+
+    @staticmethod
+    def _rest(a, axis, count):
+        index = [slice(None)] * a.ndim
+        index[2 + axis] = slice(count, None)
+        return a[tuple(index)]
+
+    def _stage_winners(self, stage):
+        """Which tap of its axis won, per output of ``stage``: the last tap that took over."""
+        took = self._took[stage]
+        won = np.zeros(self._stage_shape(stage, self._lead), dtype=np.uint8 if len(took) < 255 else np.int32)
+        for t, k in enumerate(took, 1):
+            np.maximum(won, k * won.dtype.type(t), out=won)
+        return won
 
     def mask(self):
         """Flat input index (within one channel) of each output's winner, Caffe's mask."""
@@ -164,16 +186,17 @@ class PoolPlan:
             base, taps = self.geom.bottom_offsets()
             return base + taps[self._tap_index]
         g = self.geom
-        final = self._stage_index[-1]
+        winners = [self._stage_winners(i) for i in range(len(self.order))]
+        final = winners[-1]
         grid = np.indices(final.shape, sparse=True)
-        # walk the stages from the first axis: each stage's index array is addressed by the
+        # walk the stages from the first axis: each stage's winners are addressed by the
         # winning positions found so far on the axes before it, and outputs on the others
         positions = []
         flat = 0
         for axis in range(len(g.in_shape)):
             stage = self.order.index(axis)
             where = tuple(grid[:2]) + tuple(positions) + tuple(grid[2 + axis:])
-            won = self._stage_index[stage][where]
+            won = winners[stage][where]
             pos = grid[2 + axis] * g.stride[axis] + won
             positions.append(pos)
             flat = flat * g.in_shape[axis] + (pos - g.pad[axis])
@@ -187,18 +210,58 @@ class PoolPlan:
         def run(lo, hi):
             g_ = dy[lo:hi]
             for i in reversed(range(len(self.order))):
-                axis = self.order[i]
-                idx = self._stage_index[i][lo:hi]
-                selected = np.empty(g_.shape, dtype=bool)
-
-                def emit(t, count, out, g_=g_, idx=idx, axis=axis):
-                    sel = self._first(selected, axis, count)
-                    np.equal(self._first(idx, axis, count), t, out=sel)
-                    np.multiply(self._first(g_, axis, count), sel, out=out)
-                g_ = self._unstage(i, g_, emit)
+                g_ = self._max_unstage(i, g_, [t[lo:hi] for t in self._took[i]])
             dx[lo:hi] = g_[self.geom.interior()] if any(self.geom.pad) else g_
         over_batch(run, dy.shape[0], self._bytes_per_image(dy.shape[1]))
         return dx
+
+    def _max_unstage(self, stage, g_, took):
+        """The adjoint of a MAX stage. Going down from the last tap, tap t gets the gradient
+        where it took over, out of what the later taps left; tap 0 gets the rest. Taps below
+        the stride cover disjoint cells and are written straight into the result."""
+        axis = self.order[stage]
+        s = self.geom.stride[axis]
+        k = self.geom.kernel[axis]
+        later = []                  # (tap, values) of taps at or past the stride, added last
+        rest = g_
+        prev = self._stage_input(stage, g_)
+        for t in reversed(range(k)):
+            view, count = self._tap(prev, axis, t)
+            if count == 0:
+                continue
+            r = self._first(rest, axis, count)
+            if t == 0:
+                np.copyto(view, r)
+                continue
+            kt = self._first(took[t - 1], axis, count)
+            if t < s:
+                np.multiply(r, kt, out=view)
+                part = view
+            else:
+                part = r * kt
+                later.append((view, part))
+            if rest is g_:
+                rest = np.empty(g_.shape, self.dtype)
+                if count < g_.shape[2 + axis]:
+                    self._rest(rest, axis, count)[...] = self._rest(g_, axis, count)
+                np.subtract(r, part, out=self._first(rest, axis, count))
+            else:
+                np.subtract(r, part, out=r)
+        for view, part in later:
+            view += part
+        return prev
+
+    def _stage_input(self, stage, g_):
+        """A new array of the shape ``stage`` reads: empty when the taps below the stride cover
+        every cell, zeros otherwise."""
+        axis = self.order[stage]
+        g = self.geom
+        shape = (self._stage_shape(stage - 1, g_.shape[:2]) if stage else
+                 g_.shape[:2] + self._extent())
+        extent = shape[2 + axis]
+        k, s, o = g.kernel[axis], g.stride[axis], g.out_shape[axis]
+        covered = k >= s and o >= -(-extent // s)      # every cell under some tap t < s
+        return np.empty(shape, self.dtype) if covered else np.zeros(shape, self.dtype)
 
     def _unstage(self, stage, g_, emit):
         """The adjoint of a stage: a new array of the stage's input shape holding, at each tap
