@@ -119,7 +119,6 @@ def test_inner_product_needs_num_output():
 
 
 def test_inner_product_keeps_weights_from_the_model():
-    pytest.importorskip("poseidon_caffe.io")     # layers read model blobs through io
     from poseidon_caffe.proto import caffe_pb2
     from poseidon_caffe.layers import create_layer
     from google.protobuf import text_format

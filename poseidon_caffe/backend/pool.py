@@ -147,6 +147,7 @@ class PoolPlan:
         Two passes per tap: a comparison and a maximum."""
         o = out.shape[2 + axis]
         first, _ = self._tap(a, axis, 0)
+        started = False             # out holds the maximum of the taps so far
         for t in range(1, self.geom.kernel[axis]):
             view, count = self._tap(a, axis, t)
             k = took[t - 1]
@@ -154,16 +155,18 @@ class PoolPlan:
                 self._rest(k, axis, count)[...] = False
             if count == 0:
                 continue
-            if t == 1 and count == o:
+            if not started and count == o:
                 np.greater(view, first, out=k)          # no copy of tap 0 needed
                 np.maximum(first, view, out=out)
+                started = True
                 continue
-            if t == 1:
+            if not started:
                 np.copyto(out, first)
+                started = True
             m, k = self._first(out, axis, count), self._first(k, axis, count)
             np.greater(view, m, out=k)
             np.maximum(m, view, out=m)
-        if self.geom.kernel[axis] == 1:
+        if not started:
             np.copyto(out, first)
 
     @staticmethod
@@ -175,7 +178,8 @@ class PoolPlan:
     def _stage_winners(self, stage):
         """Which tap of its axis won, per output of ``stage``: the last tap that took over."""
         took = self._took[stage]
-        won = np.zeros(self._stage_shape(stage, self._lead), dtype=np.uint8 if len(took) < 255 else np.int32)
+        won = np.zeros(self._stage_shape(stage, self._lead),
+                       dtype=np.uint8 if len(took) < 255 else np.int32)
         for t, k in enumerate(took, 1):
             np.maximum(won, k * won.dtype.type(t), out=won)
         return won
