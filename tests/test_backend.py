@@ -131,8 +131,16 @@ def test_conv_algorithm_choice_follows_the_cost_model():
     assert conv_algorithm(cifar_conv1, 100) == "im2col"           # three input channels
     assert conv_algorithm(inception_1x1, 32) == "im2col"          # a plain GEMM
     assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
-    assert type(B.conv_plan(cifar_conv2, 100)).__name__ == "FFTConvPlan"
-    assert type(B.conv_plan(cifar_conv2)).__name__ == "ConvPlan"
+    whole = type(B)()
+    whole.split_threads = 1
+    assert type(whole.conv_plan(cifar_conv2, 100)).__name__ == "FFTConvPlan"
+    assert type(whole.conv_plan(cifar_conv2)).__name__ == "ConvPlan"
+    split = type(B)()
+    split.split_threads = 2
+    plan = split.conv_plan(cifar_conv2, 100)
+    assert type(plan).__name__ == "SplitConvPlan"
+    assert type(plan._make_plan(50)).__name__ == "FFTConvPlan"
+    assert type(split.conv_plan(cifar_conv2)).__name__ == "ConvPlan"      # batch unknown
 
 
 def test_pool_geometry_window_sizes_count_padding_but_not_overhang():
@@ -348,3 +356,143 @@ def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slice
         scale = 1.0 + 0.5 / 25 * sum(sq[:, :, i:i + 5, j:j + 4]
                                      for i in range(5) for j in range(5))
     np.testing.assert_allclose(top, x * scale ** -0.75, rtol=1e-5, atol=1e-6)
+
+
+# -- batch parts over threads: each thread runs a whole convolution / pooling chain ----------
+def test_over_parts_covers_the_range_once_on_two_threads():
+    import threading
+    from poseidon_caffe.backend.threads import over_parts
+    seen = {}
+
+    def work(i, lo, hi):
+        seen[i] = (lo, hi, threading.current_thread().name)
+    bounds = over_parts(work, 7, threads=2)
+    assert bounds == [(0, 4), (4, 7)]
+    assert [seen[i][:2] for i in range(2)] == bounds
+    assert len({seen[i][2] for i in range(2)}) == 2           # two threads did the work
+    seen.clear()
+    assert over_parts(work, 1, threads=2) == [(0, 1)] and len(seen) == 1
+
+
+SPLIT_CONV = [   # (geometry, algorithm)
+    (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "im2col"),   # groups
+    (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "fft"),      # groups
+    (ConvGeometry(6, 3, (8, 7), (3, 2), (2, 1), (1, 0), (1, 1), 1), "im2col"),   # col2im
+    (ConvGeometry(4, 4, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 2), "im2col"),   # pointwise
+]
+
+
+def _split_and_whole_conv(geom, algorithm):
+    from poseidon_caffe.backend.split import SplitConvPlan
+    whole = type(B)()
+    whole.split_threads = 1
+    split = SplitConvPlan(geom, lambda n: whole._conv_plan(geom, algorithm, 1), 2)
+    return split, whole._conv_plan(geom, algorithm)
+
+
+@pytest.mark.parametrize("geom,algorithm", SPLIT_CONV, ids=str)
+def test_split_conv_plan_gives_the_whole_batch_values(geom, algorithm):
+    """Forward, bottom diff, and weight / bias diffs added into given values, over a batch of
+    5 cut in 3 + 2 on two threads, against one plan over the whole batch."""
+    split, whole = _split_and_whole_conv(geom, algorithm)
+    x = _rand((5, geom.channels) + geom.in_shape, 30)
+    w = _rand(geom.weight_shape, 31)
+    bias = _rand((geom.num_output,), 32)
+    dy = _rand((5, geom.num_output) + geom.out_shape, 33)
+    results = []
+    for plan in (split, whole):
+        y = np.full(dy.shape, np.nan, np.float32)
+        plan.forward(x, w, bias, y)
+        dx = np.full(x.shape, np.nan, np.float32)
+        dw, db = np.ones_like(w), np.ones_like(bias)
+        plan.backward(x, dy, w, dx=dx, dw=dw, dbias=db)
+        results.append((y, dx, dw, db))
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the filter gradient reduces over the images: both parts contribute
+    half = np.ones_like(w)
+    whole.forward(x[:3], w, None, np.empty_like(dy[:3]))
+    whole.backward(x[:3], dy[:3], w, dw=half)
+    assert not np.allclose(half, results[0][2], atol=1e-3)
+
+
+@pytest.mark.parametrize("geom,algorithm", SPLIT_CONV[:2], ids=str)
+def test_split_conv_plan_serves_deconvolution_calls(geom, algorithm):
+    """Deconvolution's pattern: backward without x as its forward, then forward of the top
+    diff followed by a filter gradient that reuses it, or prepare and filter gradient."""
+    split, whole = _split_and_whole_conv(geom, algorithm)
+    bottom = _rand((4, geom.num_output) + geom.out_shape, 34)
+    dtop = _rand((4, geom.channels) + geom.in_shape, 35)
+    w = _rand(geom.weight_shape, 36)
+    results = []
+    for plan in (split, whole):
+        top = np.empty(dtop.shape, np.float32)
+        plan.backward(None, bottom, w, dx=top)
+        dbottom = np.empty(bottom.shape, np.float32)
+        plan.forward(dtop, w, None, dbottom)
+        dw = np.zeros_like(w)
+        plan.backward(dtop, bottom, w, dw=dw)
+        dw2 = np.zeros_like(w)
+        plan.prepare(dtop * 2)
+        plan.backward(dtop * 2, bottom, w, dw=dw2)
+        results.append((top, dbottom, dw, dw2))
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(results[0][3], 2 * results[0][2], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("spec", POOL_GEOMS[:3], ids=str)
+def test_split_pool_plan_gives_the_whole_batch_values(spec, separable):
+    from poseidon_caffe.backend.pool import PoolPlan
+    from poseidon_caffe.backend.split import SplitPoolPlan
+    g = PoolGeometry(*spec)
+    split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2), PoolPlan(g)
+    split.separable = whole.separable = separable
+    assert split.separable == separable
+    x = np.round(_rand((5, 2) + g.in_shape, 40) * 4)
+    y_shape = (5, 2) + g.out_shape
+    dy = _rand(y_shape, 41)
+    uniform = np.random.RandomState(42).random_sample(y_shape).astype(np.float32)
+    positive = np.abs(x) + 0.5
+    results = []
+    for plan in (split, whole):
+        out = {}
+        for name, run in [("max", lambda y: plan.max_forward(x, y)),
+                          ("ave", lambda y: plan.ave_forward(x, y)),
+                          ("stochastic", lambda y: plan.stochastic_forward_train(
+                              positive, y, uniform)),
+                          ("stochastic_test", lambda y: plan.stochastic_forward_test(
+                              positive, y))]:
+            y = np.full(y_shape, np.nan, np.float32)
+            run(y)
+            dx = np.full(x.shape, np.nan, np.float32)
+            if name == "ave":
+                plan.ave_backward(dy, dx)
+            elif name == "stochastic_test":
+                plan.stochastic_backward_test(positive, dy, dx)
+            else:
+                out[name + "_mask"] = plan.mask()
+                plan.routed_backward(dy, dx)
+            out[name], out[name + "_dx"] = y, dx
+        results.append(out)
+    for key in results[1]:
+        np.testing.assert_allclose(results[0][key], results[1][key], rtol=1e-5, atol=1e-5,
+                                   err_msg=key)
+
+
+def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
+    """GEMMs large enough to be cut over two threads, along rows and along columns."""
+    from poseidon_caffe.backend import cpu
+    monkeypatch.setattr(B, "split_threads", 2)
+    monkeypatch.setattr(cpu, "SPLIT_GEMM_FLOPS", 1.0)
+    a, b = _rand((9, 4), 50), _rand((5, 4), 51)
+    out = np.ones((9, 5), np.float32)
+    B.gemm(a, b, trans_b=True, alpha=2.0, beta=0.5, out=out)          # rows cut
+    np.testing.assert_allclose(out, 2 * a @ b.T + 0.5, rtol=1e-5)
+    acc = np.ones((4, 5), np.float32)
+    dy = _rand((9, 5), 52)
+    B.gemm(a, dy, trans_a=True, beta=1.0, out=acc)                    # columns cut
+    np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-5)
+    np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
+                               rtol=1e-5)

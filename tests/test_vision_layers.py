@@ -165,7 +165,10 @@ def test_convolution_forward_matches_naive_loops(extra, shape, m, bias, algorith
     assert layer.blobs[0].shape == (m, shape[1] // cp.group) + tuple(layer.kernel)
     assert len(layer.blobs) == (2 if bias else 1) and nd == len(layer.kernel)
     fft = algorithm == "fft" and all(s == 1 for s in layer.stride)
-    assert type(layer._plans[0]).__name__ == ("FFTConvPlan" if fft else "ConvPlan")
+    plan = layer._plans[0]
+    if type(plan).__name__ == "SplitConvPlan":         # batch parts on two threads
+        plan = plan._make_plan(1)
+    assert type(plan).__name__ == ("FFTConvPlan" if fft else "ConvPlan")
     np.testing.assert_allclose(top[0].data, want, rtol=1e-4, atol=1e-4)
 
 
@@ -486,3 +489,47 @@ def test_crop_errors():
     layer = make_layer('name: "cr" type: "Crop" crop_param { axis: 1 offset: 0 offset: 0 }')
     with pytest.raises(LayerError, match="number of offset values"):
         _setup(layer, [blob_from(np.ones((1, 1, 5, 5))), blob_from(np.ones((1, 1, 3, 3)))])
+
+
+# -- batch parts on two threads: the same values as the whole batch ---------------------------
+def _run_layer(make, x, seed, split_threads, monkeypatch):
+    """forward, bottom diff and parameter diffs (added into ones) of a fresh layer built while
+    the backend cuts batches over ``split_threads`` threads."""
+    from poseidon_caffe.backend import get_backend
+    monkeypatch.setattr(get_backend(), "split_threads", split_threads)
+    prng.set_random_seed(seed)
+    layer = make()
+    bottom = blob_from(x)
+    top = _setup(layer, [bottom])
+    for p in layer.blobs:
+        p.diff[...] = 1
+    top[0].diff[...] = _rand(top[0].shape, 61)
+    layer.backward(top, [True], [bottom])
+    return [top[0].data.copy(), bottom.diff.copy()] + [p.diff.copy() for p in layer.blobs]
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: conv_layer("kernel_size: 3 pad: 1 group: 2", 4), (5, 4, 6, 6)),
+    (lambda: conv_layer("kernel_size: 3 stride: 2", 3), (5, 2, 7, 7)),
+    (lambda: conv_layer("kernel_size: 3 stride: 2 pad: 1 group: 2", 4, kind="Deconvolution"),
+     (5, 2, 4, 4)),
+    (lambda: conv_layer("kernel_size: 2 dilation: 2", 3, kind="Deconvolution"), (3, 2, 4, 5)),
+], ids=["conv-group", "conv-strided", "deconv-group", "deconv-dilated"])
+def test_convolution_in_batch_parts_matches_the_whole_batch(make, shape, algorithm,
+                                                            monkeypatch):
+    x = _rand(shape, 60)
+    split = _run_layer(make, x, 7, 2, monkeypatch)
+    whole = _run_layer(make, x, 7, 1, monkeypatch)
+    for got, want in zip(split, whole):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("MAX", "kernel_size: 3 stride: 2 pad: 1"), ("AVE", "kernel_size: 3 stride: 2"),
+    ("STOCHASTIC", "kernel_size: 2 stride: 2")])
+def test_pooling_in_batch_parts_matches_the_whole_batch(method, extra, monkeypatch):
+    x = np.abs(_distinct((5, 3, 7, 7), 62)) + 0.1
+    split = _run_layer(lambda: pool_layer(extra, method), x, 8, 2, monkeypatch)
+    whole = _run_layer(lambda: pool_layer(extra, method), x, 8, 1, monkeypatch)
+    for got, want in zip(split, whole):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

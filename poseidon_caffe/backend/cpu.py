@@ -1,7 +1,7 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
-from .threads import thread_count
+from .threads import over_parts, set_blas_threads, thread_count
 
 try:                                  # a BLAS call that accumulates: out = a b + beta out
     from scipy.linalg.blas import sgemm as _sgemm
@@ -19,6 +19,8 @@ GEMM_FLOPS = 85e9
 COPY_BYTES = 10e9
 FFT_FLOPS = 6e9
 CGEMM_FLOPS = 50e9
+# a GEMM from which cutting it over the threads pays for handing the parts out
+SPLIT_GEMM_FLOPS = 4e6
 
 
 def conv_algorithm(geom, batch):
@@ -53,6 +55,15 @@ class CPUBackend:
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32
 
+    def __init__(self):
+        # With several threads, convolution and pooling run per batch part, one part per
+        # thread (split.py), so every copy and pass uses every core, not only BLAS and the
+        # FFT; large GEMMs are cut over the same threads. BLAS itself is then held to one
+        # thread: its idle workers spin after each call and take the core from the parts.
+        self.split_threads = thread_count()
+        if self.split_threads > 1:
+            set_blas_threads(1)
+
     # -- memory ----------------------------------------------------------------------------
     def zeros(self, shape, dtype=None):
         return np.zeros(shape, dtype=dtype or self.dtype)
@@ -69,6 +80,29 @@ class CPUBackend:
     # -- BLAS ------------------------------------------------------------------------------
     def gemm(self, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
         """out = alpha * op(a) @ op(b) + beta * out."""
+        m = a.shape[1] if trans_a else a.shape[0]
+        k = a.shape[0] if trans_a else a.shape[1]
+        n = b.shape[0] if trans_b else b.shape[1]
+        if self.split_threads > 1 and 2.0 * m * n * k >= SPLIT_GEMM_FLOPS:
+            # BLAS runs on one thread here: cut the output's longer side over the threads
+            if out is None:
+                out = np.empty((m, n), dtype=np.result_type(a, b))
+                beta = 0.0
+            if m >= n:
+                def part(i, lo, hi):
+                    rows = a[:, lo:hi] if trans_a else a[lo:hi]
+                    self._gemm(rows, b, trans_a, trans_b, alpha, beta, out[lo:hi])
+                over_parts(part, m, self.split_threads)
+            else:
+                def part(i, lo, hi):
+                    cols = b[lo:hi] if trans_b else b[:, lo:hi]
+                    self._gemm(a, cols, trans_a, trans_b, alpha, beta, out[:, lo:hi])
+                over_parts(part, n, self.split_threads)
+            return out
+        return self._gemm(a, b, trans_a, trans_b, alpha, beta, out)
+
+    def _gemm(self, a, b, trans_a, trans_b, alpha, beta, out):
+        """out = alpha op(a) @ op(b) + beta out, on the calling thread's BLAS."""
         if out is not None and beta != 0.0 and _ACCUMULATING_GEMM is not None and \
                 out.dtype == a.dtype == b.dtype == np.float32 and out.flags.c_contiguous:
             # BLAS adds into out itself: no temporary the size of out, no extra pass.
@@ -117,9 +151,20 @@ class CPUBackend:
         """A plan for a ConvGeometry: forward(x, w, bias, y),
         backward(x, dy, w, dx=None, dw=None, dbias=None) and prepare(x), over the whole batch.
         With the batch size known, the cheaper of im2col + GEMM and FFT is chosen."""
-        if batch and conv_algorithm(geom, batch) == "fft":
+        algorithm = conv_algorithm(geom, batch) if batch else "im2col"
+        if batch and self.split_threads > 1 and batch >= self.split_threads:
+            from .split import SplitConvPlan
+            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1),
+                                 self.split_threads)
+        return self._conv_plan(geom, algorithm)
+
+    def _conv_plan(self, geom, algorithm, fft_workers=None):
+        if algorithm == "fft":
             from .fftconv import FFTConvPlan
-            return FFTConvPlan(geom, self.dtype)
+            plan = FFTConvPlan(geom, self.dtype)
+            if fft_workers:
+                plan.workers = fft_workers
+            return plan
         from .conv import ConvPlan
         return ConvPlan(geom, self.dtype)
 
@@ -144,6 +189,9 @@ class CPUBackend:
     def pool_plan(self, geom):
         """A PoolPlan for a PoolGeometry: max/ave/stochastic forward and backward."""
         from .pool import PoolPlan
+        if self.split_threads > 1:
+            from .split import SplitPoolPlan
+            return SplitPoolPlan(geom, lambda: PoolPlan(geom, self.dtype), self.split_threads)
         return PoolPlan(geom, self.dtype)
 
     def lrn_forward(self, x, size, alpha, beta, k, across_channels, out=None, state=None):

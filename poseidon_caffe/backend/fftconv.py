@@ -57,6 +57,7 @@ class FFTConvPlan:
         self._weights_buffer = None
         self._buffers = {}
         self._dft = self._dft_matrices()
+        self.workers = WORKERS         # FFT threads; one when the batch is split over threads
 
     # -- the kernel's small DFTs -------------------------------------------------------------
     def _dft_matrices(self):
@@ -131,14 +132,14 @@ class FFTConvPlan:
         buf = self._buffer(name, channels, n)
         region = tuple(slice(o, o + s) for o, s in zip(offset, a.shape[2:]))
         buf[region] = self._spatial_first(a, channels)
-        spec = sfft.rfftn(buf, axes=self.axes, workers=WORKERS)
+        spec = sfft.rfftn(buf, axes=self.axes, workers=self.workers)
         return spec.reshape((self.freqs,) + spec.shape[self.nd:])
 
     def _spatial(self, spec, channels, offset, size, out):
         """Inverse rfft of (F, G, N, C/G); its window at ``offset`` of ``size`` goes into
         ``out`` (N, C, *size)."""
         full = sfft.irfftn(spec.reshape(self.freq_shape + spec.shape[1:]), s=self.shape,
-                           axes=self.axes, workers=WORKERS)
+                           axes=self.axes, workers=self.workers)
         window = full[tuple(slice(o, o + s) for o, s in zip(offset, size))]
         np.copyto(self._spatial_first(out, channels), window)
 

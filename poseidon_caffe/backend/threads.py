@@ -4,7 +4,8 @@ BLAS and the FFT have their own threads; the numpy passes of pooling, LRN and th
 convolution have none. ``over_batch`` cuts such work into slices of the batch that fit in the
 cache (so a chain of passes over one slice reads memory once, not once per pass) and, when
 more than one thread is configured, runs the slices on a small persistent pool: numpy releases
-the GIL inside ufuncs and copies, so the slices really run side by side.
+the GIL inside ufuncs and copies, so the slices really run side by side. ``over_parts`` cuts
+a batch into one part per thread for the batch-split convolution and pooling plans.
 """
 import os
 import threading
@@ -89,3 +90,70 @@ def scratch(name, shape, dtype=np.float32):
         buf = np.empty(need, dtype=dtype)
         store[name] = buf
     return buf[:need].reshape(shape)
+
+
+def _blas_thread_setters():
+    """ctypes setters of every OpenBLAS loaded in this process (numpy's and scipy's each
+    have their own thread count); empty where none is found."""
+    import ctypes
+    setters = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if "openblas" in line.rsplit("/", 1)[-1] and ".so" in line})
+    except OSError:
+        return setters
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_int]
+                fn.restype = None
+                setters.append(fn)
+                break
+    return setters
+
+
+def set_blas_threads(count):
+    """Sets the thread count of every OpenBLAS loaded so far (a no-op where none is found)."""
+    for fn in _blas_thread_setters():
+        fn(count)
+
+
+def over_parts(fn, n, threads=None):
+    """Calls ``fn(part, lo, hi)`` for ``threads`` near-equal parts of range(n), one per pool
+    thread, so that each part's whole chain of copies, GEMMs and passes runs on its own core.
+    Returns the bounds used."""
+    threads = thread_count() if threads is None else threads
+    count = max(1, min(threads, n))
+    step, extra = divmod(n, count)
+    bounds, lo = [], 0
+    for i in range(count):
+        hi = lo + step + (1 if i < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    if count == 1 or getattr(_local, "inside", False):
+        for i, (lo, hi) in enumerate(bounds):
+            fn(i, lo, hi)
+        return bounds
+
+    def run(i):
+        _local.inside = True
+        try:
+            fn(i, *bounds[i])
+        finally:
+            _local.inside = False
+
+    # the calling thread takes the first part itself: one hand-off fewer to wait for
+    futures = [_executor(threads).submit(run, i) for i in range(1, count)]
+    try:
+        run(0)
+    finally:
+        for future in futures:
+            future.result()
+    return bounds

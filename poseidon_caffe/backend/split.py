@@ -1,0 +1,157 @@
+"""Convolution and pooling cut into batch parts, one per thread, each running its whole chain.
+
+BLAS and the FFT thread only their own calls; the copies around them (im2col, transposes,
+spectrum fills, the small per-frequency GEMMs) and pooling's passes run on one core. With
+several threads configured, these plans give each thread a contiguous part of the batch and a
+plan of its own, with BLAS held to one thread, so every step runs on every core. Parameter
+gradients are summed over the parts: each part writes its own partial, then one add.
+"""
+import numpy as np
+
+from .threads import over_parts
+
+
+class SplitConvPlan:
+    """The ConvPlan calls (forward / backward / prepare) over batch parts; ``make_plan(n)``
+    builds the plan of one part of ``n`` images."""
+
+    def __init__(self, geom, make_plan, threads):
+        self.geom = geom
+        self.threads = threads
+        self._make_plan = make_plan
+        self._plans = []            # per part: (part size, plan)
+        self._source = None         # the array of the last forward / prepare
+        self._source_parts = None   # its part views: a part plan knows its input by identity
+        self._partials = {}
+
+    def _plan(self, i, size):
+        while len(self._plans) <= i:
+            self._plans.append((None, None))
+        if self._plans[i][0] != size:
+            self._plans[i] = (size, self._make_plan(size))
+        return self._plans[i][1]
+
+    def _keep(self, x, views):
+        self._source = x
+        self._source_parts = views
+
+    def prepare(self, x):
+        n = x.shape[0]
+        views = {}
+
+        def run(i, lo, hi):
+            views[i] = x[lo:hi]
+            self._plan(i, hi - lo).prepare(views[i])
+        over_parts(run, n, self.threads)
+        self._keep(x, views)
+
+    def forward(self, x, w, bias, y):
+        n = x.shape[0]
+        views = {}
+
+        def run(i, lo, hi):
+            views[i] = x[lo:hi]
+            self._plan(i, hi - lo).forward(views[i], w, bias, y[lo:hi])
+        over_parts(run, n, self.threads)
+        self._keep(x, views)
+        return y
+
+    def _partial(self, name, i, like):
+        key = (name, i)
+        buf = self._partials.get(key)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = np.empty_like(like)
+            self._partials[key] = buf
+        buf[...] = 0
+        return buf
+
+    def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
+        n = dy.shape[0]
+        # the part views the last forward gave each plan: a plan knows its input by identity
+        kept = self._source_parts if x is not None and x is self._source else None
+        partial_w, partial_b = {}, {}
+
+        def run(i, lo, hi):
+            xi = None if x is None else (kept[i] if kept and i in kept else x[lo:hi])
+            dwi = None if dw is None else self._partial("dw", i, dw)
+            dbi = None if dbias is None else self._partial("db", i, dbias)
+            self._plan(i, hi - lo).backward(xi, dy[lo:hi], w,
+                                            dx=None if dx is None else dx[lo:hi],
+                                            dw=dwi, dbias=dbi)
+            partial_w[i], partial_b[i] = dwi, dbi
+        over_parts(run, n, self.threads)
+        for target, partials in ((dw, partial_w), (dbias, partial_b)):
+            if target is None:
+                continue
+            parts = [partials[i] for i in sorted(partials)]
+            total = parts[0]
+            for p in parts[1:]:
+                total += p
+            target += total
+
+
+class SplitPoolPlan:
+    """The PoolPlan calls over batch parts, each part with a PoolPlan of its own."""
+
+    def __init__(self, geom, make_plan, threads):
+        self.geom = geom
+        self.threads = threads
+        self._make_plan = make_plan
+        self._plans = []
+        self._bounds = None
+        self._separable = None      # a choice of path made on this plan, for every part
+
+    @property
+    def separable(self):
+        return self._plan(0).separable
+
+    @separable.setter
+    def separable(self, value):
+        self._separable = value
+        for plan in self._plans:
+            plan.separable = value
+
+    def _plan(self, i):
+        while len(self._plans) <= i:
+            plan = self._make_plan()
+            if self._separable is not None:
+                plan.separable = self._separable
+            self._plans.append(plan)
+        return self._plans[i]
+
+    def _each(self, method, n, *arrays):
+        """``method`` of each part's plan on the part's slices of ``arrays``."""
+        def run(i, lo, hi):
+            getattr(self._plan(i), method)(*(a[lo:hi] for a in arrays))
+        return over_parts(run, n, self.threads)
+
+    def max_forward(self, x, y):
+        self._bounds = self._each("max_forward", x.shape[0], x, y)
+        return y
+
+    def mask(self):
+        return np.concatenate([self._plan(i).mask() for i in range(len(self._bounds))])
+
+    def routed_backward(self, dy, dx):
+        self._each("routed_backward", dy.shape[0], dy, dx)
+        return dx
+
+    def ave_forward(self, x, y):
+        self._each("ave_forward", x.shape[0], x, y)
+        return y
+
+    def ave_backward(self, dy, dx):
+        self._each("ave_backward", dy.shape[0], dy, dx)
+        return dx
+
+    def stochastic_forward_train(self, x, y, uniform):
+        self._bounds = self._each("stochastic_forward_train", x.shape[0], x, y, uniform)
+        return y
+
+    def stochastic_forward_test(self, x, y):
+        self._each("stochastic_forward_test", x.shape[0], x, y)
+        return y
+
+    def stochastic_backward_test(self, x, dy, dx):
+        self._each("stochastic_backward_test", dy.shape[0], x, dy, dx)
+        return dx
