@@ -47,6 +47,30 @@ def _spatial_values(layer, cp, name, n_spatial, default):
     return values * n_spatial if len(values) == 1 else values
 
 
+def _read_window_geometry(layer, cp, bottom):
+    """Channel axis, spatial axes, kernel, stride, pad and dilation of a ConvolutionParameter,
+    checked as Caffe checks them (Convolution, Deconvolution and Im2col share them)."""
+    try:
+        layer.channel_axis = bottom.canonical_axis_index(cp.axis)
+    except ValueError as exc:
+        raise layer.error("axis %d: %s" % (cp.axis, exc))
+    n = bottom.num_axes - layer.channel_axis - 1
+    if n < 1:
+        raise layer.error("needs at least one spatial axis after the channel axis %d; bottom "
+                          "shape is %s" % (layer.channel_axis, bottom.shape))
+    layer.num_spatial = n
+    layer.kernel = _spatial_values(layer, cp, "kernel_size", n, None)
+    if any(k == 0 for k in layer.kernel):
+        raise layer.error("filter dimensions must be nonzero, got %s" % (layer.kernel,))
+    layer.stride = _spatial_values(layer, cp, "stride", n, 1)
+    if any(s == 0 for s in layer.stride):
+        raise layer.error("stride dimensions must be nonzero, got %s" % (layer.stride,))
+    layer.pad = _spatial_values(layer, cp, "pad", n, 0)
+    layer.dilation = _spatial_values(layer, cp, "dilation", n, 1)
+    if any(d == 0 for d in layer.dilation):
+        raise layer.error("dilation must be nonzero, got %s" % (layer.dilation,))
+
+
 class _ConvolutionBase(Layer):
     """What Convolution and Deconvolution share: Caffe's BaseConvolutionLayer."""
     min_bottoms = 1
@@ -57,25 +81,7 @@ class _ConvolutionBase(Layer):
     def setup(self, bottom, top):
         cp = self.param.convolution_param
         shape = bottom[0].shape
-        try:
-            self.channel_axis = bottom[0].canonical_axis_index(cp.axis)
-        except ValueError as exc:
-            raise self.error("axis %d: %s" % (cp.axis, exc))
-        self.num_spatial = len(shape) - self.channel_axis - 1
-        if self.num_spatial < 1:
-            raise self.error("needs at least one spatial axis after the channel axis %d; "
-                             "bottom shape is %s" % (self.channel_axis, shape))
-        n = self.num_spatial
-        self.kernel = _spatial_values(self, cp, "kernel_size", n, None)
-        if any(k == 0 for k in self.kernel):
-            raise self.error("filter dimensions must be nonzero, got %s" % (self.kernel,))
-        self.stride = _spatial_values(self, cp, "stride", n, 1)
-        if any(s == 0 for s in self.stride):
-            raise self.error("stride dimensions must be nonzero, got %s" % (self.stride,))
-        self.pad = _spatial_values(self, cp, "pad", n, 0)
-        self.dilation = _spatial_values(self, cp, "dilation", n, 1)
-        if any(d == 0 for d in self.dilation):
-            raise self.error("dilation must be nonzero, got %s" % (self.dilation,))
+        _read_window_geometry(self, cp, bottom[0])
         self.channels = shape[self.channel_axis]
         self.num_output = cp.num_output
         if self.num_output <= 0:
@@ -491,26 +497,7 @@ class Im2colLayer(Layer):
     exact_tops = 1
 
     def setup(self, bottom, top):
-        cp = self.param.convolution_param
-        try:
-            self.channel_axis = bottom[0].canonical_axis_index(cp.axis)
-        except ValueError as exc:
-            raise self.error("axis %d: %s" % (cp.axis, exc))
-        n = bottom[0].num_axes - self.channel_axis - 1
-        if n < 1:
-            raise self.error("needs at least one spatial axis after the channel axis; bottom "
-                             "shape is %s" % (bottom[0].shape,))
-        self.num_spatial = n
-        self.kernel = _spatial_values(self, cp, "kernel_size", n, None)
-        if any(k == 0 for k in self.kernel):
-            raise self.error("filter dimensions must be nonzero, got %s" % (self.kernel,))
-        self.stride = _spatial_values(self, cp, "stride", n, 1)
-        if any(s == 0 for s in self.stride):
-            raise self.error("stride dimensions must be nonzero, got %s" % (self.stride,))
-        self.pad = _spatial_values(self, cp, "pad", n, 0)
-        self.dilation = _spatial_values(self, cp, "dilation", n, 1)
-        if any(d == 0 for d in self.dilation):
-            raise self.error("dilation must be nonzero, got %s" % (self.dilation,))
+        _read_window_geometry(self, self.param.convolution_param, bottom[0])
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
