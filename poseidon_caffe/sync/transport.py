@@ -27,23 +27,12 @@ class Transport:
     def wait(self, requests, what, peers=()):
         """Wait for all ``requests``; ``peers`` are the world ranks they depend on."""
         requests = [r for r in requests if r is not None]
-        deadline = time.monotonic() + self.timeout
-        pause = 0.0
-        while True:
-            self.progress()
-            if not requests or MPI.Request.Testall(requests):
-                self.progress()
-                return
-            if time.monotonic() > deadline:
-                names = ", ".join(self.topology.describe_rank(p) for p in sorted(set(peers)))
-                raise SyncTimeout("%s: no answer within %.0f s from %s"
-                                  % (what, self.timeout, names or "the other ranks"))
-            # back off from a busy spin to at most 1 ms between polls: the machine is shared
-            if pause:
-                time.sleep(pause)
-            pause = min(pause * 2 or 1e-5, 1e-3)
+        self.wait_until(lambda: not requests or MPI.Request.Testall(requests), what, peers)
+        self.progress()
 
     def wait_until(self, condition, what, peers=()):
+        """Poll ``condition`` (serving this rank's shard between polls) until it holds, backing
+        off to at most 1 ms between polls; past the deadline, name the ranks waited for."""
         deadline = time.monotonic() + self.timeout
         pause = 0.0
         while True:
