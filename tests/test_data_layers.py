@@ -175,10 +175,11 @@ def test_hdf5_output_appends_each_batch(tmp_path):
     layer.forward([a, b], [])
     layer.close()
     with h5py.File(out, "r") as f:
-        np.testing.assert_array_equal(f["data"][:], np.concatenate([np.arange(6).reshape(2, 3),
-                                                                   np.arange(6).reshape(2, 3)
-                                                                   + 10]))
-        np.testing.assert_array_equal(f["label"][:], [7, 8, 7, 8])
+        # four axes, as Caffe writes them: N x 3 x 1 x 1 and N x 1 x 1 x 1
+        np.testing.assert_array_equal(f["data"][:, :, 0, 0],
+                                      np.concatenate([np.arange(6).reshape(2, 3),
+                                                      np.arange(6).reshape(2, 3) + 10]))
+        np.testing.assert_array_equal(f["label"][:, 0, 0, 0], [7, 8, 7, 8])
 
 
 def test_hdf5_layers_name_h5py_when_it_is_missing(monkeypatch, tmp_path):
@@ -210,13 +211,14 @@ def test_window_data_warps_windows_and_balances_classes(tmp_path):
                        'data_param { prefetch: 0 }' % windows)
     layer.forward([], top)
     assert top[0].shape == (8, 3, 4, 4)
-    # 8 * 0.25 = 2 foreground windows first (label 2), the rest background (label 0)
-    np.testing.assert_array_equal(top[1].data, [2, 2, 0, 0, 0, 0, 0, 0])
+    # 8 * 0.25 = 2 foreground windows (label 2) after 6 background ones (label 0), as Caffe
+    # fills its batch
+    np.testing.assert_array_equal(top[1].data, [0, 0, 0, 0, 0, 0, 2, 2])
     bgr = rgb[:, :, ::-1]
     fg = resize(np.ascontiguousarray(bgr[2:10, 4:12]), 4, 4).transpose(2, 0, 1)
     bg = resize(np.ascontiguousarray(bgr[10:18, 20:28]), 4, 4).transpose(2, 0, 1)
-    np.testing.assert_array_equal(top[0].data[0], fg)
-    np.testing.assert_array_equal(top[0].data[5], bg)
+    np.testing.assert_array_equal(top[0].data[7], fg)
+    np.testing.assert_array_equal(top[0].data[0], bg)
     layer.close()
 
 

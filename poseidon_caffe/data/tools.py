@@ -13,7 +13,7 @@ from .. import log
 from ..proto import caffe_pb2
 from . import partition_path
 from .db import DataError, DatumDB, DatumWriter, parse_datum
-from .images import datum_image, encode_image, join_root, read_image
+from .images import datum_image, decode_image, encode_image, join_root, read_image
 
 COMMIT_EVERY = 1000
 
@@ -59,13 +59,15 @@ def image_to_datum(path, label, height, width, is_color, encoding):
     """Caffe's ReadImageToDatum: a raw C x H x W Datum, or an encoded one when ``encoding``."""
     if encoding:
         same_ext = os.path.splitext(path)[1].lower().lstrip(".") in _aliases(encoding)
-        if same_ext and not height and not width:
-            # the file itself, as Caffe stores it (decoded once to check it is an image; the
-            # reader forces colour or grey when it decodes the record)
-            image = read_image(path, 0, 0, is_color)
-            with open(path, "rb") as f:
-                return caffe_pb2.Datum(data=f.read(), label=label, encoded=True), image.shape
         image = read_image(path, height, width, is_color)
+        if same_ext and not height and not width:
+            # the file itself, but only when it decodes natively to the channels asked for:
+            # a colour file under -gray (or a grey one without it) is re-encoded, so that the
+            # record holds the 1 or 3 channels Caffe's record holds
+            with open(path, "rb") as f:
+                raw = f.read()
+            if decode_image(raw, None, path).shape == image.shape:
+                return caffe_pb2.Datum(data=raw, label=label, encoded=True), image.shape
         return (caffe_pb2.Datum(data=encode_image(image, encoding), label=label, encoded=True),
                 image.shape)
     image = read_image(path, height, width, is_color)
@@ -141,7 +143,9 @@ def convert_imageset_main(argv):
     try:
         _check_backend(values["backend"])
         if (values["resize_width"] > 0) != (values["resize_height"] > 0):
-            raise DataError("-resize_width and -resize_height must be given together")
+            # Caffe resizes only when both are positive, and ignores one given alone
+            log.warning("-resize_width and -resize_height take effect only together; "
+                        "images are not resized")
         written, skipped = convert_imageset(
             args[0], args[1], args[2], gray=values["gray"], shuffle=values["shuffle"],
             resize_width=values["resize_width"], resize_height=values["resize_height"],

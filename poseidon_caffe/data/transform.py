@@ -61,6 +61,21 @@ class DataTransformer:
             raise DataError("%s: transform_param has %d mean_value entries; give one, or one "
                             "per channel (%d)" % (self.where, len(self.mean_values), channels))
 
+    def can_batch(self, shapes):
+        """Whether C x H x W images of these shapes fill one batch: equal shapes, or (as Caffe's
+        per-image transform allows) one channel count and a crop that makes them equal."""
+        first = shapes[0]
+        if all(shape == first for shape in shapes):
+            return True
+        return bool(self.crop_size) and all(shape[0] == first[0] for shape in shapes)
+
+    def transform_images(self, images, rng=None):
+        """A list of C x H x W images (``can_batch`` of their shapes) -> one transformed batch."""
+        shape = images[0].shape
+        if all(image.shape == shape for image in images):
+            return self.transform(np.stack(images), rng)
+        return np.concatenate([self.transform(image[None], rng) for image in images])
+
     def transform(self, batch, rng=None):
         """N x C x H x W (uint8 or float) -> N x C x h x w float32, Caffe's transform per image."""
         batch = np.asarray(batch)

@@ -149,16 +149,15 @@ class _DatumBatchLoader:
             images.append(datum_image(datum, tp.force_color, tp.force_gray,
                                       "in LMDB database %s" % self.reader.db.path))
             labels[i] = datum.label
-        shape = images[0].shape
-        for image in images:
-            if image.shape != shape:
-                raise dbmod.DataError(
-                    "%s: records of LMDB database %s differ in shape within one batch (%s and "
-                    "%s); use batch_size 1 or images of one size"
-                    % (self.where, self.reader.db.path, "x".join(map(str, shape)),
-                       "x".join(map(str, image.shape))))
-        batch = np.stack(images)
-        return tp.transform(batch, self.rng), labels
+        shapes = [image.shape for image in images]
+        if not tp.can_batch(shapes):
+            other = next(s for s in shapes if s != shapes[0])
+            raise dbmod.DataError(
+                "%s: records of LMDB database %s differ in shape within one batch (%s and "
+                "%s); use batch_size 1, images of one size, or a crop_size"
+                % (self.where, self.reader.db.path, "x".join(map(str, shapes[0])),
+                   "x".join(map(str, other))))
+        return tp.transform_images(images, self.rng), labels
 
     def state(self):
         return {"reader": self.reader.state(), "rng": self.rng.bit_generator.state}
@@ -297,13 +296,13 @@ class _ImageListLoader:
             images.append(self.read(name).transpose(2, 0, 1))
             labels[i] = label
             self._advance()
-        shape = images[0].shape
-        for image in images:
-            if image.shape != shape:
-                raise dbmod.DataError("images of list %s differ in size within one batch (%s and "
-                                      "%s); set new_height and new_width or use batch_size 1"
-                                      % (self.list_path, shape, image.shape))
-        return self.transformer.transform(np.stack(images), self.rng), labels
+        shapes = [image.shape for image in images]
+        if not self.transformer.can_batch(shapes):
+            other = next(s for s in shapes if s != shapes[0])
+            raise dbmod.DataError("images of list %s differ in size within one batch (%s and "
+                                  "%s); set new_height and new_width, a crop_size, or use "
+                                  "batch_size 1" % (self.list_path, shapes[0], other))
+        return self.transformer.transform_images(images, self.rng), labels
 
 
 @register("ImageData")
@@ -364,11 +363,19 @@ def read_window_file(path, where):
             if len(parts) != 6:
                 i = i_line
                 fail("expected 'class overlap x1 y1 x2 y2'")
-            label, overlap = int(parts[0]), float(parts[1])
+            # overlap in single precision, as Caffe reads it, so that it compares with the
+            # float thresholds as there (0.3 in the file meets fg_threshold 0.3)
+            label, overlap = int(parts[0]), float(np.float32(parts[1]))
             x1, y1, x2, y2 = (int(float(v)) for v in parts[2:])
             windows.append((image_index, label, overlap, x1, y1, x2, y2))
         i += 6 + count
     return images, windows
+
+
+def _foreground_count(wp):
+    """Foreground windows per batch: batch_size * fg_fraction truncated, the product taken in
+    single precision as Caffe does (so 10 * 0.7 gives 7, not the 6 of double precision)."""
+    return int(np.float32(wp.batch_size) * np.float32(wp.fg_fraction))
 
 
 def _round_half_away(x):
@@ -474,11 +481,12 @@ class _WindowLoader:
 
     def __call__(self):
         batch = self.wp.batch_size
-        num_fg = int(batch * self.wp.fg_fraction)
-        picks = ([self.fg[i] for i in self.rng.integers(0, len(self.fg), num_fg)]
-                 if num_fg else [])
-        if batch - num_fg:
-            picks += [self.bg[i] for i in self.rng.integers(0, len(self.bg), batch - num_fg)]
+        num_fg = _foreground_count(self.wp)
+        # background windows fill the front of the batch, foreground the rest, as in Caffe
+        picks = ([self.bg[i] for i in self.rng.integers(0, len(self.bg), batch - num_fg)]
+                 if batch - num_fg else [])
+        if num_fg:
+            picks += [self.fg[i] for i in self.rng.integers(0, len(self.fg), num_fg)]
         data = np.empty((batch, 3, self.crop, self.crop), dtype=np.float32)
         labels = np.empty(batch, dtype=np.float32)
         for i, window in enumerate(picks):
@@ -499,11 +507,12 @@ class WindowDataLayer(_PrefetchingDataLayer):
             raise self.error("crop_mode must be 'warp' or 'square', not %r" % wp.crop_mode)
         images, windows = read_window_file(wp.source, where)
         fg = [w for w in windows if w[2] >= wp.fg_threshold]
-        # background windows are labelled 0, as Caffe does
-        bg = [(w[0], 0) + w[2:] for w in windows if w[2] < wp.bg_threshold]
+        # a window is background only when it is not foreground; labelled 0, as Caffe does
+        bg = [(w[0], 0) + w[2:] for w in windows
+              if w[2] < wp.bg_threshold and not w[2] >= wp.fg_threshold]
         log.info("Number of images: %d, foreground windows: %d, background windows: %d",
                  len(images), len(fg), len(bg))
-        num_fg = int(wp.batch_size * wp.fg_fraction)
+        num_fg = _foreground_count(wp)
         if (num_fg and not fg) or (wp.batch_size - num_fg and not bg):
             raise self.error("window file %s has no %s windows for the requested fg_fraction"
                              % (wp.source, "foreground" if num_fg and not fg else "background"))
@@ -638,7 +647,8 @@ class HDF5DataLayer(Layer):
 
 @register("HDF5Output")
 class HDF5OutputLayer(Layer):
-    """Appends every batch of its two bottoms to datasets 'data' and 'label' of file_name."""
+    """Appends every batch of its two bottoms to datasets 'data' and 'label' of file_name
+    (Caffe's file holds one batch only; this one keeps every batch)."""
     exact_bottoms = 2
     exact_tops = 0
 
@@ -661,7 +671,10 @@ class HDF5OutputLayer(Layer):
                              % (bottom[0].shape, bottom[1].shape))
 
     def forward(self, bottom, top):
+        # Caffe writes num x channels x height x width (missing axes as 1), e.g. labels of
+        # shape (N,) as N x 1 x 1 x 1, so readers of its files find four axes
         arrays = [np.asarray(self.backend.to_host(b.data), dtype=np.float32) for b in bottom]
+        arrays = [a.reshape(a.shape + (1,) * (4 - a.ndim)) if a.ndim < 4 else a for a in arrays]
         if self.datasets is None:
             self.datasets = [self.file.create_dataset(name, shape=(0,) + a.shape[1:],
                                                       maxshape=(None,) + a.shape[1:],
