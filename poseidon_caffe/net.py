@@ -139,13 +139,19 @@ def _batch_part(value, valid):
 # -- the net ----------------------------------------------------------------------------------
 
 class Net:
-    def __init__(self, network, phase=None, level=0, stages=(), weights=None):
+    def __init__(self, network, phase=None, level=None, stages=(), weights=None):
         # pycaffe's call forms: Net(file, phase), Net(file, weights, phase),
         # Net(file, phase, level=, stages=, weights=)
         if isinstance(phase, str):
+            if level is None:
+                raise NetError("Net(%r, %r) needs a phase after the weights: "
+                               "Net(file, weights, caffe.TEST)" % (network, phase))
             weights, phase, level = phase, level, 0
         if phase is None:
             raise NetError("Net needs a phase (TRAIN or TEST)")
+        if isinstance(phase, bool) or phase not in (TRAIN, TEST):
+            raise NetError("Net phase must be caffe.TRAIN or caffe.TEST, not %r" % (phase,))
+        level = 0 if level is None else level
         self.source = network if isinstance(network, str) else None
         net_param = self._load_param(network)
         self.phase = int(phase)

@@ -386,6 +386,23 @@ def test_pycaffe_style_usage(tmp_path):
     assert not other.params["ip2"][0].diff.any()
 
 
+def test_pycaffe_phase_argument_is_checked(tmp_path):
+    import poseidon_caffe as caffe
+    deploy = tmp_path / "lenet.prototxt"
+    deploy.write_text(nets.lenet(batch=1)[0])
+    weights = tmp_path / "lenet.caffemodel"
+    caffe.Net(str(deploy), caffe.TRAIN).save(str(weights))
+    # Net(file, weights) without a phase must not quietly pick TRAIN
+    with pytest.raises(NetError, match="needs a phase after the weights"):
+        caffe.Net(str(deploy), str(weights))
+    with pytest.raises(NetError, match="caffe.TRAIN or caffe.TEST, not 'test'"):
+        caffe.Net(str(deploy), str(weights), "test")
+    with pytest.raises(NetError, match="caffe.TRAIN or caffe.TEST, not 2"):
+        caffe.Net(str(deploy), 2)
+    net = caffe.Net(str(deploy), str(weights), caffe.TEST)
+    assert net.phase == caffe.TEST and net.state.level == 0
+
+
 def test_debug_info_logs_forward_and_backward(caplog):
     text = "debug_info: true\n" + nets.lenet(batch=1)[0]
     net = net_from_text(text)

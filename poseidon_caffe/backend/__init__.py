@@ -24,6 +24,9 @@ def set_mode_gpu():
     try:
         from .cuda import CUDABackend
     except ImportError as exc:
+        if exc.name == __name__ + ".cuda":
+            # installing pycuda cannot help when the backend module itself is absent
+            raise RuntimeError("this installation has no GPU backend (it runs on the CPU)") from None
         raise RuntimeError("GPU mode needs the 'gpu' extra (pycuda) and a CUDA driver: %s" % exc)
     _state["mode"] = "gpu"
     _state["backend"] = CUDABackend(_state["device"])
