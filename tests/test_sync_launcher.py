@@ -2,6 +2,7 @@
 the train_*.sh scripts build the expected mpiexec argument lists (dry run), and one real run
 trains the MNIST example on two local workers."""
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def test_mnist_trains_on_two_local_workers(tmp_path):
     lines = [l for l in text.splitlines()
              if not l.split(":")[0].strip() in ("net", "max_iter", "display", "test_interval",
                                                 "test_iter", "snapshot", "snapshot_prefix")]
-    lines += ['net: "%s"' % net, "max_iter: 6", "display: 3", "test_interval: 6", "test_iter: 2",
+    lines += ['net: "%s"' % net, "max_iter: 6", "display: 1", "test_interval: 6", "test_iter: 2",
               'snapshot_prefix: "%s"' % (tmp_path / "lenet")]
     solver = tmp_path / "solver.prototxt"
     solver.write_text("\n".join(lines) + "\n")
@@ -122,8 +123,12 @@ def test_mnist_trains_on_two_local_workers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Test net output #0: accuracy" in proc.stderr
     assert "Optimization Done." in proc.stderr
+    # at every display the bytes of whole iterations are reported, next to the plan's figure
+    reported = re.findall(r"Sync (?:\S+ \S+|total): ([\d.]+ \w+) off-host per iteration "
+                          r"\(predicted ([\d.]+ \w+)", proc.stderr)
+    assert len(reported) >= 7 and all(m == p for m, p in reported), reported
     assert os.path.exists(tmp_path / "lenet_iter_6.caffemodel")
     for rank in (0, 1):
         assert "Worker rank %d of 2" % rank in (out / ("caffe.rank%d.log" % rank)).read_text()
     rows = (out / "solver.netoutputs").read_text().splitlines()
-    assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 3
+    assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 7

@@ -195,6 +195,9 @@ class DistributedRunner:
             log.info("Iteration %d, lr = %g", solver.iter, rate)
         self.engine.after_backward()
         if display:
+            # let this iteration's exchanges finish, so the byte window holds whole iterations
+            self.engine.scheduler.wait_idle("finishing the exchanges of iteration %d"
+                                            % solver.iter)
             self.engine.log_bytes()
             self._write_netoutputs(solver)
 
