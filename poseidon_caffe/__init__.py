@@ -9,6 +9,8 @@ thread_budget.apply()          # before numpy loads: ranks sharing a host share 
 from . import io, proto  # noqa: F401,E402
 from .backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401,E402
 from .blob import Blob  # noqa: F401,E402
+from .classifier import Classifier  # noqa: F401,E402
+from .detector import Detector  # noqa: F401,E402
 from .layers import Layer, layer_type_list  # noqa: F401,E402
 from .net import Net, TEST, TRAIN  # noqa: F401,E402
 from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401,E402
