@@ -7,7 +7,8 @@ the net's first input and run through the net.
 """
 import numpy as np
 
-from .imageio import Transformer, oversample, resize_image
+from . import imageio
+from .imageio import Transformer, resize_image
 from .net import TEST, Net, NetError
 
 __all__ = ["Classifier", "configure_transformer"]
@@ -87,7 +88,7 @@ class Classifier(Net):
         if oversample and np.any(self.image_dims < self.crop_dims):
             raise ValueError("oversample needs image_dims %s at least the net's input size %s"
                              % (tuple(self.image_dims), tuple(self.crop_dims)))
-        crops = _oversample(images, self.crop_dims) if oversample else self._center_crop(images)
+        crops = imageio.oversample(images, self.crop_dims) if oversample else self._center_crop(images)
         in_ = self.inputs[0]
         caffe_in = np.zeros((crops.shape[0], crops.shape[3]) + crops.shape[1:3], np.float32)
         for ix, crop in enumerate(crops):
@@ -97,5 +98,3 @@ class Classifier(Net):
             predictions = predictions.reshape((len(predictions) // 10, 10, -1)).mean(axis=1)
         return predictions
 
-
-_oversample = oversample        # predict's argument shadows the helper's name
