@@ -4,6 +4,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 import traceback
 
 from .. import log
@@ -27,6 +28,9 @@ def fail(exc, where="training"):
         sys.stderr.write("*** %s failed in %s: %s: %s; ending the job\n"
                          % (describe(), where, type(exc).__name__, exc))
         sys.stderr.flush()
+        # MPI_Abort tears the job down at once, and the launcher can drop lines still on their
+        # way from this rank's pipe: give it a moment to forward the reason first
+        time.sleep(0.5)
     finally:
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(1)
@@ -66,5 +70,6 @@ def _exit_check():
         sys.stderr.write("*** %s exited before the job finished (its log above says why); "
                          "ending the job\n" % describe())
         sys.stderr.flush()
+        time.sleep(0.5)            # as in fail(): let the launcher forward the line
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(1)
