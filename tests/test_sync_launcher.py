@@ -132,3 +132,13 @@ def test_mnist_trains_on_two_local_workers(tmp_path):
         assert "Worker rank %d of 2" % rank in (out / ("caffe.rank%d.log" % rank)).read_text()
     rows = (out / "solver.netoutputs").read_text().splitlines()
     assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 7
+
+
+def test_num_app_threads_must_match_the_device_list(tmp_path, capsys):
+    path = hostfile(tmp_path, "0 127.0.0.1 9999\n")
+    code = launcher.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
+                          "--num_app_threads", "1", "--dry-run"])
+    assert code == 2
+    assert "--devices lists 2 devices but --num_app_threads is 1" in capsys.readouterr().err
+    assert launcher.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
+                          "--num_app_threads", "2", "--dry-run"]) == 0

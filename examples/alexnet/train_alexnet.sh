@@ -17,13 +17,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 hostfile="${1:-$root/localserver}"
 python="${PYTHON:-python}"
-ndevices=$(echo "$devices" | tr ',' '\n' | grep -c .)
-if [ "$ndevices" -ne "$num_app_threads" ]; then
-  echo "devices=$devices lists $ndevices devices but num_app_threads=$num_app_threads" >&2
-  exit 2
-fi
 args=(-m poseidon_caffe.sync.launcher --solver "$solver_filename" --hostfile "$hostfile"
-      --devices "$devices" --staleness "$param_table_staleness" --svb "$svb"
+      --devices "$devices" --num_app_threads "$num_app_threads"
+      --staleness "$param_table_staleness" --svb "$svb"
       --num_servers "$num_servers"
       --dataset imagenet --output_root "$root/output")
 if [ -n "$snapshot_filename" ]; then args+=(--snapshot "$snapshot_filename"); fi

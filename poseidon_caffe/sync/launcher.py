@@ -156,12 +156,19 @@ def main(argv=None):
     parser.add_argument("--dwbp", default="true", choices=("true", "false"))
     parser.add_argument("--num_servers", type=int, default=0,
                         help="dedicated parameter-server ranks (0: one shard per host)")
+    parser.add_argument("--num_app_threads", type=int, default=0,
+                        help="devices per host, as Poseidon's scripts name it; when given it "
+                             "must match the number of --devices")
     parser.add_argument("--snapshot", default="")
     parser.add_argument("--weights", default="")
     parser.add_argument("--dataset", default="data")
     parser.add_argument("--output_root", default="output")
     parser.add_argument("--dry-run", action="store_true")
     a = parser.parse_args(argv)
+    if a.num_app_threads and a.num_app_threads != len(a.devices):
+        sys.stderr.write("--devices lists %d devices but --num_app_threads is %d\n"
+                         % (len(a.devices), a.num_app_threads))
+        return 2
     try:
         hosts = read_localserver(a.hostfile)
     except HostFileError as exc:
@@ -176,9 +183,6 @@ def main(argv=None):
                          num_servers=a.num_servers)
     return run(args, a.dry_run)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def run_local(settings, argv=None, repo_root=None):
@@ -210,3 +214,7 @@ def run_local(settings, argv=None, repo_root=None):
                          use_gpu=settings.get("use_gpu"),
                          num_servers=int(settings.get("num_servers", 0)))
     return run(args, dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
