@@ -53,7 +53,8 @@ SYNC_FLAGS = [
     gflags.Flag("dwbp", True, "Wait-free backpropagation: send each layer's gradients as soon as "
                 "they are ready (-nodwbp sends after the whole backward pass)."),
     gflags.Flag("staleness", 0, "Stale-synchronous bound in iterations (0 = bulk synchronous)."),
-    gflags.Flag("timeline", "", "Optional; write a timeline of communication to this file."),
+    gflags.Flag("timeline", "", "Optional; write each rank's timeline of layers and exchanges as "
+                "Chrome trace JSON: rank 0 to this file, rank r to FILE.rank<r>.json."),
     gflags.Flag("ranks_per_host", 0, "Worker ranks per host (0 = detect from MPI)."),
     gflags.Flag("server_ranks", 0, "Dedicated parameter-server ranks: the last N ranks of the "
                 "job hold the server shards and train nothing (0 = one shard per host, "

@@ -6,6 +6,7 @@ bottoms; each layer is created, wired to its bottom and top blobs (in place when
 own bottom), set up and shaped; loss weights and parameter specs (sharing, lr_mult, decay_mult)
 are recorded; finally, which layers and blobs need backward is worked out from the losses.
 """
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -208,6 +209,7 @@ class Net:
         self._param_names_index = {}
         self._grad_ready_hook = None
         self._before_forward_hook = None
+        self._layer_timing_hook = None
 
         available = set()
         memory = 0
@@ -452,6 +454,11 @@ class Net:
         """``fn(layer_index)`` runs before each layer that has parameters computes forward."""
         self._before_forward_hook = fn
 
+    def set_layer_timing_hook(self, fn):
+        """``fn(kind, layer_index, start, end)`` runs after every layer's forward or backward
+        (kind "forward" / "backward", times from time.perf_counter), for timelines."""
+        self._layer_timing_hook = fn
+
     def learnable_params_final_at(self, layer_index):
         return self._learnable_final_at[layer_index]
 
@@ -460,6 +467,7 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         loss = 0.0
         hook = self._before_forward_hook
+        timing = self._layer_timing_hook
         debug = self.param.debug_info
         for i in range(start, end + 1):
             layer = self.layers[i]
@@ -474,7 +482,12 @@ class Net:
                 raise NetError("layer %r of type %s cannot take bottom shapes %s: %s"
                                % (layer.name, layer.type, [list(b.shape) for b in bottoms],
                                   exc)) from exc
-            layer.forward(bottoms, tops)
+            if timing is None:
+                layer.forward(bottoms, tops)
+            else:
+                start_time = time.perf_counter()
+                layer.forward(bottoms, tops)
+                timing("forward", i, start_time, time.perf_counter())
             for j, weight in self.layer_loss_weights[i]:
                 loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
             if debug:
@@ -486,6 +499,7 @@ class Net:
         loss weight, except for the blob indices in ``seeded``, whose diffs the caller set."""
         start = len(self.layers) - 1 if start is None else start
         hook = self._grad_ready_hook
+        timing = self._layer_timing_hook
         debug = self.param.debug_info
         for i in range(start, end - 1, -1):
             if not self.layer_need_backward[i]:
@@ -494,7 +508,12 @@ class Net:
             for j, weight in self.layer_loss_weights[i]:
                 if self.top_ids[i][j] not in seeded:
                     tops[j].diff[...] = weight
-            self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
+            if timing is None:
+                self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
+            else:
+                start_time = time.perf_counter()
+                self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
+                timing("backward", i, start_time, time.perf_counter())
             if debug:
                 self._backward_debug_info(i)
             if hook is not None and self._learnable_final_at[i]:

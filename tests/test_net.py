@@ -435,3 +435,22 @@ def test_backward_keeps_a_loss_diff_the_caller_gives():
     net.clear_param_diffs()
     net.backward_from_to()
     np.testing.assert_allclose(net.blobs["x"].diff, plain, rtol=1e-5)
+
+
+def test_layer_timing_hook_sees_every_forward_and_needed_backward():
+    net = net_from_text(GRAPH)
+    fill_inputs(net)
+    seen = []
+    net.set_layer_timing_hook(lambda kind, i, t0, t1: seen.append((kind, net.layer_names[i],
+                                                                   t1 >= t0)))
+    net.forward_backward()
+    forward = [name for kind, name, _ in seen if kind == "forward"]
+    backward = [name for kind, name, _ in seen if kind == "backward"]
+    assert forward == net.layer_names
+    assert backward == [n for n, need in reversed(list(zip(net.layer_names,
+                                                           net.layer_need_backward))) if need]
+    assert all(ok for _, _, ok in seen)
+    net.set_layer_timing_hook(None)
+    seen.clear()
+    net.forward_backward()
+    assert seen == []

@@ -142,3 +142,44 @@ def test_num_app_threads_must_match_the_device_list(tmp_path, capsys):
     assert "--devices lists 2 devices but --num_app_threads is 1" in capsys.readouterr().err
     assert launcher.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
                           "--num_app_threads", "2", "--dry-run"]) == 0
+
+
+TIMELINE_NET = """name: "small"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 8 dim: 1 dim: 8 dim: 8 } shape { dim: 8 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_timeline_is_chrome_trace_json_with_layers_and_exchanges(tmp_path):
+    import json
+    (tmp_path / "net.prototxt").write_text(TIMELINE_NET)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text('net: "%s"\nbase_lr: 0.01 lr_policy: "fixed" display: 0 max_iter: 3\n'
+                      % (tmp_path / "net.prototxt"))
+    mpiexec = os.path.join(os.path.dirname(PY), "mpiexec")
+    trace = tmp_path / "trace.json"
+    proc = subprocess.run([mpiexec, "-n", "2", PY, "-m", "poseidon_caffe.cli", "train",
+                           "-solver=%s" % solver, "-sync=allreduce", "-timeline=%s" % trace],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # rank 0 writes the file named; every other rank writes FILE.rank<r>.json beside it
+    for rank, name in ((0, "trace.json"), (1, "trace.rank1.json")):
+        events = json.loads((tmp_path / name).read_text())["traceEvents"]
+        spans = [e for e in events if e["ph"] == "X"]
+        assert all(e["pid"] == rank and e["dur"] >= 0 for e in spans)
+        names = {e["name"] for e in spans if e["cat"] == "compute" and e["tid"] == 0}
+        # every layer's forward and every layer that needs a gradient's backward, each iteration
+        for layer in ("data", "conv", "ip", "loss"):
+            assert sum(e["name"] == "forward " + layer for e in spans) == 3
+        for layer in ("conv", "ip", "loss"):
+            assert "backward " + layer in names
+        exchanges = [e for e in spans if e["cat"] == "exchange"]
+        assert exchanges and all(e["tid"] == 1 for e in exchanges)
+        assert {e["args"]["clock"] for e in exchanges} == {0, 1, 2}

@@ -137,6 +137,10 @@ class DistributedRunner:
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)
         net.set_before_forward_hook(self.engine.before_forward)
+        if self.timeline is not None:
+            timeline, names = self.timeline, net.layer_names
+            net.set_layer_timing_hook(lambda kind, i, start, end: timeline.span_at(
+                "%s %s" % (kind, names[i]), "compute", start, end, 0))
         solver.exchange = self
         solver.test = self.test
         self._solver_snapshot = solver.snapshot

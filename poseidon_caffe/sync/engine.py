@@ -117,17 +117,10 @@ class SyncEngine:
         self.stale_reads = {}
         self.wait_seconds = 0.0
         self.failure_handler = None
-        self._mark = None
         self.scheduler = Scheduler(self, self.dwbp, timeline)
 
     # -- compute-thread side: the net's hooks --------------------------------------------------
     def grad_ready(self, layer_index):
-        if self.timeline is not None:
-            now = self.timeline.now_us()
-            if self._mark is not None:
-                self.timeline.span("backward to layer %d" % layer_index, "compute", self._mark,
-                                   now, 0)
-            self._mark = now
         for item in self.by_ready.get(layer_index, ()):
             self._capture(item)
 
@@ -143,7 +136,6 @@ class SyncEngine:
         if self.timeline is not None:
             now = self.timeline.now_us()
             self.timeline.span("wait layer %d" % layer_index, "wait", t0, now, 0)
-            self._mark = now
 
     def _capture(self, item):
         if item.strategy == "sfb":

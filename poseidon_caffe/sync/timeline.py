@@ -21,6 +21,11 @@ class Timeline:
     def now_us(self):
         return (time.perf_counter() - self._origin) * 1e6
 
+    def span_at(self, name, category, start, end, thread, args=None):
+        """A span between two time.perf_counter() readings."""
+        self.span(name, category, (start - self._origin) * 1e6, (end - self._origin) * 1e6,
+                  thread, args)
+
     def span(self, name, category, start_us, end_us, thread, args=None):
         event = {"name": name, "cat": category, "ph": "X", "ts": round(start_us, 3),
                  "dur": round(max(end_us - start_us, 0.0), 3), "pid": self.rank, "tid": thread}
