@@ -160,10 +160,14 @@ class DistributedRunner:
         log.info("Rank 0's weights broadcast to %d workers", self.topology.size)
 
     def _restore_rank_state(self, state_file):
-        if not state_file or self.topology.rank == 0:
+        """Put back this rank's random and data-cursor state from the snapshot being resumed.
+        Rank 0's is the solver's own side file (the solver restored it once already, but the
+        per-rank seeding above has just replaced it)."""
+        if not state_file:
             return
         from ..solver import snapshot as snap
-        extra = snap.read_rngstate(self._rank_state_path(state_file))
+        rank = self.topology.rank
+        extra = snap.read_rngstate(state_file if rank == 0 else self._rank_state_path(state_file))
         if extra is not None:
             rng.set_state(extra["rng"])
             self.solver._set_layer_resume_states(extra.get("layers", {}))
