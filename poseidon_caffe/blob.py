@@ -38,9 +38,6 @@ class Blob:
             self._data = self._backend.zeros(shape, self._dtype)
             self._diff = None
 
-    def reshape_like(self, other):
-        self.reshape(other.shape)
-
     @property
     def shape(self):
         return self._shape

@@ -10,7 +10,6 @@ import time
 from collections import OrderedDict
 
 import numpy as np
-from google.protobuf import text_format
 
 from . import log
 from .blob import Blob
@@ -655,9 +654,6 @@ class Net:
         weights = {name: [b.data for b in layer.blobs]
                    for name, layer in zip(self.layer_names, self.layers) if layer.blobs}
         write_net_weights(structure, weights, path)
-
-    def to_prototxt(self):
-        return text_format.MessageToString(self.param)
 
     # -- pycaffe's view --------------------------------------------------------------------
     @property

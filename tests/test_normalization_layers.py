@@ -156,11 +156,14 @@ def test_batch_norm_refuses_learned_statistics():
     assert Net(pio.parse_net_text(frozen, "bn net"), 0).params_lr[:3] == [0.0, 0.0, 0.0]
 
 
-def test_batch_norm_in_place_matches():
+def run_apart_and_in_place(make_layer):
+    """[(top data, bottom diff, param diffs)] of one forward/backward with a separate top,
+    then with the top being the bottom (in place); same input, top diff and seed."""
     x, dy = random_array(seed=1), random_array(seed=2)
     results = []
     for in_place in (False, True):
-        layer = batch_norm()
+        rng.set_random_seed(4)
+        layer = make_layer()
         bottom = blob_from(x)
         top = bottom if in_place else Blob()
         layer.setup([bottom], [top])
@@ -169,7 +172,12 @@ def test_batch_norm_in_place_matches():
         y = top.data.copy()
         top.diff[...] = dy
         layer.backward([top], [True], [bottom])
-        results.append((y, bottom.diff.copy()))
+        results.append((y, bottom.diff.copy(), [p.diff.copy() for p in layer.blobs]))
+    return results
+
+
+def test_batch_norm_in_place_matches():
+    results = run_apart_and_in_place(batch_norm)
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
 
@@ -244,20 +252,7 @@ def test_scale_gradient(params, bottoms):
 
 
 def test_scale_in_place_matches():
-    x, dy = random_array(seed=1), random_array(seed=2)
-    results = []
-    for in_place in (False, True):
-        rng.set_random_seed(4)
-        layer = scale("bias_term: true")
-        bottom = blob_from(x)
-        top = bottom if in_place else Blob()
-        layer.setup([bottom], [top])
-        layer.reshape([bottom], [top])
-        layer.forward([bottom], [top])
-        y = top.data.copy()
-        top.diff[...] = dy
-        layer.backward([top], [True], [bottom])
-        results.append((y, bottom.diff.copy(), [p.diff.copy() for p in layer.blobs]))
+    results = run_apart_and_in_place(lambda: scale("bias_term: true"))
     (y0, d0, p0), (y1, d1, p1) = results
     np.testing.assert_allclose(y1, y0, rtol=1e-6)
     np.testing.assert_allclose(d1, d0, rtol=1e-6)
@@ -347,18 +342,6 @@ def test_mvn_gradient(params):
 
 
 def test_mvn_in_place_matches():
-    x, dy = random_array(seed=1), random_array(seed=2)
-    results = []
-    for in_place in (False, True):
-        layer = mvn()
-        bottom = blob_from(x)
-        top = bottom if in_place else Blob()
-        layer.setup([bottom], [top])
-        layer.reshape([bottom], [top])
-        layer.forward([bottom], [top])
-        y = top.data.copy()
-        top.diff[...] = dy
-        layer.backward([top], [True], [bottom])
-        results.append((y, bottom.diff.copy()))
+    results = run_apart_and_in_place(mvn)
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
