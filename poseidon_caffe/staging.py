@@ -60,8 +60,8 @@ def discard(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             os.unlink(path)
-    except FileNotFoundError:
-        pass
+    except OSError:
+        pass                            # gone already, or not ours to remove: leave it
 
 
 def _pid_running(pid):
@@ -148,7 +148,11 @@ def stale_temporaries(target):
         middle = middle[:-len(".tmp")]
         if "." in middle or not (_OURS.match(middle) or _LEGACY.match(middle)):
             continue                    # another target's file (``a.b`` beside ``a``)
-        if is_stale(entry.path, middle, now):
+        try:
+            stale = is_stale(entry.path, middle, now)
+        except OSError:
+            continue                    # unreadable: not ours to judge
+        if stale:
             found.append(entry.path)
     return found
 

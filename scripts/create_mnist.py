@@ -92,7 +92,7 @@ def create(directory, output):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "-help", "--help"):
-        sys.stderr.write(__doc__)
+        (sys.stdout if argv else sys.stderr).write(__doc__)
         return 0 if argv else 1
     directory = argv[0]
     output = argv[1] if len(argv) > 1 else os.path.join("examples", "mnist")

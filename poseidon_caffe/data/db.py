@@ -229,6 +229,10 @@ class DatumWriter:
         self.staging_path = staging.temp_path(self.path)
         try:
             self.env = open_env(self.staging_path, write=True)
+        except OSError as exc:
+            staging.discard(self.staging_path)
+            raise DataError("cannot write LMDB database %r: %s"
+                            % (self.path, exc.strerror or exc)) from None
         except BaseException:
             staging.discard(self.staging_path)
             raise
@@ -273,17 +277,18 @@ class DatumWriter:
 
     def _swap_in(self):
         check_writable(self.path, self.replace)     # nothing else took the path meanwhile
-        data = os.path.join(self.path, "data.mdb")
-        if os.path.isdir(self.path):
+        target = os.path.abspath(self.path)
+        data = os.path.join(target, "data.mdb")
+        if os.path.isdir(target):
             # an existing (or empty) database directory: replace its data file in one rename;
             # its lock file only coordinates readers and stays
             os.replace(os.path.join(self.staging_path, "data.mdb"), data)
             staging.discard(self.staging_path)
         else:
-            os.rename(self.staging_path, self.path)
+            os.rename(self.staging_path, target)
             staging.release(self.staging_path)
-        staging.sync_directory(self.path)
-        staging.sync_directory(os.path.dirname(os.path.abspath(self.path)))
+        staging.sync_directory(target)
+        staging.sync_directory(os.path.dirname(target))
 
     def __enter__(self):
         return self
