@@ -1,7 +1,9 @@
 """``poseidon-caffe``: Caffe's command-line brew (train, test, time, device_query) and the
-project's tools, with Caffe's flags and defaults, one dash or two.
+project's tools, with Caffe's flags and defaults, one dash or two. ``COMMAND -help`` (or
+``--help``, or ``help COMMAND``) prints any command's usage and flags.
 """
 import importlib
+import inspect
 import os
 import sys
 import time
@@ -12,6 +14,7 @@ from . import log
 
 USAGE = """command line brew
 usage: poseidon-caffe <command> <args>
+       poseidon-caffe <command> -help     (that command's usage and flags)
 
 commands:
   train              train or finetune a model
@@ -338,28 +341,81 @@ def device_query(values):
 
 COMMANDS = {"train": train, "test": test, "time": time_model, "device_query": device_query}
 
+# what ``COMMAND -help`` prints above the flags, for the commands defined here
+COMMAND_USAGE = {
+    "train": ("train -solver=SOLVER [-weights=W[,W...] | -snapshot=STATE] [flags]\n"
+              "Train or finetune a model; under mpiexec each rank is one worker of the job.",
+              ALL_FLAGS),
+    "test": ("test -model=NET -weights=W[,W...] [-iterations=N] [flags]\n"
+             "Score a model: run N test batches and print each output's mean.", CAFFE_FLAGS),
+    "time": ("time -model=NET [-phase=TRAIN|TEST] [-iterations=N] [flags]\n"
+             "Benchmark model execution time, layer by layer, forward and backward.",
+             CAFFE_FLAGS),
+    "device_query": ("device_query [-gpu=IDS]\n"
+                     "Show the compute devices (the CPU backend, and GPUs when available).",
+                     CAFFE_FLAGS),
+}
 
-def _run_tool(name, argv):
+
+def _load_tool(name):
     module_name, function_name = TOOLS[name]
     try:
         module = importlib.import_module(module_name)
-        function = getattr(module, function_name)
+        return getattr(module, function_name)
     except (ImportError, AttributeError) as exc:
         raise CommandError("the %s command is unavailable: %s.%s cannot be loaded (%s)"
                            % (name, module_name, function_name, exc)) from None
-    result = function(argv)
+
+
+def _run_tool(name, argv):
+    result = _load_tool(name)(argv)
     return 0 if result is None else int(result)
+
+
+def _summary(command):
+    """The command's line in USAGE, or its name."""
+    names = {command, command.replace("-", "_"), command.replace("_", "-")}
+    for line in USAGE.splitlines():
+        words = line.split(None, 1)
+        if len(words) == 2 and words[0] in names:
+            return words[1]
+    return ""
+
+
+def command_help(command):
+    """What ``poseidon-caffe COMMAND -help`` prints: the command's usage, then its flags.
+
+    A tool's text is the ``usage`` its main function was ``documented`` with, else the
+    function's docstring; so a tool added to TOOLS answers -help without more work."""
+    if command in COMMANDS:
+        synopsis, flag_list = COMMAND_USAGE[command]
+        text = "usage: poseidon-caffe " + synopsis
+    else:
+        function = _load_tool(command.replace("-", "_"))
+        flag_list = getattr(function, "flags", ())
+        text = getattr(function, "usage", None) or (
+            "usage: poseidon-caffe %s ...\n%s" % (command, inspect.getdoc(function)
+                                                   or _summary(command)))
+    text = text.rstrip("\n") + "\n"
+    if flag_list:
+        text += "\nflags:\n" + gflags.usage(flag_list) + "\n"
+    return text
 
 
 def main(argv=None):
     from .solver.solver import TrainingDiverged
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "-help", "--help", "help"):
+    if not argv or argv[0] in gflags.HELP_ARGS or argv == ["help"]:
         sys.stdout.write(USAGE + "\nflags:\n" + gflags.usage(ALL_FLAGS) + "\n")
         return 0 if argv else 1
     command, rest = argv[0], argv[1:]
+    if command == "help":                           # ``help COMMAND``, as ``COMMAND -help``
+        command, rest = rest[0], ["-help"]
     tool = command.replace("-", "_")
     try:
+        if gflags.wants_help(rest) and (tool in TOOLS or command in COMMANDS):
+            sys.stdout.write(command_help(command))
+            return 0
         if tool in TOOLS:
             return _run_tool(tool, rest)
         if command not in COMMANDS:

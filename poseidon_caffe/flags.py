@@ -1,7 +1,10 @@
 """Command-line flags the way Caffe's tools take them (gflags): ``-flag=v``, ``--flag=v``,
 ``-flag v``, booleans as ``-flag``, ``-flag=false`` or ``-noflag``. Anything not starting with a
-dash is positional; ``--`` ends the flags.
+dash is positional; ``--`` ends the flags. ``-help``, ``--help`` or ``-h`` anywhere before ``--``
+asks for a command's usage (``wants_help``), which ``documented`` attaches to its function.
 """
+
+HELP_ARGS = ("-h", "-help", "--help", "-helpfull", "--helpfull", "-helpshort", "--helpshort")
 
 
 class FlagError(ValueError):
@@ -88,3 +91,22 @@ def usage(flags):
     for f in flags:
         lines.append("  -%s (%s) default: %r" % (f.name, f.help, f.default))
     return "\n".join(lines)
+
+
+def wants_help(argv):
+    """Whether ``argv`` asks for usage: a help flag before any ``--``."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg in HELP_ARGS:
+            return True
+    return False
+
+
+def documented(usage_text, flags=()):
+    """Give a command's main function its usage text and flags, which ``-help`` prints."""
+    def attach(function):
+        function.usage = usage_text
+        function.flags = list(flags)
+        return function
+    return attach

@@ -12,7 +12,6 @@ further and move the payload between numpy and the file without the protobuf run
 """
 import os
 import re
-import tempfile
 from collections import OrderedDict
 
 import numpy as np
@@ -21,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from .imageio import Transformer, load_image, oversample, resize_image  # noqa: F401  (caffe.io names)
 from .proto import caffe_pb2
-from . import upgrade
+from . import staging, upgrade
 
 __all__ = [
     "ProtoFileError", "atomic_write",
@@ -163,30 +162,24 @@ def _unknown_numbers(message):
 # Atomic writes
 # ---------------------------------------------------------------------------
 
-def _umask():
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
-
-
 def atomic_write(path, data):
     """Write ``data`` (bytes, or an iterable of byte chunks) to ``path`` atomically.
 
-    The bytes go to a temporary file in the same directory, are fsynced, and the file is renamed
-    over ``path``.  On any failure the temporary file is removed and ``path`` is untouched.
+    The bytes go to a temporary file in the same directory (see ``staging``), are fsynced, and
+    the file is renamed over ``path``.  On any failure the temporary file is removed and
+    ``path`` is untouched; temporaries that killed writers left beside ``path`` are removed
+    first.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    staging.remove_stale(path)
+    tmp = staging.temp_path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=directory)
+        # mode 0o666 under the umask: the file gets the mode a plain open() would give it
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
+        staging.release(tmp)
         raise ProtoFileError("cannot write %s: %s" % (path, e.strerror or e)) from None
     try:
         with os.fdopen(fd, "wb") as f:
@@ -194,23 +187,12 @@ def atomic_write(path, data):
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp creates 0600; give the file the mode a plain open() would have.
-        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+        staging.release(tmp)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        staging.discard(tmp)
         raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass  # some filesystems cannot fsync a directory; the rename itself is done
+    staging.sync_directory(directory)
 
 
 def _read_bytes(path, what):

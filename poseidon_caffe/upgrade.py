@@ -14,7 +14,7 @@ changed.  Problems Caffe treats as fatal raise UpgradeError.
 """
 import sys
 
-from . import log
+from . import flags, log
 from .proto import caffe_pb2
 
 __all__ = ["UpgradeError", "upgrade_net", "upgrade_solver", "net_needs_upgrade",
@@ -441,18 +441,23 @@ def upgrade_solver(solver, source="<solver>"):
 _BINARY_SUFFIXES = (".caffemodel", ".binaryproto", ".pb")
 
 
-def _usage(command, what):
-    sys.stderr.write("usage: poseidon-caffe %s IN OUT\n"
-                     "  Reads %s in any legacy format and writes it in the current one.\n"
-                     % (command, what))
+_USAGE = ("usage: poseidon-caffe %s IN OUT\n"
+          "  Reads %s in any legacy format and writes it in the current one.\n")
+NET_USAGE = _USAGE % ("upgrade-net", "a net prototxt or a binary .caffemodel")
+SOLVER_USAGE = _USAGE % ("upgrade-solver", "a solver prototxt")
+
+
+def _usage(text):
+    sys.stderr.write(text)
     return 2
 
 
+@flags.documented(NET_USAGE)
 def upgrade_net_main(argv):
     """``upgrade-net IN OUT``: text prototxt in, text out; a binary .caffemodel in, binary out."""
     from . import io
     if len(argv) != 2 or any(a in ("-h", "--help") for a in argv):
-        return _usage("upgrade-net", "a net prototxt or a binary .caffemodel")
+        return _usage(NET_USAGE)
     src, dst = argv
     binary = src.endswith(_BINARY_SUFFIXES)
     try:
@@ -478,11 +483,12 @@ def upgrade_net_main(argv):
     return 0
 
 
+@flags.documented(SOLVER_USAGE)
 def upgrade_solver_main(argv):
     """``upgrade-solver IN OUT``: a solver prototxt with solver_type -> one with type."""
     from . import io
     if len(argv) != 2 or any(a in ("-h", "--help") for a in argv):
-        return _usage("upgrade-solver", "a solver prototxt")
+        return _usage(SOLVER_USAGE)
     src, dst = argv
     try:
         text = io._decode_text(io._read_bytes(src, "a solver prototxt"), src, "solver")

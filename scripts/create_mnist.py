@@ -7,9 +7,12 @@ DATA_DIR holds train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx
 t10k-labels-idx1-ubyte, each optionally gzipped (.gz). OUTPUT_DIR (default examples/mnist)
 receives mnist_train_lmdb and mnist_test_lmdb in Caffe's convert_mnist_data layout: one Datum
 of 1 x rows x cols raw bytes per image, keys %08d, in file order.
+Every input is read and checked before anything is written, and databases already there are
+replaced only once both new ones are complete: a failed run leaves them as they were.
 Without the idx files, the quick start uses the embedded digits instead
 (python -m poseidon_caffe.data.mnist_embedded).
 """
+import contextlib
 import gzip
 import os
 import struct
@@ -50,37 +53,52 @@ def read_idx(directory, stem, magic):
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
 
 
-def write_split(directory, output, images_stem, labels_stem, name):
+SPLITS = [("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "mnist_train_lmdb"),
+          ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "mnist_test_lmdb")]
+
+
+def read_split(directory, images_stem, labels_stem):
     images = read_idx(directory, images_stem, IMAGES_MAGIC)
     labels = read_idx(directory, labels_stem, LABELS_MAGIC)
     if len(images) != len(labels):
         raise DataError("%s has %d images but %s has %d labels"
                         % (images_stem, len(images), labels_stem, len(labels)))
-    path = os.path.join(output, name)
+    return images, labels
+
+
+def write_split(writer, images, labels):
     log.info("A total of %d items.", len(images))
     log.info("Rows: %d Cols: %d", images.shape[1], images.shape[2])
-    with DatumWriter(path) as writer:
-        for i, (image, label) in enumerate(zip(images, labels)):
-            datum = caffe_pb2.Datum(channels=1, height=images.shape[1], width=images.shape[2],
-                                    data=image.tobytes(), label=int(label))
-            writer.put("%08d" % i, datum)
-    log.info("Processed %d files into %s.", len(images), path)
+    for i, (image, label) in enumerate(zip(images, labels)):
+        datum = caffe_pb2.Datum(channels=1, height=images.shape[1], width=images.shape[2],
+                                data=image.tobytes(), label=int(label))
+        writer.put("%08d" % i, datum)
+    log.info("Processed %d files into %s.", len(images), writer.path)
+
+
+def create(directory, output):
+    """Both databases, replacing earlier ones only once both are complete."""
+    if not os.path.isdir(directory):
+        raise DataError("MNIST data directory %s not found (it should hold %s)"
+                        % (directory, ", ".join(stem for split in SPLITS for stem in split[:2])))
+    splits = [(read_split(directory, images, labels), name) for images, labels, name in SPLITS]
+    os.makedirs(output, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        for (images, labels), name in splits:
+            writer = stack.enter_context(DatumWriter(os.path.join(output, name), replace=True))
+            write_split(writer, images, labels)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        sys.stderr.write(__doc__)
-        return 1
+    if not argv or argv[0] in ("-h", "-help", "--help"):
+        (sys.stdout if argv else sys.stderr).write(__doc__)
+        return 0 if argv else 1
     directory = argv[0]
     output = argv[1] if len(argv) > 1 else os.path.join("examples", "mnist")
-    os.makedirs(output, exist_ok=True)
     try:
-        write_split(directory, output, "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                    "mnist_train_lmdb")
-        write_split(directory, output, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
-                    "mnist_test_lmdb")
-    except DataError as exc:
+        create(directory, output)
+    except (DataError, OSError) as exc:
         log.error("%s", exc)
         return 1
     return 0

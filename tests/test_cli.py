@@ -172,6 +172,66 @@ def test_tools_are_dispatched_lazily(monkeypatch):
     assert calls == [["--parts=4", "db"]]
 
 
+def all_commands():
+    return sorted(cli.COMMANDS) + sorted(cli.TOOLS)
+
+
+@pytest.mark.parametrize("command", all_commands())
+def test_every_command_prints_its_usage_and_flags_for_help(command, capsys, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    texts = []
+    for spelling in ("-help", "--help", "-h"):
+        # the help flag wins wherever it stands, and the command does not run
+        assert cli.main([command, "in_lmdb", spelling, "out_lmdb"]) == 0
+        out, err = capsys.readouterr()
+        texts.append(out)
+    assert cli.main(["help", command]) == 0
+    texts.append(capsys.readouterr().out)
+    assert len(set(texts)) == 1
+    text = texts[0]
+    name = command.replace("_", "[-_]")
+    assert re.search(r"\b%s\b" % name, text), text
+    if command in cli.COMMANDS:
+        assert text.startswith("usage: poseidon-caffe %s" % command)
+        for flag in ("-gpu", "-model", "-iterations"):
+            assert "\n  %s (" % flag in text
+    else:
+        function = cli._load_tool(command)
+        for flag in getattr(function, "flags", ()):
+            assert "\n  -%s (" % flag.name in text
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_in_a_real_process_for_train_and_a_tool(tmp_path):
+    code, err = run(tmp_path, "train", "-help")
+    assert code == 0 and "unknown flag" not in err
+    proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.cli", "convert_imageset",
+                           "--help"], cwd=str(tmp_path), capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert "ROOTFOLDER/ LISTFILE DB_NAME" in proc.stdout and "-resize_width" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.cli", "train", "-help"],
+                          cwd=str(tmp_path), capture_output=True, text=True)
+    assert "-solver (" in proc.stdout and "-sighup_effect (" in proc.stdout
+
+
+def test_a_tool_added_later_answers_help_from_its_docstring(monkeypatch, capsys):
+    def draw_things_main(argv):
+        """usage: poseidon-caffe draw_things NET OUT"""
+        raise AssertionError("help must not run the tool")
+    monkeypatch.setitem(sys.modules, "fake_draw", types.SimpleNamespace(
+        draw_things_main=draw_things_main))
+    monkeypatch.setitem(cli.TOOLS, "draw_things", ("fake_draw", "draw_things_main"))
+    assert cli.main(["draw-things", "--help"]) == 0
+    assert "draw_things NET OUT" in capsys.readouterr().out
+    # after ``--`` a help flag is an argument, as with gflags
+    calls = []
+    monkeypatch.setitem(sys.modules, "fake_draw", types.SimpleNamespace(
+        draw_things_main=lambda argv: calls.append(argv) or 0))
+    assert cli.main(["draw_things", "--", "-help"]) == 0
+    assert calls == [["--", "-help"]]
+
+
 # -- signals ------------------------------------------------------------------------------------
 class Reader:
     """Collects a child's stderr lines on a thread so waits can time out."""

@@ -1,6 +1,7 @@
 """convert_imageset and compute_image_mean on generated PNG and JPEG files, through the same
 entry points the command line uses, and as real subprocesses of the command."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -201,3 +202,177 @@ def test_create_cifar10_from_binary_batches(tmp_path):
     assert (datum.channels, datum.height, datum.width, datum.label) == (3, 32, 32, first[0])
     assert datum.data == first[1:].tobytes()
     assert len(read_db(str(out / "cifar10_test_lmdb"))) == 2
+
+
+# -- a failed run destroys nothing ---------------------------------------------------------------
+def hidden(directory):
+    return [n for n in os.listdir(directory) if n.startswith(".")]
+
+
+def test_convert_imageset_never_overwrites_and_writes_nothing_on_failure(tmp_path, image_folder):
+    root, listfile, names, arrays = image_folder
+    db = str(tmp_path / "lmdb")
+    assert tools.convert_imageset_main([root, listfile, db]) == 0
+    before = read_db(db)
+    # an existing database is refused before any image is read
+    assert tools.convert_imageset_main(["-gray", root, listfile, db]) == 1
+    # a wrong root folder: no image can be read, and nothing is written
+    other = str(tmp_path / "other_lmdb")
+    with pytest.raises(tools.DataError, match="none of the 6 images"):
+        tools.convert_imageset(str(tmp_path / "nowhere") + "/", listfile, other)
+    assert not os.path.exists(other)
+    assert read_db(db) == before
+    assert hidden(tmp_path) == []
+
+
+def test_interrupted_convert_imageset_leaves_no_database(tmp_path, image_folder, monkeypatch):
+    root, listfile, names, arrays = image_folder
+    real = tools.image_to_datum
+    calls = []
+
+    def interrupted(*args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args)
+    monkeypatch.setattr(tools, "image_to_datum", interrupted)
+    db = str(tmp_path / "lmdb")
+    with pytest.raises(KeyboardInterrupt):
+        tools.convert_imageset(root, listfile, db)
+    assert len(calls) == 4
+    assert not os.path.exists(db) and hidden(tmp_path) == []
+
+
+def write_datums(path, shapes):
+    from poseidon_caffe.data.db import DatumWriter
+    with DatumWriter(path) as writer:
+        for i, (c, h, w) in enumerate(shapes):
+            writer.put("%03d" % i, caffe_pb2.Datum(channels=c, height=h, width=w, label=i,
+                                                   data=bytes(range(c * h * w))))
+
+
+def test_failed_compute_image_mean_keeps_the_old_mean_file(tmp_path):
+    good, mixed = str(tmp_path / "good_lmdb"), str(tmp_path / "mixed_lmdb")
+    write_datums(good, [(1, 2, 2)] * 3)
+    write_datums(mixed, [(1, 2, 2), (1, 3, 3)])
+    out = str(tmp_path / "mean.binaryproto")
+    assert tools.compute_image_mean_main([good, out]) == 0
+    before = open(out, "rb").read()
+    assert list(read_blobproto(out).data) == [0.0, 1.0, 2.0, 3.0]
+    assert tools.compute_image_mean_main([mixed, out]) == 1
+    assert open(out, "rb").read() == before
+    assert hidden(tmp_path) == []
+
+
+def test_make_partitions_writes_all_or_nothing(tmp_path):
+    source = str(tmp_path / "src_lmdb")
+    write_datums(source, [(1, 1, 2)] * 5)
+    # a bad record in the middle: no partition appears
+    bad = str(tmp_path / "bad_lmdb")
+    write_datums(bad, [(1, 1, 2)] * 2)
+    env = lmdb.open(bad, map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"001x", b"not a datum")
+    env.close()
+    assert tools.make_partitions_main([bad, "2"]) == 1
+    assert sorted(os.listdir(tmp_path)) == ["bad_lmdb", "src_lmdb"]
+    # an existing partition is refused before any other is written
+    os.makedirs(tmp_path / "src_lmdb_1")
+    (tmp_path / "src_lmdb_1" / "keep.txt").write_text("mine")
+    assert tools.make_partitions_main([source, "3"]) == 1
+    assert sorted(os.listdir(tmp_path)) == ["bad_lmdb", "src_lmdb", "src_lmdb_1"]
+    assert os.listdir(tmp_path / "src_lmdb_1") == ["keep.txt"]
+    shutil.rmtree(tmp_path / "src_lmdb_1")
+    assert tools.make_partitions(source, 2) == [3, 2]
+    assert [d.label for _, d in read_db(source + "_1")] == [1, 3]
+    assert hidden(tmp_path) == []
+
+
+def cifar_batches(directory, seed, per_batch=2):
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ["data_batch_%d.bin" % i for i in range(1, 6)] + ["test_batch.bin"]:
+        recs = rng.integers(0, 256, size=(per_batch, 3073)).astype(np.uint8)
+        recs[:, 0] %= 10
+        recs.tofile(directory / name)
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("E")]
+
+
+def test_create_cifar10_sh_with_a_wrong_path_keeps_the_existing_databases(tmp_path):
+    repo = os.path.dirname(SCRIPTS)
+    tree = tmp_path / "tree"
+    (tree / "examples" / "cifar10").mkdir(parents=True)
+    (tree / "scripts").mkdir()
+    shutil.copy(os.path.join(repo, "examples", "cifar10", "create_cifar10.sh"),
+                tree / "examples" / "cifar10")
+    shutil.copy(os.path.join(SCRIPTS, "create_cifar10.py"), tree / "scripts")
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(repo), POSEIDON_NO_PROGRESS="1",
+               PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    script = str(tree / "examples" / "cifar10" / "create_cifar10.sh")
+    out = tree / "examples" / "cifar10"
+    cifar_batches(tmp_path / "data", 4)
+
+    def run(data):
+        return subprocess.run(["sh", script, str(data)], capture_output=True, text=True, env=env)
+    done = run(tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    train, test = read_db(str(out / "cifar10_train_lmdb")), read_db(str(out / "cifar10_test_lmdb"))
+    assert (len(train), len(test)) == (10, 2)
+    mean = (out / "mean.binaryproto").read_bytes()
+
+    done = run(tmp_path / "WRONG_PATH")
+    assert done.returncode != 0
+    (line,) = error_lines(done.stderr)
+    assert "WRONG_PATH" in line and "not found" in line
+    # a batch that is cut short, found before anything is written
+    cifar_batches(tmp_path / "cut", 5)
+    with open(tmp_path / "cut" / "test_batch.bin", "ab") as f:
+        f.write(b"\0" * 100)
+    done = run(tmp_path / "cut")
+    assert done.returncode != 0
+    (line,) = error_lines(done.stderr)
+    assert "test_batch.bin" in line and "3073-byte records" in line
+    assert read_db(str(out / "cifar10_train_lmdb")) == train
+    assert read_db(str(out / "cifar10_test_lmdb")) == test
+    assert (out / "mean.binaryproto").read_bytes() == mean
+    assert hidden(out) == []
+    # a good run replaces both
+    cifar_batches(tmp_path / "data2", 6, per_batch=3)
+    done = run(tmp_path / "data2")
+    assert done.returncode == 0, done.stderr
+    assert len(read_db(str(out / "cifar10_train_lmdb"))) == 15
+    assert len(read_db(str(out / "cifar10_test_lmdb"))) == 3
+    assert hidden(out) == []
+
+
+def test_create_mnist_with_a_wrong_path_keeps_the_existing_databases(tmp_path):
+    import struct
+    out = tmp_path / "out"
+    for prefix, n in (("train", 3), ("t10k", 2)):
+        with open(tmp_path / ("%s-images-idx3-ubyte" % prefix), "wb") as f:
+            f.write(struct.pack(">iiii", 2051, n, 2, 2) + bytes(range(4 * n)))
+        with open(tmp_path / ("%s-labels-idx1-ubyte" % prefix), "wb") as f:
+            f.write(struct.pack(">ii", 2049, n) + bytes(range(n)))
+    script = os.path.join(SCRIPTS, "create_mnist.py")
+    done = subprocess.run([sys.executable, script, str(tmp_path), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before = [read_db(str(out / name)) for name in ("mnist_train_lmdb", "mnist_test_lmdb")]
+    assert [len(items) for items in before] == [3, 2]
+    done = subprocess.run([sys.executable, script, str(tmp_path / "WRONG_PATH"), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    (line,) = error_lines(done.stderr)
+    assert "WRONG_PATH" in line and "not found" in line
+    # the test labels are cut short: found before the training database is replaced
+    with open(tmp_path / "t10k-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">ii", 2049, 2) + b"\x01")
+    done = subprocess.run([sys.executable, script, str(tmp_path), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "t10k-labels-idx1-ubyte" in done.stderr
+    assert [read_db(str(out / name)) for name in ("mnist_train_lmdb", "mnist_test_lmdb")] == before
+    assert hidden(out) == []

@@ -1,8 +1,9 @@
 #!/usr/bin/env sh
 # Make the LMDBs from the full MNIST idx files in DATA_DIR (default data/mnist).
+# The inputs are read and checked first and the databases replaced only once the new ones are
+# complete: a failed run leaves the existing ones as they were.
 set -e
 cd "$(dirname "$0")/../.."
 DATA=${1:-data/mnist}
-rm -rf examples/mnist/mnist_train_lmdb examples/mnist/mnist_test_lmdb
 python scripts/create_mnist.py "$DATA" examples/mnist
 echo "Done."

@@ -10,7 +10,7 @@ import threading
 import lmdb
 from google.protobuf.message import DecodeError
 
-from .. import log
+from .. import log, staging
 from ..proto import caffe_pb2
 
 # Large enough for any dataset on a 64-bit machine; LMDB only reserves address space.
@@ -212,13 +212,30 @@ class ShardedRecordReader:
 
 
 class DatumWriter:
-    """Writes Datum records into a new LMDB, committing every ``commit_every`` records."""
+    """Writes Datum records into an LMDB, committing every ``commit_every`` records.
 
-    def __init__(self, path, commit_every=1000):
+    The records go to a temporary database beside ``path`` (see ``poseidon_caffe.staging``),
+    which becomes ``path`` only when the writer closes without error: a failed or interrupted
+    run leaves no half-written database behind, and leaves an existing one as it was. An
+    existing database is an error unless ``replace``; replacing swaps in the new ``data.mdb``
+    in one rename, so the path always holds one whole database, old or new.
+    """
+
+    def __init__(self, path, commit_every=1000, replace=False):
         self.path = str(path)
-        if os.path.exists(os.path.join(self.path, "data.mdb")):
-            raise DataError("LMDB database %r already exists; remove it first" % self.path)
-        self.env = open_env(self.path, write=True)
+        self.replace = replace
+        check_writable(self.path, replace)
+        staging.remove_stale(self.path)
+        self.staging_path = staging.temp_path(self.path)
+        try:
+            self.env = open_env(self.staging_path, write=True)
+        except OSError as exc:
+            staging.discard(self.staging_path)
+            raise DataError("cannot write LMDB database %r: %s"
+                            % (self.path, exc.strerror or exc)) from None
+        except BaseException:
+            staging.discard(self.staging_path)
+            raise
         self.commit_every = commit_every
         self._txn = self.env.begin(write=True)
         self._pending = 0
@@ -237,21 +254,62 @@ class DatumWriter:
             self._pending = 0
 
     def close(self):
+        """Commit and put the database in place at ``path``."""
         if self.env is None:
             return
-        self._txn.commit()
-        self.env.sync(True)
-        self.env.close()
-        self.env = None
+        try:
+            self._txn.commit()
+            self.env.sync(True)
+            self.env.close()
+            self.env = None
+            self._swap_in()
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self):
+        """Drop everything written; ``path`` stays as it was."""
+        if self.env is not None:
+            self._txn.abort()
+            self.env.close()
+            self.env = None
+        staging.discard(self.staging_path)
+
+    def _swap_in(self):
+        check_writable(self.path, self.replace)     # nothing else took the path meanwhile
+        target = os.path.abspath(self.path)
+        data = os.path.join(target, "data.mdb")
+        if os.path.isdir(target):
+            # an existing (or empty) database directory: replace its data file in one rename;
+            # its lock file only coordinates readers and stays
+            os.replace(os.path.join(self.staging_path, "data.mdb"), data)
+            staging.discard(self.staging_path)
+        else:
+            os.rename(self.staging_path, target)
+            staging.release(self.staging_path)
+        staging.sync_directory(target)
+        staging.sync_directory(os.path.dirname(target))
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None and self.env is not None:
-            self._txn.abort()
-            self.env.close()
-            self.env = None
+        if exc_type is not None:
+            self.abort()
             return False
         self.close()
         return False
+
+
+def check_writable(path, replace=False):
+    """Refuse, before any work, a database path that a writer must not overwrite: an existing
+    database (unless ``replace``), or anything there that is not a database at all."""
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        if not replace:
+            raise DataError("LMDB database %r already exists; remove it first" % path)
+        return
+    if os.path.isdir(path):
+        if os.listdir(path) and set(os.listdir(path)) != {"lock.mdb"}:
+            raise DataError("%r exists and is not an LMDB database; not writing over it" % path)
+    elif os.path.lexists(path):
+        raise DataError("%r exists and is not an LMDB database; not writing over it" % path)

@@ -12,7 +12,6 @@ import gzip
 import hashlib
 import io
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -98,20 +97,16 @@ def split_digits(images, labels):
 
 def write_digit_lmdb(path, images, labels):
     """Caffe's convert_mnist_data layout: Datum 1 x rows x cols raw bytes, keys %08d."""
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)
-    with DatumWriter(tmp) as writer:
-        rows, cols = images.shape[1:]
-        for i, (image, label) in enumerate(zip(images, labels)):
-            datum = caffe_pb2.Datum(channels=1, height=rows, width=cols, label=int(label),
-                                    data=image.tobytes())
-            writer.put("%08d" % i, datum)
     try:
-        os.rename(tmp, path)
-    except OSError:
+        with DatumWriter(path) as writer:
+            rows, cols = images.shape[1:]
+            for i, (image, label) in enumerate(zip(images, labels)):
+                datum = caffe_pb2.Datum(channels=1, height=rows, width=cols, label=int(label),
+                                        data=image.tobytes())
+                writer.put("%08d" % i, datum)
+    except DataError:
         # another process finished the same database first; keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isfile(os.path.join(path, "data.mdb")):
+        if not _ready(path):
             raise
 
 

@@ -12,7 +12,7 @@ from .. import flags as flagmod
 from .. import log
 from ..proto import caffe_pb2
 from . import partition_path
-from .db import DataError, DatumDB, DatumWriter, parse_datum
+from .db import DataError, DatumDB, DatumWriter, check_writable, parse_datum
 from .images import datum_image, decode_image, encode_image, join_root, read_image
 
 COMMIT_EVERY = 1000
@@ -84,8 +84,8 @@ def _aliases(ext):
 
 def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize_width=0,
                      resize_height=0, check_size=False, encoded=False, encode_type=""):
-    """Write the images ``list_file`` names (``path label`` lines) into a new LMDB.
-    Returns (records written, files skipped)."""
+    """Write the images ``list_file`` names (``path label`` lines) into a new LMDB, which
+    appears at ``db_name`` only once complete. Returns (records written, files skipped)."""
     from ..layers.data_layers import read_image_list
     lines = read_image_list(list_file, "convert_imageset")
     if shuffle:
@@ -127,11 +127,16 @@ def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize
             if written % COMMIT_EVERY == 0 and not bar.enabled:
                 log.info("Processed %d files.", written)
             bar.update(line_id + 1)
+        if lines and not written:
+            # nothing to keep: the database is not created (an existing one is not touched)
+            raise DataError("none of the %d images %s lists could be read (root folder %r); "
+                            "%s not written" % (len(lines), list_file, root, db_name))
     if written % COMMIT_EVERY:
         log.info("Processed %d files.", written)
     return written, skipped
 
 
+@flagmod.documented(CONVERT_USAGE, CONVERT_FLAGS)
 def convert_imageset_main(argv):
     try:
         values, args = flagmod.parse(argv, CONVERT_FLAGS)
@@ -208,6 +213,7 @@ def mean_to_blobproto(mean):
     return blob
 
 
+@flagmod.documented(MEAN_USAGE, MEAN_FLAGS)
 def compute_image_mean_main(argv):
     try:
         values, args = flagmod.parse(argv, MEAN_FLAGS)
@@ -243,28 +249,37 @@ Usage:
 
 
 def make_partitions(source, parts):
-    """Write ``<source>_<k>`` for k < parts; returns the record count of each partition."""
+    """Write ``<source>_<k>`` for k < parts; returns the record count of each partition.
+    The partitions appear only once all are complete; none may exist beforehand."""
     if parts < 1:
         raise DataError("the number of partitions must be at least 1, not %d" % parts)
+    for k in range(parts):
+        check_writable(partition_path(source, k))
     database = DatumDB(source)
     counts = [0] * parts
     writers = []
     try:
-        writers = [DatumWriter(partition_path(source, k), COMMIT_EVERY) for k in range(parts)]
+        for k in range(parts):
+            writers.append(DatumWriter(partition_path(source, k), COMMIT_EVERY))
         for index, (key, value) in enumerate(database.iter_items()):
             parse_datum(value, source, key)
             k = index % parts
             writers[k].put(key, value)
             counts[k] += 1
-    finally:
+    except BaseException:
         for writer in writers:
-            writer.close()
+            writer.abort()
+        raise
+    finally:
         database.close()
+    for writer in writers:
+        writer.close()
     for k, n in enumerate(counts):
         log.info("Partition %s: %d records", partition_path(source, k), n)
     return counts
 
 
+@flagmod.documented(PARTITION_USAGE, PARTITION_FLAGS)
 def make_partitions_main(argv):
     try:
         _, args = flagmod.parse(argv, PARTITION_FLAGS)

@@ -12,12 +12,11 @@ state and the position of every layer that reports one (``get_resume_state()`` /
 """
 import json
 import os
-import tempfile
 
 import numpy as np
 
 from .. import io as pio
-from .. import log
+from .. import log, staging
 from .. import rng
 from ..proto import caffe_pb2
 
@@ -56,16 +55,15 @@ def rngstate_filename(state_path):
 def _atomic_h5(path, fill):
     """Write an HDF5 file through a temporary in the same directory, then rename."""
     h5py = _h5py()
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    os.close(fd)
+    staging.remove_stale(path)
+    tmp = staging.temp_path(path)
     try:
         with h5py.File(tmp, "w") as f:
             fill(f)
         os.replace(tmp, path)
+        staging.release(tmp)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        staging.discard(tmp)
         raise
 
 
