@@ -320,6 +320,22 @@ def test_a_node_without_the_virtualenv_is_named_as_not_ready(tmp_path, monkeypat
     assert "/no/such/venv/bin/activate" in line
 
 
+def test_a_master_node_that_is_not_this_machine_is_refused(tmp_path, monkeypatch, capsys):
+    ssh, calls = stand_in_ssh(tmp_path)
+    # 192.0.2.1 is in TEST-NET-1, set aside for documentation: never a local address
+    config = write_config(tmp_path, master_node="192.0.2.1", worker_nodes=["n1"],
+                          server_nodes=[])
+    code, _, err = main_here(["-c", config, "python train.py"], tmp_path, monkeypatch, capsys,
+                             ssh)
+    assert code == 2
+    assert err.splitlines() == [
+        "poseidon-run: %s: master_node 192.0.2.1 is not an address of this machine: run "
+        "poseidon-run on the master node (or leave master_node out)" % config]
+    assert not calls.exists()
+    psd_run.check_master(psd_run.load_config(write_config(
+        tmp_path, master_node="127.0.0.1", worker_nodes=["n1"], server_nodes=[])))
+
+
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client installed")
 def test_real_ssh_names_a_node_that_does_not_resolve(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(psd_run.SSH_OVERRIDE_ENV, raising=False)

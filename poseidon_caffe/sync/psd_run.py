@@ -570,6 +570,10 @@ def main(argv=None, stream=None):
         else:
             sys.stderr.write("poseidon-run: %s\n" % message)
         return 2
+    except KeyboardInterrupt:
+        if log:
+            log("interrupted", error=True)
+        return 130
     finally:
         if log:
             log.close()
