@@ -319,12 +319,13 @@ class ParameterServer:
                                        tag=CONTROL_TAG)
             for shard in range(topo.num_servers):
                 source = topo.shard_comm_ranks[shard]
-                req = self.control_comm.irecv(source=source, tag=CONTROL_TAG)
-                box = {}
-                self.transport.wait_until(lambda: _test_into(req, box),
-                                          "gathering the server history for the snapshot",
-                                          [topo.shard_job_ranks[shard]])
-                parts.append(box["value"])
+                # probe first, then receive: a history is larger than the fixed buffer that a
+                # pickled irecv() posts (32 KiB), and recv() sizes its buffer from the probe
+                self.transport.wait_until(
+                    lambda: self.control_comm.iprobe(source=source, tag=CONTROL_TAG),
+                    "gathering the server history for the snapshot",
+                    [topo.shard_job_ranks[shard]])
+                parts.append(self.control_comm.recv(source=source, tag=CONTROL_TAG))
             return assemble_history(self.items, parts)
         if not topo.is_leader:
             return None
@@ -357,10 +358,3 @@ class ParameterServer:
                 if comm is not None:
                     comm.Free()
             self.push_comm = self.pull_comm = self.control_comm = None
-
-
-def _test_into(request, box):
-    done, value = request.test()
-    if done:
-        box["value"] = value
-    return done

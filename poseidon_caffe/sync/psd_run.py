@@ -1,0 +1,583 @@
+"""``poseidon-run``: one command started as one MPI job on a cluster over ssh, the way Poseidon's
+TensorFlow release started jobs with ``psd_run``.
+
+    poseidon-run -c config.json [-o OUTPUT_FOLDER] [--dry-run] "poseidon-caffe train --solver=S"
+
+The cluster config is a JSON object with psd_run's keys: ``worker_nodes`` (one worker rank per
+entry; repeat a node to run several workers there), ``server_nodes`` (one dedicated
+parameter-server rank per entry, the job's last ranks; may be empty), and optionally
+``master_node`` (this machine's address as the nodes reach it), ``username``, ``pem_file`` and
+``virtualenv`` (its path on the nodes). Keys only: a config holding a password is refused.
+
+Before launching, every node is checked over ssh (the login works, the working directory and the
+virtualenv are there); a node that fails is named in one line. The job is MPICH's ``mpiexec``
+with its ssh launcher pointed at a generated ``remote_shell`` that logs in with the key and
+user and activates the virtualenv before starting hydra's proxy. ``poseidon_run.log`` (appended)
+records every run where it was started; the run's folder ``poseidon_log_<timestamp>`` (or
+OUTPUT_FOLDER) holds ``rank<r>.log`` (what rank r printed, collected on this machine), the
+ranks' own logs for a ``poseidon-caffe train`` command, the machinefile and the remote shell.
+
+Where no sshd runs (tests, containers), the environment variable ``POSEIDON_RUN_SSH`` names the
+program used in place of ``ssh``; it receives exactly the arguments ssh would.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+CONFIG_KEYS = ("virtualenv", "username", "pem_file", "master_node", "worker_nodes",
+               "server_nodes")
+SSH_OVERRIDE_ENV = "POSEIDON_RUN_SSH"
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+               "-o", "StrictHostKeyChecking=accept-new"]
+CHECK_TIMEOUT_S = 30
+RUN_LOG = "poseidon_run.log"
+_SECRET = re.compile(r"pass|secret", re.IGNORECASE)     # password, passwd, passphrase...
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "")
+
+
+class ConfigError(ValueError):
+    """A cluster config or command that cannot run; the message is one line naming the file
+    and the key."""
+
+
+class ClusterConfig:
+    def __init__(self, path, workers, servers, master="", username="", pem_file="",
+                 virtualenv=""):
+        self.path = path
+        self.workers = list(workers)
+        self.servers = list(servers)
+        self.master = master
+        self.username = username
+        self.pem_file = pem_file
+        self.virtualenv = virtualenv
+
+    @property
+    def nodes(self):
+        """Every node once, in order of first appearance."""
+        return list(dict.fromkeys(self.workers + self.servers))
+
+
+# -- the config ---------------------------------------------------------------------------------
+def _refuse_secrets(path, value, where=""):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            name = "%s.%s" % (where, key) if where else key
+            if _SECRET.search(str(key)):
+                raise ConfigError("%s: key %r is refused: poseidon-run logs in with ssh keys only "
+                                  "(pem_file or ssh-agent), never with passwords; remove it"
+                                  % (path, name))
+            _refuse_secrets(path, inner, name)
+    elif isinstance(value, list):
+        for inner in value:
+            _refuse_secrets(path, inner, where)
+
+
+def _word(path, key, value, what):
+    """A node, a user: one word that can be neither an ssh option nor break a machinefile."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError("%s: %s must be a non-empty string, not %s"
+                          % (path, key, json.dumps(value)))
+    if value.startswith("-") or any(c.isspace() for c in value) or any(c in value for c in ":@'\""):
+        raise ConfigError("%s: %s %r is not a valid %s (no spaces, quotes, ':' or '@', and no "
+                          "leading '-')" % (path, key, value, what))
+    return value
+
+
+def _nodes(path, data, key, required_nonempty):
+    if key not in data:
+        raise ConfigError("%s: %r is missing: list the nodes' addresses, e.g. "
+                          "\"%s\": [\"192.168.1.11\", \"192.168.1.15\"]" % (path, key, key))
+    value = data[key]
+    if not isinstance(value, list):
+        raise ConfigError("%s: %s must be a list of node addresses, not %s"
+                          % (path, key, json.dumps(value)))
+    if required_nonempty and not value:
+        raise ConfigError("%s: %s is empty: the job needs at least one worker" % (path, key))
+    return [_word(path, "%s[%d]" % (key, i), node, "node address")
+            for i, node in enumerate(value)]
+
+
+def load_config(path):
+    """The ClusterConfig of a psd_run-style JSON file; ConfigError names the file and key."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError("cannot read cluster config %s: %s" % (path, exc.strerror)) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("%s: not valid JSON: %s" % (path, exc)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("%s: expected a JSON object with keys %s" % (path, ", ".join(CONFIG_KEYS)))
+    _refuse_secrets(path, data)
+    unknown = [k for k in data if k not in CONFIG_KEYS]
+    if unknown:
+        raise ConfigError("%s: unknown key %r (the keys are %s)"
+                          % (path, unknown[0], ", ".join(CONFIG_KEYS)))
+    workers = _nodes(path, data, "worker_nodes", True)
+    servers = _nodes(path, data, "server_nodes", False)
+    master = data.get("master_node", "")
+    if master:
+        master = _word(path, "master_node", master, "address")
+    username = data.get("username", "")
+    if username:
+        username = _word(path, "username", username, "user name")
+    pem_file = data.get("pem_file", "")
+    if pem_file:
+        if not isinstance(pem_file, str):
+            raise ConfigError("%s: pem_file must be a path, not %s" % (path, json.dumps(pem_file)))
+        pem_file = os.path.abspath(os.path.expanduser(pem_file))
+        if not os.path.isfile(pem_file):
+            raise ConfigError("%s: pem_file %s does not exist (the private key ssh logs in with)"
+                              % (path, pem_file))
+        if not os.access(pem_file, os.R_OK):
+            raise ConfigError("%s: pem_file %s is not readable" % (path, pem_file))
+        mode = os.stat(pem_file).st_mode & 0o777
+        if mode & 0o077:
+            # ssh itself would ignore such a key and fall back to asking for a password
+            raise ConfigError("%s: pem_file %s is open to others (mode %03o) and ssh refuses such "
+                              "keys: chmod 600 %s" % (path, pem_file, mode, pem_file))
+    virtualenv = data.get("virtualenv", "")
+    if virtualenv:
+        if not isinstance(virtualenv, str) or not virtualenv.startswith("/"):
+            raise ConfigError("%s: virtualenv must be the absolute path of the virtualenv on the "
+                              "nodes (what echo $VIRTUAL_ENV prints there), not %s"
+                              % (path, json.dumps(virtualenv)))
+        virtualenv = virtualenv.rstrip("/") or "/"
+    return ClusterConfig(path, workers, servers, master, username, pem_file, virtualenv)
+
+
+# -- the command each rank runs -----------------------------------------------------------------
+def _train_index(argv):
+    """Index of ``train`` when argv is ``poseidon-caffe train ...`` (or ``python -m
+    poseidon_caffe.cli train ...``), else None."""
+    if len(argv) >= 2 and os.path.basename(argv[0]) == "poseidon-caffe" and argv[1] == "train":
+        return 1
+    if (len(argv) >= 4 and os.path.basename(argv[0]).startswith("python")
+            and argv[1:3] == ["-m", "poseidon_caffe.cli"] and argv[3] == "train"):
+        return 3
+    return None
+
+
+def _flag_value(argv, name):
+    """The value of gflags-style ``-name=v``, ``--name=v``, ``-name v`` in argv, or None."""
+    for i, token in enumerate(argv):
+        match = re.match(r"--?%s(=(.*))?$" % re.escape(name), token)
+        if match:
+            if match.group(1) is not None:
+                return match.group(2)
+            return argv[i + 1] if i + 1 < len(argv) else ""
+    return None
+
+
+def rank_command(config, argv, log_dir):
+    """The argument list every rank runs: CMD, told about the dedicated servers and the log
+    folder when it is ``poseidon-caffe train``."""
+    argv = list(argv)
+    if not argv:
+        raise ConfigError("no command to run: give it as one quoted argument, e.g. "
+                          "\"poseidon-caffe train --solver=solver.prototxt\"")
+    servers = len(config.servers)
+    given = _flag_value(argv, "server_ranks")
+    if given is not None:
+        try:
+            given_count = int(given)
+        except ValueError:
+            raise ConfigError("the command's -server_ranks=%s is not an integer" % given) from None
+        if given_count != servers:
+            raise ConfigError("the command says -server_ranks=%d but %s lists %d server_nodes"
+                              % (given_count, config.path, servers))
+    train = _train_index(argv) is not None
+    if servers and given is None:
+        if not train:
+            raise ConfigError("%s lists %d server_nodes, but dedicated server ranks belong to "
+                              "poseidon-caffe train (-server_ranks); %r is not a poseidon-caffe "
+                              "train command" % (config.path, servers, shlex.join(argv)))
+        argv.append("-server_ranks=%d" % servers)
+    if train and _flag_value(argv, "output_dir") is None:
+        argv.append("-output_dir=%s" % log_dir)
+    return argv
+
+
+# -- ssh ----------------------------------------------------------------------------------------
+def ssh_program():
+    """``ssh``, or the program named by POSEIDON_RUN_SSH (split like a shell would)."""
+    override = os.environ.get(SSH_OVERRIDE_ENV, "").strip()
+    return shlex.split(override) if override else ["ssh"]
+
+
+def ssh_base(config, program=None):
+    args = list(program or ssh_program())
+    if config.pem_file:
+        args += ["-i", config.pem_file]
+    if config.username:
+        args += ["-l", config.username]
+    return args + SSH_OPTIONS
+
+
+def _activate(config):
+    return ". %s" % shlex.quote(config.virtualenv + "/bin/activate")
+
+
+def check_command(config, node, cwd, program=None):
+    """The ssh command that proves a node is ready: login, working directory, virtualenv."""
+    remote = "cd %s" % shlex.quote(cwd)
+    if config.virtualenv:
+        remote += " && " + _activate(config)
+    return ssh_base(config, program) + [node, remote]
+
+
+def proxy_command(config, node, program=None, mpiexec="mpiexec"):
+    """What the remote shell runs for one node, the arguments mpiexec gives its proxy (ports,
+    ids) left as a placeholder."""
+    if config.virtualenv:
+        remote = "%s && exec hydra_pmi_proxy <proxy arguments>" % _activate(config)
+    else:
+        # mpiexec names its own proxy, by its path on this machine
+        remote = '"%s" <proxy arguments>' % os.path.join(os.path.dirname(mpiexec),
+                                                         "hydra_pmi_proxy")
+    return ssh_base(config, program) + ["-x", node, remote]
+
+
+def remote_shell_text(config, program=None):
+    """The script mpiexec's ssh launcher calls as ``remote_shell [-x] NODE PROXY ARGS...``: the
+    login options added, and the virtualenv activated before the proxy starts (its proxy is
+    then the virtualenv's own, wherever it lies on that node)."""
+    base = " ".join(shlex.quote(a) for a in ssh_base(config, program))
+    lines = ["#!/bin/sh",
+             "# poseidon-run: mpiexec's ssh launcher calls this as: remote_shell [-x] NODE PROXY ARGS...",
+             "opts=",
+             "while [ $# -gt 0 ]; do",
+             "  case \"$1\" in -*) opts=\"$opts $1\"; shift ;; *) break ;; esac",
+             "done",
+             "node=$1",
+             "shift"]
+    if config.virtualenv:
+        lines += ["shift  # the proxy's path on this machine: the node's virtualenv has its own",
+                  "exec %s $opts \"$node\" %s\" && exec hydra_pmi_proxy $*\""
+                  % (base, shlex.quote(_activate(config)))]
+    else:
+        lines += ["exec %s $opts \"$node\" \"$@\"" % base]
+    return "\n".join(lines) + "\n"
+
+
+def machinefile_text(config):
+    """The ranks in order, workers then servers (the job's last ranks, as -server_ranks
+    expects): one ``node:count`` line per run of consecutive ranks on one node. One line is
+    one hydra proxy, and the ranks of one proxy share memory and split the node's cores."""
+    runs = []
+    for node in config.workers + config.servers:
+        if runs and runs[-1][0] == node:
+            runs[-1][1] += 1
+        else:
+            runs.append([node, 1])
+    return "".join("%s:%d\n" % (node, count) for node, count in runs)
+
+
+def mpiexec_path():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+
+
+def job_command(config, argv, log_dir, cwd, mpiexec="mpiexec", python=None):
+    """The mpiexec argument list of the whole job."""
+    python = python or (config.virtualenv + "/bin/python" if config.virtualenv
+                        else sys.executable)
+    args = [mpiexec, "-launcher", "ssh",
+            "-launcher-exec", os.path.join(log_dir, "remote_shell"),
+            "-f", os.path.join(log_dir, "machinefile")]
+    if config.master and config.master not in _LOOPBACK:
+        args += ["-localhost", config.master]
+    args += ["-wdir", cwd,
+             "-outfile-pattern", os.path.join(log_dir, "rank%r.log"),
+             "-errfile-pattern", os.path.join(log_dir, "rank%r.log")]
+    if config.virtualenv:
+        # mpiexec hands its own environment to every rank: put the virtualenv first there too
+        args += ["-genv", "VIRTUAL_ENV", config.virtualenv,
+                 "-genv", "PATH", "%s/bin:%s" % (config.virtualenv, os.environ.get("PATH", ""))]
+    args += ["-n", str(len(config.workers) + len(config.servers)),
+             python, "-m", "poseidon_caffe.sync.supervise", "--"]
+    return args + rank_command(config, argv, log_dir)
+
+
+# -- before launching ---------------------------------------------------------------------------
+def _roles(config, node):
+    roles = ["worker %d" % i for i, n in enumerate(config.workers) if n == node]
+    roles += ["server %d" % i for i, n in enumerate(config.servers) if n == node]
+    return ", ".join(roles)
+
+
+def _last_line(text):
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def check_nodes(config, cwd, program=None):
+    """One line per node that is not ready (all nodes are asked at once); [] when all are."""
+    started = []
+    for node in config.nodes:
+        command = check_command(config, node, cwd, program)
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            raise ConfigError("cannot run %s: %s" % (command[0], exc.strerror)) from None
+        started.append((node, proc))
+    problems = []
+    deadline = time.monotonic() + CHECK_TIMEOUT_S
+    for node, proc in started:
+        try:
+            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            problems.append("node %s (%s) is unreachable: no answer over ssh within %d s"
+                            % (node, _roles(config, node), CHECK_TIMEOUT_S))
+            continue
+        if proc.returncode == 255:      # ssh's own failure: no connection or no login
+            problems.append("node %s (%s) is unreachable: %s"
+                            % (node, _roles(config, node), _last_line(err)))
+        elif proc.returncode != 0:
+            problems.append("node %s (%s) is reachable but not ready: %s"
+                            % (node, _roles(config, node), _last_line(err)))
+    return problems
+
+
+def check_master(config):
+    """master_node must be an address of this machine: the nodes' proxies connect back to it."""
+    if not config.master or config.master in _LOOPBACK:
+        return
+    try:
+        infos = socket.getaddrinfo(config.master, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise ConfigError("%s: master_node %r does not resolve" % (config.path, config.master)) \
+            from None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.bind((address[0], 0))
+            return
+        except OSError:
+            continue
+    raise ConfigError("%s: master_node %s is not an address of this machine: run poseidon-run on "
+                      "the master node (or leave master_node out)" % (config.path, config.master))
+
+
+def default_log_dir(cwd):
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    path = os.path.join(cwd, "poseidon_log_%s" % stamp)
+    n = 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(cwd, "poseidon_log_%s_%d" % (stamp, n))
+    return path
+
+
+def check_log_dir(path):
+    if "%" in path:
+        raise ConfigError("output folder %s: '%%' is not allowed in its path (mpiexec reads it "
+                          "as a file-name pattern)" % path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError("output folder %s exists and is not a folder" % path)
+    if os.path.isdir(path):
+        earlier = sorted(n for n in os.listdir(path) if re.match(r"rank\d+\.log$", n))
+        if earlier:
+            raise ConfigError("output folder %s already holds the logs of an earlier job (%s): "
+                              "give a new folder" % (path, earlier[0]))
+
+
+# -- the run ------------------------------------------------------------------------------------
+class RunLog:
+    """poseidon_run.log (appended, one timestamped line each) and the console."""
+
+    def __init__(self, path, stream=None, errors=None):
+        self.stream = stream or sys.stdout
+        self.errors = errors or sys.stderr
+        self.file = open(path, "a") if path else None
+
+    def __call__(self, message, error=False):
+        console = self.errors if error else self.stream
+        console.write("poseidon-run: %s\n" % message)
+        console.flush()
+        if self.file:
+            self.file.write("%s %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), message))
+            self.file.flush()
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+
+def _follow(path, stream, done):
+    """Copy what rank 0 writes to the console as it comes, until ``done`` is set."""
+    offset = 0
+    while True:
+        finished = done.is_set()
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            chunk = b""
+        if chunk:
+            offset += len(chunk)
+            stream.write(chunk.decode("utf-8", "replace"))
+            stream.flush()
+        if finished:
+            return
+        done.wait(0.2)
+
+
+def _pipe_to_log(pipe, log):
+    for line in pipe:
+        log("mpiexec: %s" % line.rstrip("\n"))
+
+
+def run_job(config, argv, log_dir, cwd, log, stream):
+    """Write the machinefile and remote shell, run mpiexec; returns its exit status."""
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, "machinefile"), "w") as f:
+        f.write(machinefile_text(config))
+    shell = os.path.join(log_dir, "remote_shell")
+    with open(shell, "w") as f:
+        f.write(remote_shell_text(config))
+    os.chmod(shell, 0o700)
+    mpiexec = mpiexec_path()
+    command = job_command(config, argv, log_dir, cwd, mpiexec)
+    log("run: %s" % shlex.join(command))
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as exc:
+        raise ConfigError("cannot start %s: %s" % (mpiexec, exc.strerror)) from None
+    done = threading.Event()
+    follower = threading.Thread(target=_follow, args=(os.path.join(log_dir, "rank0.log"),
+                                                      stream, done), daemon=True)
+    follower.start()
+    try:
+        _pipe_to_log(proc.stdout, log)
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # mpiexec shares the terminal's signal and ends the ranks; wait for it to finish
+        log("interrupted: waiting for mpiexec to end the ranks")
+        code = proc.wait()
+    done.set()
+    follower.join()
+    log("job ended with exit status %d after %.1f s; logs in %s"
+        % (code, time.monotonic() - start, log_dir))
+    return code
+
+
+def dry_run(config, argv, log_dir, cwd, stream):
+    """Print what a run would do, in order, without doing any of it."""
+    program = ssh_program()
+    out = stream.write
+    out("# check every node over ssh (one command per node)\n")
+    for node in config.nodes:
+        out(shlex.join(check_command(config, node, cwd, program)) + "\n")
+    out("# %s\n" % os.path.join(log_dir, "machinefile"))
+    out(machinefile_text(config))
+    out("# %s: mpiexec starts its proxy on each node with\n"
+        % os.path.join(log_dir, "remote_shell"))
+    mpiexec = mpiexec_path()
+    for node in config.nodes:
+        out(shlex.join(proxy_command(config, node, program, mpiexec)) + "\n")
+    out("# the job\n")
+    out(shlex.join(job_command(config, argv, log_dir, cwd, mpiexec)) + "\n")
+    stream.flush()
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="poseidon-run",
+        usage="poseidon-run [-h] -c CLUSTER_CONFIG [-o OUTPUT_FOLDER] [--dry-run] CMD",
+        description="Start CMD as one MPI job over ssh: one worker rank per entry of "
+                    "worker_nodes, one dedicated parameter-server rank per entry of "
+                    "server_nodes, the virtualenv activated on every node.",
+        epilog="Example config: {\"virtualenv\": \"/home/ubuntu/venv\", \"username\": "
+               "\"ubuntu\", \"pem_file\": \"~/.ssh/cluster.pem\", \"master_node\": "
+               "\"192.168.1.10\", \"worker_nodes\": [\"192.168.1.11\", \"192.168.1.15\"], "
+               "\"server_nodes\": [\"192.168.1.11\"]}. Passwords are refused: log in with keys. "
+               "%s=PROGRAM runs PROGRAM in place of ssh." % SSH_OVERRIDE_ENV)
+    parser.add_argument("-c", "--cluster_config", "--cluster-config", dest="config",
+                        required=True, metavar="CLUSTER_CONFIG",
+                        help="the cluster's JSON config (keys: %s)" % ", ".join(CONFIG_KEYS))
+    parser.add_argument("-o", "--out", dest="out", metavar="OUTPUT_FOLDER",
+                        help="folder for the job's logs (default: poseidon_log_<timestamp>)")
+    parser.add_argument("--dry-run", "--print-commands", dest="dry_run", action="store_true",
+                        help="print the ssh and mpiexec commands it would run, and run nothing")
+    # REMAINDER: an unquoted command keeps its own options (poseidon-run -c C python t.py --lr 1)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
+                        help="the command every rank runs, as one quoted argument, e.g. "
+                             "\"poseidon-caffe train --solver=solver.prototxt\"")
+    return parser
+
+
+def main(argv=None, stream=None):
+    stream = stream or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.cmd[:1] == ["--"]:
+        args.cmd = args.cmd[1:]
+    if not args.cmd:
+        parser.error("give the command to run, e.g. \"poseidon-caffe train --solver=S\"")
+    command = shlex.split(args.cmd[0]) if len(args.cmd) == 1 else list(args.cmd)
+    cwd = os.getcwd()
+    try:
+        log = None if args.dry_run else RunLog(os.path.join(cwd, RUN_LOG), stream)
+    except OSError as exc:
+        sys.stderr.write("poseidon-run: cannot write %s: %s\n"
+                         % (os.path.join(cwd, RUN_LOG), exc.strerror))
+        return 2
+    try:
+        if log:
+            log("started in %s: poseidon-run %s" % (cwd, shlex.join(argv)))
+        config = load_config(args.config)
+        log_dir = os.path.abspath(args.out) if args.out else default_log_dir(cwd)
+        check_log_dir(log_dir)
+        rank_command(config, command, log_dir)          # refuses a command that cannot run
+        if args.dry_run:
+            dry_run(config, command, log_dir, cwd, stream)
+            return 0
+        log("workers on %s; servers on %s; master %s"
+            % (", ".join(config.workers),
+               ", ".join(config.servers) or "none (the shards live beside the workers)",
+               config.master or "this machine"))
+        check_master(config)
+        problems = check_nodes(config, cwd)
+        if problems:
+            for line in problems:
+                log(line, error=True)
+            return 2
+        log("%d nodes ready; logs in %s" % (len(config.nodes), log_dir))
+        return run_job(config, command, log_dir, cwd, log, stream)
+    except (ConfigError, OSError) as exc:
+        message = str(exc) if isinstance(exc, ConfigError) else \
+            "%s: %s" % (exc.filename or "", exc.strerror or exc)
+        if log:
+            log(message, error=True)
+        else:
+            sys.stderr.write("poseidon-run: %s\n" % message)
+        return 2
+    except KeyboardInterrupt:
+        if log:
+            log("interrupted", error=True)
+        return 130
+    finally:
+        if log:
+            log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
