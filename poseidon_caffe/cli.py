@@ -23,6 +23,7 @@ commands:
   convert_imageset   convert a set of images to an LMDB of Datum records
   compute_image_mean compute the mean image of a database
   make_partitions    split a dataset into per-worker partitions
+  alias              install|remove|status: make `import caffe` load poseidon-caffe (opt-in)
 """
 
 CAFFE_FLAGS = [
@@ -72,6 +73,7 @@ TOOLS = {
     "convert_imageset": ("poseidon_caffe.data.tools", "convert_imageset_main"),
     "compute_image_mean": ("poseidon_caffe.data.tools", "compute_image_mean_main"),
     "make_partitions": ("poseidon_caffe.data.tools", "make_partitions_main"),
+    "alias": ("poseidon_caffe.caffe_alias", "alias_main"),
 }
 
 
