@@ -18,12 +18,12 @@ commands:
   test               score a model
   device_query       show the compute devices (the CPU backend, and GPUs when available)
   time               benchmark model execution time
+  alias              install|remove|status: make `import caffe` load poseidon-caffe (opt-in)
   upgrade-net        upgrade a legacy net prototxt / caffemodel
   upgrade-solver     upgrade a legacy solver prototxt
   convert_imageset   convert a set of images to an LMDB of Datum records
   compute_image_mean compute the mean image of a database
   make_partitions    split a dataset into per-worker partitions
-  alias              install|remove|status: make `import caffe` load poseidon-caffe (opt-in)
 """
 
 CAFFE_FLAGS = [
@@ -68,12 +68,12 @@ ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS
 
 # Tools owned by other modules, imported only when asked for.
 TOOLS = {
+    "alias": ("poseidon_caffe.caffe_alias", "alias_main"),
     "upgrade_net": ("poseidon_caffe.upgrade", "upgrade_net_main"),
     "upgrade_solver": ("poseidon_caffe.upgrade", "upgrade_solver_main"),
     "convert_imageset": ("poseidon_caffe.data.tools", "convert_imageset_main"),
     "compute_image_mean": ("poseidon_caffe.data.tools", "compute_image_mean_main"),
     "make_partitions": ("poseidon_caffe.data.tools", "make_partitions_main"),
-    "alias": ("poseidon_caffe.caffe_alias", "alias_main"),
 }
 
 
