@@ -64,7 +64,8 @@ class AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(self.prefix):
             return None
-        if sys.modules.get(ALIAS_NAME) is not sys.modules.get(TARGET_PACKAGE):
+        alias = sys.modules.get(ALIAS_NAME)
+        if alias is None or alias is not sys.modules.get(TARGET_PACKAGE):
             return None
         real_name = TARGET_PACKAGE + "." + fullname[len(self.prefix):]
         if real_name not in sys.modules and importlib.util.find_spec(real_name) is None:

@@ -356,7 +356,7 @@ def test_timer_measures_between_start_and_stop():
     assert not timer.running and reading < first
 
 
-def test_log_is_callable_and_still_the_log_module(caplog):
+def test_log_is_callable_and_still_the_log_module():
     from poseidon_caffe import log
     assert caffe.log is log
     records = []
