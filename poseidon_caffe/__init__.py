@@ -17,6 +17,11 @@ from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401,E402
 from .rng import set_random_seed  # noqa: F401,E402
 from .solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: F401,E402
                      RMSPropSolver, SGDSolver, get_solver)
+from .solver_group import (multiprocess, set_multiprocess, set_solver_count,  # noqa: F401,E402
+                           set_solver_rank, solver_count, solver_rank)
+from .sync.nccl_api import NCCL  # noqa: F401,E402  (mpi4py is loaded only by a group of >1)
+from .timer import Timer  # noqa: F401,E402
+from . import log  # noqa: F401,E402  (callable: caffe.log(message) writes one INFO line)
 
 __version__ = "0.1.0"
 
@@ -26,4 +31,5 @@ def init_log(*args, **kwargs):
 
 
 def has_nccl():
-    return False
+    """True: caffe.NCCL is available (over MPI)."""
+    return True

@@ -21,6 +21,7 @@ commands:
   test               score a model
   device_query       show the compute devices (the CPU backend, and GPUs when available)
   time               benchmark model execution time
+  alias              install|remove|status: make `import caffe` load poseidon-caffe (opt-in)
   upgrade-net        upgrade a legacy net prototxt / caffemodel
   upgrade-solver     upgrade a legacy solver prototxt
   convert_imageset   convert a set of images to an LMDB of Datum records
@@ -70,6 +71,7 @@ ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS
 
 # Tools owned by other modules, imported only when asked for.
 TOOLS = {
+    "alias": ("poseidon_caffe.caffe_alias", "alias_main"),
     "upgrade_net": ("poseidon_caffe.upgrade", "upgrade_net_main"),
     "upgrade_solver": ("poseidon_caffe.upgrade", "upgrade_solver_main"),
     "convert_imageset": ("poseidon_caffe.data.tools", "convert_imageset_main"),

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+import types
 
 _LETTERS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W",
             logging.ERROR: "E", logging.CRITICAL: "F"}
@@ -58,3 +59,14 @@ def warning(msg, *args):
 
 def error(msg, *args):
     logger.error(msg, *args, stacklevel=2)
+
+
+class _CallableLogModule(types.ModuleType):
+    """pycaffe's ``caffe.log(message)`` is a function while this package's ``log`` is this
+    module: calling the module writes one INFO line, so both spellings work."""
+
+    def __call__(self, message):
+        logger.info("%s", message, stacklevel=2)
+
+
+sys.modules[__name__].__class__ = _CallableLogModule

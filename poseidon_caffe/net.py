@@ -19,6 +19,7 @@ from .proto import caffe_pb2
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
+LAYER_CALLBACK_KINDS = ("before_forward", "after_forward", "before_backward", "after_backward")
 
 
 class NetError(ValueError):
@@ -209,6 +210,8 @@ class Net:
         self._grad_ready_hook = None
         self._before_forward_hook = None
         self._layer_timing_hook = None
+        # pycaffe's per-layer callbacks (Net.before_forward etc.): kind -> [fn(layer index)]
+        self._layer_callbacks = {kind: [] for kind in LAYER_CALLBACK_KINDS}
 
         available = set()
         memory = 0
@@ -468,7 +471,11 @@ class Net:
         hook = self._before_forward_hook
         timing = self._layer_timing_hook
         debug = self.param.debug_info
+        before, after = (self._layer_callbacks["before_forward"],
+                         self._layer_callbacks["after_forward"])
         for i in range(start, end + 1):
+            for callback in before:
+                callback(i)
             layer = self.layers[i]
             if hook is not None and layer.blobs:
                 hook(i)
@@ -491,6 +498,8 @@ class Net:
                 loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
             if debug:
                 self._forward_debug_info(i)
+            for callback in after:
+                callback(i)
         return loss
 
     def backward_from_to(self, start=None, end=0, seeded=()):
@@ -500,8 +509,15 @@ class Net:
         hook = self._grad_ready_hook
         timing = self._layer_timing_hook
         debug = self.param.debug_info
+        before, after = (self._layer_callbacks["before_backward"],
+                         self._layer_callbacks["after_backward"])
         for i in range(start, end - 1, -1):
+            # as Caffe, the callbacks see every layer of the range, computing backward or not
+            for callback in before:
+                callback(i)
             if not self.layer_need_backward[i]:
+                for callback in after:
+                    callback(i)
                 continue
             tops = self.top_vecs[i]
             for j, weight in self.layer_loss_weights[i]:
@@ -517,6 +533,8 @@ class Net:
                 self._backward_debug_info(i)
             if hook is not None and self._learnable_final_at[i]:
                 hook(i)
+            for callback in after:
+                callback(i)
         if debug:
             self._update_debug_summary()
 
@@ -810,6 +828,83 @@ class Net:
             raise NetError("set_input_arrays needs the net's first layer to be MemoryData, not %s"
                            % layer.type)
         layer.set_input_arrays(data, labels)
+
+    # -- pycaffe conveniences: callbacks, HDF5 weights, and the underscore internals ---------
+    # (the names pycaffe's own Python code and BVLC's python/caffe/test suite reach for)
+    def _add_layer_callback(self, kind, fn):
+        if not callable(fn):
+            raise TypeError("Net.%s takes a callable fn(layer_index), not %s"
+                            % (kind, type(fn).__name__))
+        self._layer_callbacks[kind].append(fn)
+
+    def before_forward(self, fn):
+        """Call ``fn(layer_index)`` before each layer computes forward."""
+        self._add_layer_callback("before_forward", fn)
+
+    def after_forward(self, fn):
+        """Call ``fn(layer_index)`` after each layer computes forward."""
+        self._add_layer_callback("after_forward", fn)
+
+    def before_backward(self, fn):
+        """Call ``fn(layer_index)`` before each layer of a backward range (needed or not)."""
+        self._add_layer_callback("before_backward", fn)
+
+    def after_backward(self, fn):
+        """Call ``fn(layer_index)`` after each layer of a backward range; an ``NCCL`` object
+        given here reduces that layer's gradients (layer-wise reduce)."""
+        self._add_layer_callback("after_backward", fn)
+
+    def save_hdf5(self, path):
+        """Write the weights as Caffe's HDF5 model (groups data/<layer>/<param index>)."""
+        from . import net_hdf5
+        net_hdf5.save(self, path)
+
+    def load_hdf5(self, path):
+        """Copy weights by layer name from a Caffe HDF5 model file."""
+        from . import net_hdf5
+        net_hdf5.load(self, path)
+
+    @property
+    def _layer_names(self):
+        return list(self.layer_names)
+
+    @property
+    def _blob_names(self):
+        return list(self.blob_names)
+
+    @property
+    def _inputs(self):
+        return list(self.input_blob_indices)
+
+    @property
+    def _outputs(self):
+        return list(self.output_blob_indices)
+
+    @property
+    def _blob_loss_weights(self):
+        return self.blob_loss_weight_list
+
+    def _bottom_ids(self, layer_index):
+        return list(self.bottom_ids[layer_index])
+
+    def _top_ids(self, layer_index):
+        return list(self.top_ids[layer_index])
+
+    def _forward(self, start, end):
+        """Forward over layers start..end (indices, both included); returns the loss."""
+        return self.forward_from_to(int(start), int(end))
+
+    def _backward(self, start, end):
+        """Backward over layers start down to end (indices, both included)."""
+        self.backward_from_to(int(start), int(end))
+
+    def _set_input_arrays(self, data, labels):
+        """Feed a MemoryData first layer: data N x C x H x W, labels N x 1 x 1 x 1, both
+        float32 and C-contiguous (the arrays are kept by reference, not copied)."""
+        if isinstance(labels, np.ndarray) and labels.ndim != 4:
+            raise NetError("labels array must be 4-d (N x 1 x 1 x 1); its shape is %s "
+                           "(Net.set_input_arrays also takes N labels)" % (labels.shape,))
+        self.set_input_arrays(data, labels)
 
     def __repr__(self):
         return "<Net %r phase=%s layers=%d>" % (self.name, caffe_pb2.Phase.Name(self.phase),

@@ -118,8 +118,9 @@ class Function:
         self.type_name = type_name
         for index, inp in enumerate(inputs):
             if not isinstance(inp, Top):
+                # the type as repr() shows it, the wording pycaffe users match on
                 raise TypeError("%s input %d is not a Top (type is %s)"
-                                % (type_name, index, type(inp).__name__))
+                                % (type_name, index, type(inp)))
         self.inputs = inputs
         self.params = dict(params)
         self.ntop = self.params.pop("ntop", 1)

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from .. import io as pio
 from .. import log
 from .. import rng
+from .. import solver_group
 from ..progress import ProgressBar
 from ..proto import caffe_pb2
 from . import signals
@@ -80,6 +81,7 @@ class Solver:
         self.current_step = 0
         self.losses = []
         self.smoothed_loss = 0.0
+        self.callbacks = []            # pycaffe's add_callback: on_start / on_gradients_ready
         self._init(param)
 
     # -- construction ---------------------------------------------------------------------
@@ -93,8 +95,10 @@ class Solver:
             raise SolverError("Unknown regularization type: %r (expected L2 or L1)"
                               % param.regularization_type)
         self._check_snapshot_write_permissions()
+        solver_group.check_consistent()
         if param.random_seed >= 0:
-            rng.set_random_seed(param.random_seed)
+            # as Caffe: each solver of a multi-solver job draws its own stream
+            rng.set_random_seed(param.random_seed + solver_group.solver_rank())
         self.net = self._init_train_net()
         self.test_nets = self._init_test_nets()
         log.info("Solver scaffolding done.")
@@ -223,7 +227,7 @@ class Solver:
         p = self.param
         snapshot_here = p.snapshot and self.iter % p.snapshot == 0
         if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
-                and self.last_snapshot_iter != self.iter):
+                and self.last_snapshot_iter != self.iter and solver_group.root_solver()):
             self.snapshot()
         if self.requested_early_exit:
             log.info("Optimization stopped early.")
@@ -232,7 +236,7 @@ class Solver:
             loss, _ = forward_outputs(self.net)
             self._update_smoothed_loss(loss, start_iter)
             log.info("Iteration %d, loss = %s", self.iter, fmt(self.smoothed_loss))
-        if p.test_interval and self.iter % p.test_interval == 0:
+        if p.test_interval and self.iter % p.test_interval == 0 and solver_group.root_solver():
             self.test_all()
         log.info("Optimization Done.")
 
@@ -249,13 +253,16 @@ class Solver:
             while self.iter < stop_iter:
                 self.net.clear_param_diffs()
                 if (p.test_interval and self.iter % p.test_interval == 0
-                        and (self.iter > 0 or p.test_initialization)):
+                        and (self.iter > 0 or p.test_initialization)
+                        and solver_group.root_solver()):
                     if bar is not None:
                         bar.close()
                         bar = None
                     self.test_all()
                     if self.requested_early_exit:
                         break
+                for callback in self.callbacks:
+                    callback.on_start()
                 display = bool(p.display) and self.iter % p.display == 0
                 _set_debug_info(self.net, display and p.debug_info)
                 loss = 0.0
@@ -270,6 +277,8 @@ class Solver:
                         bar.close()
                         bar = None
                     self._display()
+                for callback in self.callbacks:
+                    callback.on_gradients_ready()
                 self.exchange.after_gradients(self)
                 self.iter += 1
                 if p.display and self.iter < stop_iter:
@@ -278,7 +287,8 @@ class Solver:
                     bar.update(self.iter % p.display or p.display,
                                "(next display at %d)" % ((self.iter // p.display + 1) * p.display))
                 request = self.requested_action()
-                if (p.snapshot and self.iter % p.snapshot == 0) or request == signals.SNAPSHOT:
+                if (((p.snapshot and self.iter % p.snapshot == 0) or request == signals.SNAPSHOT)
+                        and solver_group.root_solver()):
                     self.snapshot()
                 if request == signals.STOP:
                     self.requested_early_exit = True
@@ -516,6 +526,39 @@ class Solver:
                 setter = getattr(layer, "set_resume_state", None)
                 if setter is not None and key in states:
                     setter(states[key])
+
+    # -- pycaffe conveniences ---------------------------------------------------------------
+    def add_callback(self, on_start, on_gradients_ready=None):
+        """pycaffe's ``add_callback(on_start, on_gradients_ready)``: two callables, run every
+        iteration before forward and once the gradients are complete (before the update);
+        or one object with ``on_start()`` and ``on_gradients_ready()`` methods (an NCCL)."""
+        if on_gradients_ready is None:
+            callback = on_start
+            if not (callable(getattr(callback, "on_start", None))
+                    and callable(getattr(callback, "on_gradients_ready", None))):
+                raise TypeError("add_callback takes two callables (on_start, "
+                                "on_gradients_ready) or an object with those methods, not %s"
+                                % type(callback).__name__)
+        else:
+            if not (callable(on_start) and callable(on_gradients_ready)):
+                raise TypeError("add_callback(on_start, on_gradients_ready) takes callables")
+            callback = _CallbackPair(on_start, on_gradients_ready)
+        self.callbacks.append(callback)
+
+    @property
+    def lr(self):
+        """The learning rate of the current iteration (Caffe's GetLearningRate)."""
+        return self.get_learning_rate()
+
+    def share_weights(self, net):
+        """Make ``net`` use this solver's training weights (shared storage, by layer name)."""
+        net.share_trained_layers_with(self.net)
+
+
+class _CallbackPair:
+    def __init__(self, on_start, on_gradients_ready):
+        self.on_start = on_start
+        self.on_gradients_ready = on_gradients_ready
 
 
 # -- helpers shared with the command line ----------------------------------------------------
