@@ -31,11 +31,10 @@ CONVERT_FLAGS = [
                  "('png','jpg',...)."),
 ]
 
-CONVERT_USAGE = """Convert a set of images to the leveldb/lmdb format used as input for Caffe.
+CONVERT_USAGE = """Write the images named in LISTFILE (lines of "path label", paths relative to
+ROOTFOLDER) into a new LMDB of Datum records.
 Usage:
     convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
-The ImageNet dataset for the training demo is at
-    http://www.image-net.org/download-images
 """
 
 
@@ -168,7 +167,8 @@ def convert_imageset_main(argv):
 # -- compute_image_mean ------------------------------------------------------------------------
 
 MEAN_FLAGS = [flagmod.Flag("backend", "lmdb", "The backend {lmdb} for the input database")]
-MEAN_USAGE = """Compute the mean_image of a set of images given by a leveldb/lmdb
+MEAN_USAGE = """Average every Datum of an LMDB into one mean image (a BlobProto), written to
+OUTPUT_FILE when given.
 Usage:
     compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]
 """
