@@ -18,7 +18,7 @@ from . import log
 from .proto import caffe_pb2
 
 __all__ = ["UpgradeError", "upgrade_net", "upgrade_solver", "net_needs_upgrade",
-           "upgrade_net_main", "upgrade_solver_main"]
+           "upgrade_net_main", "upgrade_net_proto_binary_main", "upgrade_solver_main"]
 
 V1 = caffe_pb2.V1LayerParameter
 
@@ -475,6 +475,28 @@ def upgrade_net_main(argv):
         sys.stderr.write("upgrade-net: %s\n" % e)
         return 1
     log.info("Wrote upgraded NetParameter %s proto to %s", "binary" if binary else "text", dst)
+    return 0
+
+
+def upgrade_net_proto_binary_main(argv):
+    """``upgrade_net_proto_binary IN OUT``, as Caffe's tool: a binary NetParameter (a
+    .caffemodel of any age, whatever its file name) in, the upgraded binary out."""
+    from . import io
+    if len(argv) != 2 or any(a in ("-h", "-help", "--help") for a in argv):
+        return _usage("upgrade_net_proto_binary", "a binary NetParameter (.caffemodel)")
+    src, dst = argv
+    try:
+        raw = io._parse_binary(io._read_bytes(src, "a binary .caffemodel"),
+                               caffe_pb2.NetParameter(), src, ".caffemodel")
+        if not net_needs_upgrade(raw):
+            log.error("File already in latest proto format: %s", src)
+        else:
+            upgrade_net(raw, src)
+        io.write_net_binary(raw, dst)
+    except (io.ProtoFileError, UpgradeError) as e:
+        sys.stderr.write("upgrade_net_proto_binary: %s\n" % e)
+        return 1
+    log.info("Wrote upgraded NetParameter binary proto to %s", dst)
     return 0
 
 
