@@ -23,7 +23,7 @@ from .proto import caffe_pb2
 
 __all__ = ["LAYER_STYLE_DEFAULT", "NEURON_LAYER_STYLE", "BLOB_STYLE", "GraphvizError",
            "get_pooling_types_dict", "get_edge_label", "get_layer_lr_mult", "get_layer_label",
-           "choose_color_by_layertype", "get_pydot_graph", "draw_net", "draw_net_to_file",
+           "choose_color_by_layertype", "get_pydot_graph", "render", "draw_net", "draw_net_to_file",
            "draw_net_main"]
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}

@@ -73,10 +73,6 @@ def _leap(year):
     return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
 
 
-def _number(text):
-    return float(text)
-
-
 def parse_log(path_to_log):
     """(train rows, test rows) of a training log: lists of OrderedDicts with NumIters (int),
     Seconds, LearningRate and each output (floats), in log order."""
@@ -108,7 +104,7 @@ def parse_log(path_to_log):
             continue                # outputs count only once the first iteration is known
         match = _LEARNING_RATE.search(message)
         if match:
-            rates[iteration] = _number(match.group(1))
+            rates[iteration] = float(match.group(1))
         match = _OUTPUT.search(message)
         if match:
             phase = match.group(1).lower()
@@ -117,7 +113,7 @@ def parse_log(path_to_log):
                 table.append(OrderedDict([("NumIters", iteration), ("Seconds", None),
                                           ("LearningRate", math.nan)]))
                 row_times[phase].append(when)
-            table[-1][match.group(2)] = _number(match.group(3))
+            table[-1][match.group(2)] = float(match.group(3))
     if not clock.stamps:
         raise LogParseError("%s is not a Caffe training log: no glog lines "
                             "('I1121 10:00:00.000000  1234 file:line] ...')" % path_to_log)
