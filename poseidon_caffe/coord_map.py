@@ -65,10 +65,14 @@ def conv_params(fn):
     params = _layer_params(fn)
     if fn.type_name == "Pooling" and params.get("global_pooling"):
         raise UndefinedMapException("global pooling collapses the spatial axes")
-    if "kernel_size" not in params and "kernel_h" not in params:
+    if ("kernel_h" in params) != ("kernel_w" in params):
+        raise ValueError("%s call: kernel_h and kernel_w are given together" % fn.type_name)
+    if "kernel_h" in params:
+        kernel = np.array([params["kernel_h"], params["kernel_w"]])
+    elif "kernel_size" in params:
+        kernel = np.array(params["kernel_size"], ndmin=1)
+    else:
         raise UndefinedMapException("%s call without kernel_size" % fn.type_name)
-    kernel = _per_axis(params, "kernel", None) if "kernel_h" in params else \
-        np.array(params["kernel_size"], ndmin=1)
     dilation = np.array(params.get("dilation", 1), ndmin=1) if fn.type_name != "Pooling" else 1
     axis = params.get("axis", 1) if fn.type_name != "Pooling" else 1
     return (axis, _per_axis(params, "stride", 1), (kernel - 1) * dilation + 1,
