@@ -27,6 +27,11 @@ commands:
   convert_imageset   convert a set of images to an LMDB of Datum records
   compute_image_mean compute the mean image of a database
   make_partitions    split a dataset into per-worker partitions
+  draw_net           draw a net's graph (PNG, SVG, PDF or DOT)
+  parse_log          a training log -> LOG.train and LOG.test tables
+  plot               plot loss, accuracy and learning rate of training logs
+  extract_features   write chosen blobs of a trained net's forward passes to LMDB
+  upgrade_net_proto_binary  upgrade a legacy binary .caffemodel
 """
 
 CAFFE_FLAGS = [
@@ -77,6 +82,11 @@ TOOLS = {
     "convert_imageset": ("poseidon_caffe.data.tools", "convert_imageset_main"),
     "compute_image_mean": ("poseidon_caffe.data.tools", "compute_image_mean_main"),
     "make_partitions": ("poseidon_caffe.data.tools", "make_partitions_main"),
+    "draw_net": ("poseidon_caffe.draw", "draw_net_main"),
+    "parse_log": ("poseidon_caffe.training_log", "parse_log_main"),
+    "plot": ("poseidon_caffe.plot_log", "plot_main"),
+    "extract_features": ("poseidon_caffe.extract_features", "extract_features_main"),
+    "upgrade_net_proto_binary": ("poseidon_caffe.upgrade", "upgrade_net_proto_binary_main"),
 }
 
 

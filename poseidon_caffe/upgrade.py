@@ -18,7 +18,7 @@ from . import flags, log
 from .proto import caffe_pb2
 
 __all__ = ["UpgradeError", "upgrade_net", "upgrade_solver", "net_needs_upgrade",
-           "upgrade_net_main", "upgrade_solver_main"]
+           "upgrade_net_main", "upgrade_net_proto_binary_main", "upgrade_solver_main"]
 
 V1 = caffe_pb2.V1LayerParameter
 
@@ -445,6 +445,7 @@ _USAGE = ("usage: poseidon-caffe %s IN OUT\n"
           "  Reads %s in any legacy format and writes it in the current one.\n")
 NET_USAGE = _USAGE % ("upgrade-net", "a net prototxt or a binary .caffemodel")
 SOLVER_USAGE = _USAGE % ("upgrade-solver", "a solver prototxt")
+BINARY_USAGE = _USAGE % ("upgrade_net_proto_binary", "a binary NetParameter (.caffemodel)")
 
 
 def _usage(text):
@@ -480,6 +481,29 @@ def upgrade_net_main(argv):
         sys.stderr.write("upgrade-net: %s\n" % e)
         return 1
     log.info("Wrote upgraded NetParameter %s proto to %s", "binary" if binary else "text", dst)
+    return 0
+
+
+@flags.documented(BINARY_USAGE)
+def upgrade_net_proto_binary_main(argv):
+    """``upgrade_net_proto_binary IN OUT``, as Caffe's tool: a binary NetParameter (a
+    .caffemodel of any age, whatever its file name) in, the upgraded binary out."""
+    from . import io
+    if len(argv) != 2 or any(a in ("-h", "-help", "--help") for a in argv):
+        return _usage(BINARY_USAGE)
+    src, dst = argv
+    try:
+        raw = io._parse_binary(io._read_bytes(src, "a binary .caffemodel"),
+                               caffe_pb2.NetParameter(), src, ".caffemodel")
+        if not net_needs_upgrade(raw):
+            log.error("File already in latest proto format: %s", src)
+        else:
+            upgrade_net(raw, src)
+        io.write_net_binary(raw, dst)
+    except (io.ProtoFileError, UpgradeError) as e:
+        sys.stderr.write("upgrade_net_proto_binary: %s\n" % e)
+        return 1
+    log.info("Wrote upgraded NetParameter binary proto to %s", dst)
     return 0
 
 
