@@ -265,13 +265,14 @@ def _naive_max_pool(x, g):
     dy_route = []
     for a, b, i, j in itertools.product(range(n), range(c), *map(range, g.out_shape)):
         hs, ws = i * g.stride[0] - g.pad[0], j * g.stride[1] - g.pad[1]
-        best, where = -np.inf, -1
+        best, where = -np.finfo(np.float32).max, -1       # an empty window keeps these
         for u in range(max(hs, 0), min(hs + g.kernel[0], g.in_shape[0])):
             for v in range(max(ws, 0), min(ws + g.kernel[1], g.in_shape[1])):
                 if x[a, b, u, v] > best:
                     best, where = x[a, b, u, v], u * g.in_shape[1] + v
         y[a, b, i, j], mask[a, b, i, j] = best, where
-        dy_route.append(((a, b, i, j), (a, b) + divmod(where, g.in_shape[1])))
+        if where >= 0:
+            dy_route.append(((a, b, i, j), (a, b) + divmod(where, g.in_shape[1])))
     return y, mask, dy_route
 
 
@@ -284,8 +285,16 @@ POOL_GEOMS = [   # (in, kernel, stride, pad, out): overlap, overhang, padding, k
 ]
 
 
+# kernel shorter than stride, no padding: Caffe's rounded-up count puts a last window wholly
+# past the input (MAX: -FLT_MAX, mask -1, no gradient)
+EMPTY_WINDOW_GEOMS = [
+    ((8, 8), (1, 1), (2, 2), (0, 0), (5, 5)),
+    ((10, 7), (1, 2), (4, 3), (0, 0), (4, 3)),
+]
+
+
 @pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
-@pytest.mark.parametrize("spec", POOL_GEOMS, ids=str)
+@pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS, ids=str)
 def test_max_pool_paths_match_caffe_loops(spec, separable, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)

@@ -89,6 +89,26 @@ class PoolGeometry:
             sizes = size if sizes is None else np.multiply.outer(sizes, size)
         return sizes
 
+    def empty_windows(self):
+        """Boolean map (out_shape) of windows that hold no input cell, or None if there are none.
+
+        Without padding, Caffe's rounded-up output count can place a last window wholly past the
+        input when the kernel is shorter than the stride; Caffe's MAX gives it -FLT_MAX, mask -1,
+        and no gradient.
+        """
+        empty = None
+        for axis, (i, k, s, p, o) in enumerate(zip(self.in_shape, self.kernel, self.stride,
+                                                   self.pad, self.out_shape)):
+            start = np.arange(o) * s - p
+            on_axis = (start >= i) | (start + k <= 0)
+            if not on_axis.any():
+                continue
+            shape = [1] * len(self.out_shape)
+            shape[axis] = o
+            on_axis = on_axis.reshape(shape)
+            empty = on_axis if empty is None else empty | on_axis
+        return None if empty is None else np.broadcast_to(empty, self.out_shape)
+
     def bottom_offsets(self):
         """(flat input index of each window's first tap, flat input offset of each tap)."""
         in_strides = np.cumprod((1,) + self.in_shape[::-1])[:-1][::-1]

@@ -19,6 +19,7 @@ import numpy as np
 from .threads import over_batch
 
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
+FLT_MAX = np.float32(np.finfo(np.float32).max)
 SEPARABLE_MIN_CELLS = 27 * 27      # input cells per channel from which the stages are used
 
 
@@ -41,6 +42,8 @@ class PoolPlan:
         # small maps (16x16, 13x13, LeNet's) their short strided rows cost more than the
         # k^2 whole-array passes of the tap loop, which also routes the gradient by bincount
         self.separable = geom.in_count >= SEPARABLE_MIN_CELLS
+        # the stages read the unpadded input, which a window wholly past it does not fit
+        self._has_empty = geom.empty_windows() is not None
         self._inv_sizes = None
         self._test_terms = None
 
@@ -117,7 +120,17 @@ class PoolPlan:
 
     # -- MAX -------------------------------------------------------------------------------
     def max_forward(self, x, y):
-        if not self.separable:
+        self._max_forward(x, y)
+        empty = self.geom.empty_windows()
+        if empty is not None:
+            y[..., empty] = -FLT_MAX
+        return y
+
+    def _stages(self):
+        return self.separable and not self._has_empty
+
+    def _max_forward(self, x, y):
+        if not self._stages():
             return self._max_by_taps(x, y)
         g = self.geom
         n = x.shape[0]
@@ -185,7 +198,16 @@ class PoolPlan:
         return won
 
     def mask(self):
-        """Flat input index (within one channel) of each output's winner, Caffe's mask."""
+        """Flat input index (within one channel) of each output's winner, Caffe's mask; -1 for
+        a window that holds no input cell."""
+        flat = self._winner_indices()
+        empty = self.geom.empty_windows()
+        if empty is not None:
+            flat = np.array(flat)
+            flat[..., empty] = -1
+        return flat
+
+    def _winner_indices(self):
         if self._winners == "taps":
             base, taps = self.geom.bottom_offsets()
             return base + taps[self._tap_index]
@@ -321,20 +343,26 @@ class PoolPlan:
         g = self.geom
         nc = dy.shape[0] * dy.shape[1]
         flat = self.mask().reshape(nc, -1)
+        weights = dy.reshape(nc, -1)
         flat += (np.arange(nc, dtype=np.int64) * g.in_count)[:, None]
-        summed = np.bincount(flat.ravel(), weights=dy.ravel(), minlength=nc * g.in_count)
+        empty = self.geom.empty_windows()
+        if empty is not None:              # an empty window routes its gradient nowhere
+            keep = ~empty.reshape(-1)
+            flat, weights = flat[:, keep], weights[:, keep]
+        summed = np.bincount(flat.ravel(), weights=weights.ravel(), minlength=nc * g.in_count)
         np.copyto(dx.reshape(-1), summed)
         return dx
 
     # -- AVE -------------------------------------------------------------------------------
     def _inverse_sizes(self):
         if self._inv_sizes is None:
-            self._inv_sizes = (1.0 / self.geom.window_sizes()).astype(self.dtype)
+            with np.errstate(divide="ignore"):   # an empty window divides by 0, as in Caffe
+                self._inv_sizes = (1.0 / self.geom.window_sizes()).astype(self.dtype)
         return self._inv_sizes
 
     def ave_forward(self, x, y):
         inverse = self._inverse_sizes()
-        if not self.separable:
+        if not self._stages():
             read = self._reader(self._padded(x, 0.0))
             y[...] = 0
             for tap in self.geom.taps:
@@ -363,7 +391,7 @@ class PoolPlan:
 
     def ave_backward(self, dy, dx):
         inverse = self._inverse_sizes()
-        if not self.separable:
+        if not self._stages():
             share = dy * inverse
             return self._scatter(dy.shape, ((tap, share) for tap in self.geom.taps), dx)
 
