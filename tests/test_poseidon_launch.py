@@ -215,3 +215,66 @@ def test_a_proxy_command_is_checked_before_it_runs():
 def test_clients_on_one_address_share_its_proxy():
     hosts = [(0, "10.0.0.1", 1), (1, "10.0.0.2", 1), (2, "10.0.0.1", 1), (3, "10.0.0.3", 1)]
     assert join.proxy_owners(hosts) == {0: 0, 1: 1, 3: 2}
+
+
+def flag_values(*argv):
+    from poseidon_caffe import flags
+    values, _ = flags.parse(list(argv), cli.ALL_FLAGS)
+    return values
+
+
+def test_caffe_main_flags_parse_and_fold_into_this_projects():
+    values = flag_values("--hostfile", "h", "--client_id", "1", "--num_clients", "2",
+                         "--table_staleness", "3", "--svb=true", "--net_outputs", "o/x",
+                         "--stats_path", "o/s.yaml", "--num_table_threads", "2",
+                         "--num_rows_per_table", "256", "--num_comm_channels_per_client", "8",
+                         "--consistency_model", "SSP", "--svb_timeout_ms", "10",
+                         "--init_thread_access_table=true", "-ps_update=worker")
+    notes = cli.poseidon_flags(values)
+    assert values["staleness"] == 3 and values["svb"] is True
+    assert values["client_id"] == 1 and values["num_clients"] == 2
+    assert values["ps_update"] == "worker"
+    assert notes == ["-consistency_model=SSP is served as SSPPush (the servers push fresh rows "
+                     "to every client)",
+                     "Bösen tuning flags accepted, no effect here: -num_table_threads=2 "
+                     "-num_rows_per_table=256 -num_comm_channels_per_client=8 "
+                     "-svb_timeout_ms=10 -init_thread_access_table=true"]
+    assert cli.poseidon_flags(flag_values("-consistency_model=BSP")) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-consistency_model=BSP", "-table_staleness=2"], "BSP is bulk-synchronous, but the "
+                                                       "staleness is 2"),
+    (["-consistency_model=LocalOOC"], "-consistency_model takes SSPPush, SSP, SSPAggr, BSP"),
+    (["-staleness=1", "-table_staleness=2"], "-staleness=1 and -table_staleness=2 disagree"),
+    (["-ps_update=average"], "-ps_update takes server or worker"),
+    (["-table_staleness=-1"], "-staleness must be 0 or more"),
+])
+def test_caffe_main_flag_errors_are_one_line(argv, message, tmp_path, caplog):
+    solver = tmp_path / "s.prototxt"
+    solver.write_text('net: "n.prototxt" base_lr: 0.1\n')
+    assert cli.main(["train", "-solver=%s" % solver] + argv) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
+
+
+def test_table_staleness_and_outputs_act_under_mpiexec(job):
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "2", PY, "-m", "poseidon_caffe.cli", "train",
+         "--solver", str(job / "solver.prototxt"), "--table_staleness", "1",
+         "--consistency_model", "SSPPush", "--net_outputs", str(job / "o" / "tiny"),
+         "--stats_path", str(job / "o" / "caffe_stats.yaml"), "--num_clients", "1",
+         "--svb_timeout_ms", "10"],
+        capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("no effect here: -svb_timeout_ms=10") == 1
+    stats = json.loads((job / "o" / "caffe_stats.yaml").read_text())["workers"]
+    assert [w["staleness"] for w in stats] == [1, 1]
+    assert set(stats[0]["plan"].values()) == {"ps"}
+    assert len((job / "o" / "tiny.netoutputs").read_text().splitlines()) == 1 + ITERS
+    bad = subprocess.run(
+        [MPIEXEC, "-n", "2", PY, "-m", "poseidon_caffe.cli", "train",
+         "--solver", str(job / "solver.prototxt"), "--num_clients", "3"],
+        capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
+    assert bad.returncode != 0
+    assert "-num_clients=3, but the job runs on 1 hosts" in bad.stderr

@@ -79,7 +79,7 @@ def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False, dedicated=Fal
             raise PlanError("-ps_update=worker cannot apply clip_gradients: each worker's update "
                             "is sent as soon as its layer is ready, before a global norm is "
                             "known (use the default -ps_update=server)")
-        svb = False if svb else svb
+        svb = False         # update values are not rank-K: no factors
     if svb and mode == "auto" and item.sfb is not None and P > 1 and staleness == 0:
         return "sfb"
     if staleness > 0:
