@@ -124,16 +124,22 @@ sys.exit(run_local(dict(solver=solver, snapshot=snapshot, devices=devices,
 """
 
 
-def test_run_local_once_per_host_joins_one_job(job):
+@pytest.mark.parametrize("second", ["localhost", "127.0.0.1"])
+def test_run_local_once_per_host_joins_one_job(job, second):
     script = job / "run_local.py"
     script.write_text(RUN_LOCAL % (ROOT, str(job / "solver.prototxt"), str(job)))
-    hosts = str(job / "hosts")
-    leader, rc1, out1 = run_clients([[PY, str(script), "0", hosts],
-                                     [PY, str(script), "1", hosts]], job)
+    hosts = job / "hosts"
+    hosts.write_text(hosts.read_text().replace("localhost", second))
+    leader, rc1, out1 = run_clients([[PY, str(script), "0", str(hosts)],
+                                     [PY, str(script), "1", str(hosts)]], job)
     assert leader.returncode == 0, leader.stderr[-3000:] + leader.stdout[-3000:]
     assert rc1 == 0, out1[-3000:]
-    assert "-launcher manual" in leader.stdout
-    assert "Client 1 of 2: starting this host's ranks" in out1
+    assert "-launcher manual -hosts 127.0.0.1:1,%s:1 " % second in leader.stdout
+    if second == "localhost":
+        assert "Client 1 of 2: starting this host's ranks" in out1
+    else:
+        # hydra gives a host named twice one proxy: client 0's starts both clients' ranks
+        assert "Client 1: an earlier client on this address starts its ranks" in out1
     check_trained(job)
     out = job / "output" / "caffe.tiny.S0.M2.T1"
     # Poseidon's layout: logs.<client_id>/, <dataset>.netoutputs, caffe_stats.yaml
