@@ -221,6 +221,8 @@ def test_a_proxy_command_is_checked_before_it_runs():
 def test_clients_on_one_address_share_its_proxy():
     hosts = [(0, "10.0.0.1", 1), (1, "10.0.0.2", 1), (2, "10.0.0.1", 1), (3, "10.0.0.3", 1)]
     assert join.proxy_owners(hosts) == {0: 0, 1: 1, 3: 2}
+    # client 0 leads (Poseidon's name node) wherever its line is
+    assert join.leader([(1, "10.0.0.2", 5), (0, "10.0.0.1", 7)]) == (0, "10.0.0.1", 7)
 
 
 def flag_values(*argv):

@@ -43,6 +43,12 @@ def _timeout():
     return float(os.environ.get("POSEIDON_JOIN_TIMEOUT", 120))
 
 
+def leader(hosts):
+    """(client id, address, port) of the leading client: Poseidon's name node, client 0 (the
+    lowest id of the host file)."""
+    return min(hosts, key=lambda h: h[0])
+
+
 def proxy_owners(hosts):
     """{client id: proxy index} for the clients whose host starts a proxy: hydra gives one to
     every distinct host name, in order of first appearance."""
@@ -85,7 +91,7 @@ def run_client(client_id, hosts, mpiexec_args, stream=None):
     if client_id not in ids:
         raise JoinError("client id %d is not in the host file (its clients are %s)"
                         % (client_id, ", ".join(map(str, ids))))
-    if client_id == hosts[0][0]:
+    if client_id == leader(hosts)[0]:
         return lead(hosts, mpiexec_args, stream)
     return follow(client_id, hosts)
 
@@ -94,7 +100,7 @@ def lead(hosts, mpiexec_args, stream=None):
     """Client 0: start mpiexec with the manual launcher, hand out the proxies, run our own."""
     stream = stream or sys.stdout
     timeout = _timeout()
-    lead_id, lead_ip, port = hosts[0]
+    lead_id, lead_ip, port = leader(hosts)
     owners = proxy_owners(hosts)
     args = manual_launch(mpiexec_args)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -123,10 +129,11 @@ def lead(hosts, mpiexec_args, stream=None):
                             % (len(proxies), len(set(ip for _, ip, _ in hosts))))
         forward = threading.Thread(target=_forward, args=(job.stdout, stream), daemon=True)
         forward.start()
-        local = subprocess.Popen(proxies[0])
+        local = subprocess.Popen(proxies[owners[lead_id]]) if lead_id in owners else None
         clients = _hand_out(server, hosts, owners, proxies, timeout, job)
         status = _watch(job, clients, dict((cid, ip) for cid, ip, _ in hosts))
-        local.wait()
+        if local is not None:
+            local.wait()
         forward.join(5)
         for conn in clients.values():
             try:
@@ -180,7 +187,8 @@ def _forward(source, stream):
 def _hand_out(server, hosts, owners, proxies, timeout, job):
     """Answer every other client once: its proxy's arguments (or none, when an earlier client
     on the same address starts its ranks). Returns {client id: connection}."""
-    waiting = {cid: ip for cid, ip, _ in hosts[1:]}
+    lead_id, lead_ip, port = leader(hosts)
+    waiting = {cid: ip for cid, ip, _ in hosts if cid != lead_id}
     clients = {}
     deadline = time.monotonic() + timeout
     server.settimeout(0.5)
@@ -192,7 +200,7 @@ def _hand_out(server, hosts, owners, proxies, timeout, job):
             raise JoinError("clients %s did not join within %g s (they connect to client %d at "
                             "%s:%d)" % (", ".join("%d (%s)" % (c, ip) for c, ip in
                                                   sorted(waiting.items())), timeout,
-                                        hosts[0][0], hosts[0][1], hosts[0][2]))
+                                        lead_id, lead_ip, port))
         try:
             conn, _ = server.accept()
         except socket.timeout:
@@ -220,7 +228,7 @@ def _hand_out(server, hosts, owners, proxies, timeout, job):
 def follow(client_id, hosts):
     """Client k > 0: get this host's proxy from client 0, run it, return the job's status."""
     timeout = _timeout()
-    lead_id, lead_ip, port = hosts[0]
+    lead_id, lead_ip, port = leader(hosts)
     deadline = time.monotonic() + timeout
     conn = None
     while conn is None:

@@ -284,19 +284,19 @@ def run_local(settings, argv=None, repo_root=None, stream=None):
                          use_gpu=settings.get("use_gpu"),
                          num_servers=int(settings.get("num_servers", 0)),
                          client_ids=True, extra=extra)
+    from . import join
+    lead = join.leader(hosts)
     if client_id is None or len(hosts) == 1:
-        if client_id is not None and client_id != hosts[0][0]:
+        if client_id is not None and client_id != lead[0]:
             stream.write("client %d: %s names one host, client %d starts the job\n"
-                         % (client_id, hostfile, hosts[0][0]))
+                         % (client_id, hostfile, lead[0]))
             return 0
         return run(args, dry_run, stream)
-    from . import join
     if dry_run:
-        if client_id == hosts[0][0]:
+        if client_id == lead[0]:
             stream.write(" ".join(join.manual_launch(args)) + "\n")
         else:
-            stream.write("client %d joins client %d at %s:%d\n"
-                         % (client_id, hosts[0][0], hosts[0][1], hosts[0][2]))
+            stream.write("client %d joins client %d at %s:%d\n" % ((client_id,) + lead))
         return 0
     try:
         return join.run_client(client_id, hosts, args, stream)
