@@ -100,3 +100,32 @@ def test_update_rule_matches_numpy(tmp_path, rule, sync, servers):
     w, b = by_numpy(rule)
     np.testing.assert_allclose(weights["ip"][0].ravel(), w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(weights["ip"][1].ravel(), [b], rtol=1e-5, atol=1e-6)
+
+
+def test_worker_rule_resumes_every_workers_own_history(tmp_path):
+    """Each worker's momentum is its own under -ps_update=worker: a run resumed from the
+    snapshot at iteration 2 ends where the uninterrupted run does."""
+    write_db(tmp_path / "db")
+    (tmp_path / "net.prototxt").write_text(NET % (tmp_path / "db"))
+
+    def train(name, extra=()):
+        solver = tmp_path / (name + ".prototxt")
+        solver.write_text('net: "%s"\nbase_lr: %g momentum: %g weight_decay: %g '
+                          'lr_policy: "fixed"\nmax_iter: %d display: 0 snapshot: 2 '
+                          'snapshot_prefix: "%s"\nrandom_seed: 1\n'
+                          % (tmp_path / "net.prototxt", LR, MOMENTUM, DECAY, ITERS,
+                             tmp_path / name))
+        proc = subprocess.run([MPIEXEC, "-n", "2", PY, "-m", "poseidon_caffe.cli", "train",
+                               "-solver=%s" % solver, "-sync=ps", "-ps_update=worker"]
+                              + list(extra), capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stderr
+    train("whole")
+    assert (tmp_path / "whole_iter_2.rank1.history.npz").exists()
+    (tmp_path / "whole_iter_4.caffemodel").unlink()
+    train("whole", ["-snapshot=%s" % (tmp_path / "whole_iter_2.solverstate")])
+    _, resumed = read_net_weights(str(tmp_path / ("whole_iter_%d.caffemodel" % ITERS)))
+    w, b = by_numpy("worker")
+    np.testing.assert_allclose(resumed["ip"][0].ravel(), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(resumed["ip"][1].ravel(), [b], rtol=1e-5, atol=1e-6)

@@ -166,6 +166,7 @@ class DistributedRunner:
         if p.random_seed >= 0:
             # weights agree (broadcast); dropout and random crops must differ per worker
             rng.set_random_seed(p.random_seed + 7919 * topology.rank)
+        self.update = _opt(options, "ps_update", "server")
         self._restore_rank_state(_opt(options, "snapshot", ""))
         self.rule = SolverRule(solver)
         timeline_path = _opt(options, "timeline", "")
@@ -235,6 +236,26 @@ class DistributedRunner:
             rng.set_state(extra["rng"])
             self.solver._set_layer_resume_states(extra.get("layers", {}))
             log.info("Rank %d: restored its random and data-cursor state", self.topology.rank)
+        if self.update == "worker" and rank != 0:
+            self._restore_worker_history(self._history_path(state_file))
+
+    def _restore_worker_history(self, path):
+        """With -ps_update=worker every worker keeps its own solver history; rank 0's is in
+        the solver state, the others' beside their random state."""
+        if not os.path.exists(path):
+            log.warning("Rank %d: no %s; this worker resumes with rank 0's solver history",
+                        self.topology.rank, path)
+            return
+        with np.load(path) as saved:
+            arrays = [saved["h%d" % i] for i in range(len(saved.files))]
+        history = self.solver.history
+        if len(arrays) != len(history) or any(a.shape != tuple(h.shape)
+                                              for a, h in zip(arrays, history)):
+            raise ValueError("%s holds %d history blobs that do not fit this solver's %d"
+                             % (path, len(arrays), len(history)))
+        for target, array in zip(history, arrays):
+            target[...] = array
+        log.info("Rank %d: restored its own solver history", self.topology.rank)
 
     def _rank_state_path(self, state_path):
         for ext in (".solverstate.h5", ".solverstate"):
@@ -360,8 +381,23 @@ class DistributedRunner:
             solver.last_snapshot_iter = solver.iter
         if topo.rank != 0:
             snap.write_rngstate(self._rank_state_path(state), solver._layer_resume_states())
+            if self.update == "worker":
+                self._write_worker_history(self._history_path(state))
         self.engine.scheduler.call(lambda: topo.world.barrier())
         return state
+
+    def _history_path(self, state_path):
+        """<prefix>_iter_N.rank<r>.history.npz beside the rank's .rngstate."""
+        from ..solver import snapshot as snap
+        rank_state = snap.rngstate_filename(self._rank_state_path(state_path))
+        return rank_state[:-len(".rngstate")] + ".history.npz"
+
+    def _write_worker_history(self, path):
+        import io as _io
+        from ..io import atomic_write
+        buf = _io.BytesIO()
+        np.savez(buf, **{"h%d" % i: np.asarray(h) for i, h in enumerate(self.solver.history)})
+        atomic_write(path, buf.getvalue())
 
     # -- running --------------------------------------------------------------------------------
     def solve(self, resume_file=None):
