@@ -56,9 +56,10 @@ CAFFE_FLAGS = [
 # Read by the distributed engine (poseidon_caffe.sync) when a job runs on several ranks.
 SYNC_FLAGS = [
     gflags.Flag("sync", "", "Optional; distributed gradient exchange: auto, ps, sfb or allreduce."),
-    gflags.Flag("svb", None, "Optional; true or false: allow or forbid sufficient-factor "
-                "broadcasting for fully connected layers in auto mode (unset: the planner "
-                "weighs it like the other choices).", kind=bool),
+    gflags.Flag("svb", None, "Optional; Poseidon's switch: true sends every fully connected "
+                "(InnerProduct) weight as sufficient factors when the job spans several hosts; "
+                "false never (unset: the planner weighs them like the other choices).",
+                kind=bool),
     gflags.Flag("dwbp", True, "Wait-free backpropagation: send each layer's gradients as soon as "
                 "they are ready (-nodwbp sends after the whole backward pass)."),
     gflags.Flag("staleness", 0, "Stale-synchronous bound in iterations (0 = bulk synchronous)."),
@@ -69,10 +70,41 @@ SYNC_FLAGS = [
                 "job hold the server shards and train nothing (0 = one shard per host, "
                 "co-located with a worker)."),
     gflags.Flag("output_dir", "", "Optional; directory for per-rank logs and timelines."),
+    gflags.Flag("ps_update", "server", "How workers' gradients become one update: server (one "
+                "Caffe update of the averaged gradient, as one worker with P times the batch) "
+                "or worker (Poseidon's rule: each worker's solver computes its update, the "
+                "updates are added)."),
 ]
 
+# Poseidon's caffe_main flags (its own and Bösen's), taken as Poseidon's scripts give them.
+POSEIDON_FLAGS = [
+    gflags.Flag("hostfile", "", "Poseidon's host file (<client_id> <ip> <port> per line). Under "
+                "mpiexec: checked against the job's hosts, names the clients. Alone: this "
+                "process is client -client_id of the job the host file describes, and joins "
+                "it (see the launcher)."),
+    gflags.Flag("client_id", -1, "This host's client id (Poseidon's; -1: the host's index). "
+                "Names the per-client log folder and the data partition <source>_<client_id>."),
+    gflags.Flag("num_clients", 0, "Hosts in the job (0: any); checked against the job."),
+    gflags.Flag("table_staleness", None, "Poseidon's name for -staleness.", kind=int),
+    gflags.Flag("consistency_model", "", "SSPPush (Poseidon's default), SSP or SSPAggr: "
+                "stale-synchronous with -table_staleness (all served as SSPPush: the servers "
+                "push fresh rows); BSP: bulk-synchronous (staleness 0)."),
+    gflags.Flag("net_outputs", "", "Prefix of the .netoutputs file (PREFIX.netoutputs): the "
+                "train outputs at every display, averaged over the workers."),
+    gflags.Flag("stats_path", "", "File for the job's sync statistics (every worker's)."),
+    gflags.Flag("num_table_threads", 0, "Bösen tuning knob; no effect here."),
+    gflags.Flag("num_rows_per_table", 0, "Bösen tuning knob; no effect here."),
+    gflags.Flag("num_comm_channels_per_client", 0, "Bösen tuning knob; no effect here."),
+    gflags.Flag("svb_timeout_ms", 0, "Bösen tuning knob; no effect here."),
+    gflags.Flag("init_thread_access_table", None, "Bösen tuning knob; no effect here.",
+                kind=bool),
+]
+BOSEN_KNOBS = ("num_table_threads", "num_rows_per_table", "num_comm_channels_per_client",
+               "svb_timeout_ms", "init_thread_access_table")
+CONSISTENCY_MODELS = ("SSPPush", "SSP", "SSPAggr", "BSP")
+
 SYNC_MODES = ("auto", "ps", "sfb", "allreduce")
-ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS
+ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS + POSEIDON_FLAGS
 
 # Tools owned by other modules, imported only when asked for.
 TOOLS = {
@@ -158,6 +190,53 @@ def world_size():
     return 1
 
 
+def poseidon_flags(values):
+    """Fold Poseidon's caffe_main flags into this project's (in ``values``); returns the notes
+    to log once (flags that are accepted but have no effect)."""
+    if values["ps_update"] not in ("server", "worker"):
+        raise CommandError("-ps_update takes server or worker, not %r" % values["ps_update"])
+    if values["table_staleness"] is not None:
+        if values["staleness"] and values["staleness"] != values["table_staleness"]:
+            raise CommandError("-staleness=%d and -table_staleness=%d disagree (they are one "
+                               "setting: give one)" % (values["staleness"],
+                                                       values["table_staleness"]))
+        values["staleness"] = values["table_staleness"]
+    if values["staleness"] < 0:
+        raise CommandError("-staleness must be 0 or more, not %d" % values["staleness"])
+    notes = []
+    model = values["consistency_model"]
+    if model:
+        if model not in CONSISTENCY_MODELS:
+            raise CommandError("-consistency_model takes %s, not %r"
+                               % (", ".join(CONSISTENCY_MODELS), model))
+        if model == "BSP" and values["staleness"]:
+            raise CommandError("-consistency_model=BSP is bulk-synchronous, but the staleness "
+                               "is %d: drop one of them" % values["staleness"])
+        if model in ("SSP", "SSPAggr"):
+            notes.append("-consistency_model=%s is served as SSPPush (the servers push fresh "
+                         "rows to every client)" % model)
+    if values["client_id"] < -1:
+        raise CommandError("-client_id must be 0 or more, not %d" % values["client_id"])
+    if values["num_clients"] < 0:
+        raise CommandError("-num_clients must be 0 or more, not %d" % values["num_clients"])
+    knobs = ["-%s=%s" % (name, str(values[name]).lower() if isinstance(values[name], bool)
+                         else values[name])
+             for name in BOSEN_KNOBS if values[name] not in (0, None)]
+    if knobs:
+        notes.append("Bösen tuning flags accepted, no effect here: " + " ".join(knobs))
+    return notes
+
+
+def _joins_by_hostfile(values):
+    """Whether this process is one client of a host-file job started host by host (Poseidon's
+    scripts run caffe_main train on every host): no MPI job around it, a host file of several
+    clients."""
+    if not values["hostfile"] or world_size() > 1:
+        return False
+    from .sync.launcher import read_localserver
+    return len(read_localserver(values["hostfile"])) > 1
+
+
 def _is_distributed(values):
     if values["sync"] and values["sync"] not in SYNC_MODES:
         raise CommandError("-sync takes one of %s, not %r" % (", ".join(SYNC_MODES), values["sync"]))
@@ -201,6 +280,10 @@ def train(values):
         raise CommandError("Need a solver definition to train (-solver=solver.prototxt).")
     if values["snapshot"] and values["weights"]:
         raise CommandError("Give a snapshot to resume training or weights to finetune but not both.")
+    notes = poseidon_flags(values)
+    if _joins_by_hostfile(values):
+        from .sync import join
+        return join.train_client(values, values.get("_argv", []))
     sigint = parse_action(values["sigint_effect"], "sigint_effect")
     sighup = parse_action(values["sighup_effect"], "sighup_effect")
     solver_param = read_solver_param(values["solver"])
@@ -221,6 +304,8 @@ def train(values):
         solver_param.weights.append(values["weights"])
     if _prepare_distributed(values):
         return 0
+    for note in notes:
+        log.info("%s", note)
     with SignalHandler(sigint, sighup) as handler:
         solver = get_solver(solver_param, solver_file=values["solver"])
         solver.set_action_function(handler.requested_action)
@@ -437,6 +522,7 @@ def main(argv=None):
         if positional:
             raise CommandError("%s takes only flags; unexpected argument(s): %s"
                                % (command, " ".join(positional)))
+        values["_argv"] = rest
         return COMMANDS[command](values)
     except TrainingDiverged:
         return 1                    # the solver has logged the iteration and last snapshot

@@ -192,6 +192,40 @@ def test_missing_partition_names_it(tmp_path, images):
         data_layer(src, 2)
 
 
+def test_client_partition_is_read_when_present_strided_over_the_clients_workers(tmp_path,
+                                                                               images):
+    # Poseidon's default: client c's workers read <source>_c; its 2 local workers take
+    # records 0, 2, 4 ... and 1, 3, 5 ... of it
+    src = write_lmdb(tmp_path / "raw", [raw_datum(im, i) for i, im in enumerate(images)])
+    write_lmdb(tmp_path / "raw_1", [raw_datum(im, 100 + i) for i, im in enumerate(images)])
+    for local in range(2):
+        data_pkg.set_worker(2 + local, 4, client=(1, local, 2))
+        layer, top = data_layer(src, 2)
+        (_, y), = batches(layer, top, 1)
+        layer.close()
+        np.testing.assert_array_equal(y, [100 + local, 102 + local])
+    # client 0 has no partition: the shared source, worker r of 4 takes r, r+4, ...
+    data_pkg.set_worker(1, 4, client=(0, 1, 2))
+    layer, top = data_layer(src, 2)
+    (_, y), = batches(layer, top, 1)
+    layer.close()
+    np.testing.assert_array_equal(y, [1, 5])
+
+
+def test_shared_file_system_selects_the_shared_database(tmp_path, images):
+    src = write_lmdb(tmp_path / "raw", [raw_datum(im, i) for i, im in enumerate(images)])
+    write_lmdb(tmp_path / "raw_1", [raw_datum(im, 100 + i) for i, im in enumerate(images)])
+    data_pkg.set_worker(1, 2, client=(1, 0, 1))
+    layer, top = data_layer(src, 2, dp="shared_file_system: true")
+    (_, y), = batches(layer, top, 1)
+    layer.close()
+    np.testing.assert_array_equal(y, [1, 3])
+    layer, top = data_layer(src, 2)
+    (_, y), = batches(layer, top, 1)
+    layer.close()
+    np.testing.assert_array_equal(y, [100, 101])
+
+
 def test_rand_skip_starts_within_the_skip_range(tmp_path, images):
     src = write_lmdb(tmp_path / "raw", [raw_datum(im, i) for i, im in enumerate(images)])
     starts = set()

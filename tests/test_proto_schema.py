@@ -283,6 +283,7 @@ DEFAULTS = [
     ("DataParameter", "batch_size", 4, None),
     ("DataParameter", "backend", 8, "LEVELDB"),
     ("DataParameter", "prefetch", 10, 4),
+    ("DataParameter", "shared_file_system", 11, False),
     ("DropoutParameter", "dropout_ratio", 1, 0.5),
     ("DummyDataParameter", "shape", 6, None),
     ("EltwiseParameter", "operation", 1, "SUM"),

@@ -78,16 +78,26 @@ def test_run_local_dry_run(tmp_path, example):
     assert "-solver=%s" % solver in args
     assert "-output_dir=%s" % os.path.join(ROOT, "output", "caffe.%s.S0.M2.T1" % dataset) in args
     assert not os.path.exists(os.path.join(ROOT, "output", "caffe.%s.S0.M2.T1" % dataset))
+    # Poseidon's defaults for the example: svb, and the Bösen knobs passed on to be logged
+    svb, rows = {"mnist": ("false", 1), "alexnet": ("true", 256), "googlenet": ("true", 32)}[example]
+    assert args.count("-svb=%s" % svb) == 2
+    assert args.count("-num_rows_per_table=%d" % rows) == 2
+    assert args.count("-consistency_model=SSPPush") == 2
+    assert [a for a in args if a.startswith("-client_id=")] == ["-client_id=0", "-client_id=1"]
+    # Poseidon's per-host form: client 0 leads with hydra's manual launcher
+    lead = dry_run([PY, os.path.join(ROOT, "examples", example, "run_local.py"), "0", path,
+                    "--dry-run"])
+    assert lead[:3] == [args[0], "-launcher", "manual"] and lead[3:] == args[1:]
 
 
-@pytest.mark.parametrize("example", ["googlenet", "alexnet"])
-def test_train_script_dry_run(tmp_path, example):
+@pytest.mark.parametrize("example, svb", [("googlenet", "true"), ("alexnet", "false")])
+def test_train_script_dry_run(tmp_path, example, svb):
     path = hostfile(tmp_path, "0 127.0.0.1 9999\n")
     args = dry_run(["bash", os.path.join(ROOT, "examples", example, "train_%s.sh" % example), path],
                    env={"DRY_RUN": "1", "PYTHON": PY})
     assert args[1:3] == ["-hosts", "127.0.0.1:1"]
     assert "-solver=examples/%s/solver.prototxt" % example in args
-    assert "-staleness=0" in args and "-svb=false" in args
+    assert "-staleness=0" in args and "-svb=%s" % svb in args
     assert "-output_dir=%s" % os.path.join(ROOT, "output", "caffe.imagenet.S0.M1.T1") in args
 
 

@@ -76,3 +76,30 @@ def test_forced_modes_and_their_limits():
         planner.choose(fc7, "ps", 32, 4, 4, clip=True)
     with pytest.raises(planner.PlanError, match="auto|ps|sfb|allreduce"):
         planner.choose(fc7, "gossip", 32, 4, 4)
+
+
+def test_svb_means_poseidons_switch():
+    fc6 = FakeItem("fc6", 4096, 9216, True)
+    conv1 = FakeItem("conv1", 96, 363, False)
+    # a huge batch makes the factors dearer than the matrix, yet svb sends them (Poseidon's
+    # svb=true: every InnerProduct weight by sufficient factors across hosts)
+    assert planner.choose(fc6, "auto", 8192, 16, 16) == "ps"
+    assert planner.choose(fc6, "auto", 8192, 16, 16, svb=True) == "sfb"
+    assert planner.choose(conv1, "auto", 32, 8, 8, svb=True) == "ps"
+    # one host: nothing to broadcast to, the price decides (Poseidon: num_clients > 1)
+    assert planner.choose(fc6, "auto", 8192, 1, 1, svb=True) == "ps"
+    # a forced mode names every blob's strategy; stale-synchronous training keeps the server
+    assert planner.choose(fc6, "ps", 32, 8, 8, svb=True) == "ps"
+    assert planner.choose(fc6, "auto", 32, 8, 8, staleness=1, svb=True) == "ps"
+
+
+def test_worker_update_rule_exchanges_update_values_not_factors():
+    fc6 = FakeItem("fc6", 4096, 9216, True)
+    assert planner.choose(fc6, "auto", 32, 8, 8, update="worker") in ("ps", "allreduce")
+    assert planner.choose(fc6, "auto", 32, 8, 8, svb=True, update="worker") == "ps"
+    with pytest.raises(planner.PlanError, match="-ps_update=worker"):
+        planner.choose(fc6, "sfb", 32, 8, 8, update="worker")
+    with pytest.raises(planner.PlanError, match="clip_gradients"):
+        planner.choose(fc6, "allreduce", 32, 8, 8, clip=True, update="worker")
+    with pytest.raises(planner.PlanError, match="-ps_update=average is not one of"):
+        planner.choose(fc6, "auto", 32, 8, 8, update="average")

@@ -8,7 +8,7 @@ solver_filename="examples/googlenet/solver.prototxt"
 snapshot_filename=""          # a .solverstate to resume from, or empty
 num_app_threads=1             # devices (worker ranks) per host
 param_table_staleness=0       # stale-synchronous bound (0 = bulk synchronous)
-svb=false                     # sufficient-factor broadcasting for fully connected layers
+svb=true                      # sufficient factors for InnerProduct weights (Poseidon: true here)
 devices="0"                   # comma-separated device ids, num_app_threads of them
 num_servers=0                 # dedicated parameter-server ranks (0: one shard per host)
 # -----------------------------------------------------------------------------------------------

@@ -1,23 +1,39 @@
 #!/usr/bin/env python
-"""Start mnist training on every host of the host file and every device listed below.
+"""Start mnist training, as Poseidon's run_local.py does, in either of two ways:
 
     python examples/mnist/run_local.py [HOSTFILE] [--dry-run]
+        the whole job from here: one mpiexec over every host of the host file;
+    python examples/mnist/run_local.py <client_id> <hostfile> [use-yarn] [--dry-run]
+        Poseidon's form, run once on every host (e.g. by a cluster script over ssh); the
+        invocations join one MPI job, client 0 leading (see poseidon_caffe/sync/join.py).
 
 HOSTFILE has Poseidon's format, one machine per line: <client_id> <ip> <port> (default: the
-localserver file at the repository root). The mpiexec command is printed, then run; output
-goes to output/caffe.mnist.S<staleness>.M<hosts>.T<devices>/.
+localserver file at the repository root). Output goes to
+output/caffe.mnist.S<table_staleness>.M<hosts>.T<devices>/: logs.<client_id>/ per client,
+mnist.netoutputs and caffe_stats.yaml.
 """
 import os
 import sys
 
-# ---- settings: edit these ------------------------------------------------------------------
-solver_filename = "examples/mnist/lenet_solver.prototxt"
-snapshot_filename = ""        # a .solverstate to resume from, or ""
+# ---- settings (Poseidon's names): edit these -----------------------------------------------
+solver = "examples/mnist/lenet_solver.prototxt"
+snapshot = ""                 # a .solverstate to resume from, or ""
 devices = [0]                 # GPU ids per host; CPU workers when no GPU is present
-staleness = 0                 # stale-synchronous bound (0 = bulk synchronous)
-svb = False                   # allow sufficient-factor broadcasting in auto mode
+table_staleness = 0           # stale-synchronous bound (0 = bulk synchronous)
+svb = False                  # sufficient factors for InnerProduct weights across hosts
+net_outputs = ""              # prefix of the .netoutputs file ("": <output>/mnist)
+stats_path = ""               # the job's sync statistics ("": <output>/caffe_stats.yaml)
+consistency_model = "SSPPush"
+# Bösen tuning knobs: accepted, logged, no effect here
+num_table_threads = len(devices) + 1
+num_rows_per_table = 1
+num_comm_channels_per_client = 1
+init_thread_access_table = True
+# this project's own
 sync = "auto"                 # auto | ps | sfb | allreduce
 dwbp = True                   # wait-free backprop
+ps_update = "server"          # server: one update of the averaged gradient; worker: Poseidon's
+num_servers = 0               # dedicated parameter-server ranks (0: one shard per host)
 dataset = "mnist"
 # ---------------------------------------------------------------------------------------------
 
@@ -27,6 +43,11 @@ if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     os.chdir(ROOT)
     from poseidon_caffe.sync.launcher import run_local
-    sys.exit(run_local(dict(solver_filename=solver_filename, snapshot_filename=snapshot_filename,
-                            devices=devices, staleness=staleness, svb=svb, sync=sync, dwbp=dwbp,
-                            dataset=dataset), repo_root=ROOT))
+    sys.exit(run_local(dict(
+        solver=solver, snapshot=snapshot, devices=devices, table_staleness=table_staleness,
+        svb=svb, net_outputs=net_outputs, stats_path=stats_path,
+        consistency_model=consistency_model, num_table_threads=num_table_threads,
+        num_rows_per_table=num_rows_per_table,
+        num_comm_channels_per_client=num_comm_channels_per_client,
+        init_thread_access_table=init_thread_access_table, sync=sync, dwbp=dwbp,
+        ps_update=ps_update, num_servers=num_servers, dataset=dataset), repo_root=ROOT))

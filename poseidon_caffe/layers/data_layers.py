@@ -183,15 +183,17 @@ class DataLayer(_PrefetchingDataLayer):
         if dp.batch_size <= 0:
             raise self.error("data_param.batch_size must be positive, not %d" % dp.batch_size)
         dbmod.check_backend(dp.backend, where, dp.source)
-        rank, size, partitioned = self._shard()
-        source = dp.source
-        if partitioned:
-            source = data_pkg.partition_path(dp.source, rank)
-            if not os.path.isdir(source):
-                raise self.error("worker %d of %d reads partition %s, which does not exist (make "
-                                 "it with make_partitions %s %d)" % (rank, size, source,
-                                                                     dp.source, size))
-            rank, size = 0, 1
+        rank, size, _ = self._shard()
+        try:
+            source, rank, size = data_pkg.select_source(dp.source, dp.shared_file_system,
+                                                        rank, size)
+        except FileNotFoundError as exc:
+            raise self.error("worker %d of %d reads partition %s, which does not exist (make "
+                             "it with make_partitions %s %d)" % (rank, size, exc.args[0],
+                                                                 dp.source, size)) from None
+        if source != dp.source:
+            log.info("%s: this client's partition %s (worker %d of %d on it)", self.name,
+                     source, rank, size)
         try:
             database = dbmod.DatumDB(source)
         except dbmod.DataError as exc:

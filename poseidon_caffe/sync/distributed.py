@@ -21,7 +21,7 @@ from .engine import FactorSource, Item, SyncEngine
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
 from .timeline import Timeline
-from .topology import Topology
+from .topology import Topology, TopologyError
 
 _state = {"topology": None, "log_handler": None}
 
@@ -45,10 +45,15 @@ def prepare(options=None):
                         server_ranks=int(_opt(options, "server_ranks", 0)))
     _state["topology"] = topology
     install_failure_handlers(topology)
+    client_id, named = _client_of(topology, options)
+    _state["client_id"] = client_id
     output_dir = _opt(options, "output_dir", "")
     if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-        _state["log_handler"] = log.add_file(os.path.join(output_dir,
+        # Poseidon's layout: one log folder per client (host), logs.<client_id>, when the job
+        # names its clients (-client_id / -hostfile); the rank logs keep their names
+        log_dir = os.path.join(output_dir, "logs.%d" % client_id) if named else output_dir
+        os.makedirs(log_dir, exist_ok=True)
+        _state["log_handler"] = log.add_file(os.path.join(log_dir,
                                                           "caffe.rank%d.log" % topology.rank))
     if topology.job.rank != 0:
         log.set_console_level(logging.ERROR)
@@ -62,8 +67,55 @@ def prepare(options=None):
              topology.num_hosts, topology.local_rank, topology.local_size,
              ", %d dedicated server ranks" % topology.num_servers if topology.dedicated else "")
     from .. import data
-    data.set_worker(topology.rank, topology.size)
+    data.set_worker(topology.rank, topology.size,
+                    client=(client_id, topology.local_rank, topology.local_size))
     return topology
+
+
+def _client_of(topology, options):
+    """(this rank's Poseidon client id, whether the job named it): -client_id as given to the
+    host's ranks, else the host's line of -hostfile, else the host's index. Ids must agree
+    within a host and differ between hosts; -num_clients, when given, must count the hosts."""
+    from .launcher import HostFileError, read_localserver
+    given = int(_opt(options, "client_id", -1))
+    hostfile = _opt(options, "hostfile", "")
+    num_clients = int(_opt(options, "num_clients", 0))
+    host = topology.host
+    if topology.is_server:
+        topology.job.allgather(None)
+        return -1, False
+    hosts = None
+    if hostfile:
+        try:
+            hosts = read_localserver(hostfile)
+        except HostFileError as exc:
+            raise TopologyError(str(exc)) from None
+        if len(hosts) != topology.num_hosts:
+            raise TopologyError("-hostfile=%s lists %d clients, but the job runs on %d hosts"
+                                % (hostfile, len(hosts), topology.num_hosts))
+    if num_clients and num_clients != topology.num_hosts:
+        raise TopologyError("-num_clients=%d, but the job runs on %d hosts (%d workers, %d per "
+                            "host)" % (num_clients, topology.num_hosts, topology.size,
+                                       topology.local_size))
+    if given >= 0:
+        cid = given
+    elif hosts is not None:
+        cid = hosts[host][0]
+    else:
+        cid = host
+    ids = [v for v in topology.job.allgather((host, cid)) if v is not None]
+    by_host = {}
+    for h, c in ids:
+        by_host.setdefault(h, set()).add(c)
+    for h, cs in sorted(by_host.items()):
+        if len(cs) > 1:
+            raise TopologyError("the ranks of host %d give different client ids %s: -client_id "
+                                "names a host (Poseidon's client)" % (h, sorted(cs)))
+    firsts = [min(cs) for _, cs in sorted(by_host.items())]
+    if len(set(firsts)) != len(firsts):
+        raise TopologyError("hosts share a client id (%s): give every host its own -client_id"
+                            % firsts)
+    return cid, given >= 0 or hosts is not None
 
 
 def _ip_factor_source(net, layer_index):
@@ -114,6 +166,7 @@ class DistributedRunner:
         if p.random_seed >= 0:
             # weights agree (broadcast); dropout and random crops must differ per worker
             rng.set_random_seed(p.random_seed + 7919 * topology.rank)
+        self.update = _opt(options, "ps_update", "server")
         self._restore_rank_state(_opt(options, "snapshot", ""))
         self.rule = SolverRule(solver)
         timeline_path = _opt(options, "timeline", "")
@@ -133,7 +186,8 @@ class DistributedRunner:
             fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
             timeout=float(_opt(options, "sync_timeout",
                                os.environ.get("POSEIDON_SYNC_TIMEOUT", 300))),
-            timeline=self.timeline, announce=True)
+            timeline=self.timeline, announce=True,
+            update=_opt(options, "ps_update", "server"))
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)
         net.set_before_forward_hook(self.engine.before_forward)
@@ -147,9 +201,19 @@ class DistributedRunner:
         solver.snapshot = self.snapshot
         self._netoutputs = None
         self._started = time.perf_counter()
-        if self.output_dir and topology.rank == 0:
-            name = os.path.splitext(os.path.basename(solver.solver_file or "solver"))[0]
-            self._netoutputs = os.path.join(self.output_dir, name + ".netoutputs")
+        self.stats_path = _opt(options, "stats_path", "")
+        prefix = _opt(options, "net_outputs", "")
+        # every rank takes part in averaging the outputs; rank 0 writes them
+        self._outputs_wanted = bool(prefix or self.output_dir)
+        if self._outputs_wanted and topology.rank == 0:
+            if prefix:
+                self._netoutputs = prefix + ".netoutputs"    # Poseidon's -net_outputs prefix
+            else:
+                name = os.path.splitext(os.path.basename(solver.solver_file or "solver"))[0]
+                self._netoutputs = os.path.join(self.output_dir, name + ".netoutputs")
+            parent = os.path.dirname(self._netoutputs)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
 
     # -- start-up -------------------------------------------------------------------------------
     def _broadcast_weights(self, net):
@@ -172,6 +236,26 @@ class DistributedRunner:
             rng.set_state(extra["rng"])
             self.solver._set_layer_resume_states(extra.get("layers", {}))
             log.info("Rank %d: restored its random and data-cursor state", self.topology.rank)
+        if self.update == "worker" and rank != 0:
+            self._restore_worker_history(self._history_path(state_file))
+
+    def _restore_worker_history(self, path):
+        """With -ps_update=worker every worker keeps its own solver history; rank 0's is in
+        the solver state, the others' beside their random state."""
+        if not os.path.exists(path):
+            log.warning("Rank %d: no %s; this worker resumes with rank 0's solver history",
+                        self.topology.rank, path)
+            return
+        with np.load(path) as saved:
+            arrays = [saved["h%d" % i] for i in range(len(saved.files))]
+        history = self.solver.history
+        if len(arrays) != len(history) or any(a.shape != tuple(h.shape)
+                                              for a, h in zip(arrays, history)):
+            raise ValueError("%s holds %d history blobs that do not fit this solver's %d"
+                             % (path, len(arrays), len(history)))
+        for target, array in zip(history, arrays):
+            target[...] = array
+        log.info("Rank %d: restored its own solver history", self.topology.rank)
 
     def _rank_state_path(self, state_path):
         for ext in (".solverstate.h5", ".solverstate"):
@@ -210,19 +294,26 @@ class DistributedRunner:
             self._write_netoutputs(solver)
 
     def _write_netoutputs(self, solver):
-        if self._netoutputs is None:
+        """One row per display: the smoothed loss and the train net's outputs, averaged over
+        the workers (as Poseidon's .netoutputs)."""
+        if not self._outputs_wanted:
             return
         from ..solver.solver import output_values
         values = output_values(solver.net)
+        local = np.array([solver.smoothed_loss] + [v for _, vals, _ in values for v in vals],
+                         dtype=np.float64)
+        world = self.topology.world
+        mean = self.engine.scheduler.call(lambda: world.allreduce(local)) / self.topology.size
+        if self._netoutputs is None:
+            return
         new = not os.path.exists(self._netoutputs)
         with open(self._netoutputs, "a") as f:
             if new:
                 names = ["%s_%d" % (name, k) if len(vals) > 1 else name
                          for name, vals, _ in values for k in range(len(vals))]
                 f.write(",".join(["iteration", "seconds", "loss"] + names) + "\n")
-            flat = [v for _, vals, _ in values for v in vals]
-            f.write(",".join([str(solver.iter), "%.3f" % (time.perf_counter() - self._started),
-                              "%g" % solver.smoothed_loss] + ["%g" % v for v in flat]) + "\n")
+            f.write(",".join([str(solver.iter), "%.3f" % (time.perf_counter() - self._started)]
+                             + ["%g" % v for v in mean]) + "\n")
 
     def test(self, test_net_id=0):
         from ..solver.solver import forward_outputs, loss_note, fmt
@@ -272,7 +363,9 @@ class DistributedRunner:
         solver, topo = self.solver, self.topology
         self.engine.sync_point()
         server = self.engine.strategies.get("ps")
-        if server is not None:
+        if server is not None and self.engine.update == "server":
+            # the shards hold the history (with -ps_update=worker each worker keeps its own,
+            # and rank 0's goes into the solver state)
             clock = self.engine.clock
             histories = self.engine.scheduler.call(lambda: server.gather_history(clock))
             if topo.rank == 0:
@@ -288,8 +381,23 @@ class DistributedRunner:
             solver.last_snapshot_iter = solver.iter
         if topo.rank != 0:
             snap.write_rngstate(self._rank_state_path(state), solver._layer_resume_states())
+            if self.update == "worker":
+                self._write_worker_history(self._history_path(state))
         self.engine.scheduler.call(lambda: topo.world.barrier())
         return state
+
+    def _history_path(self, state_path):
+        """<prefix>_iter_N.rank<r>.history.npz beside the rank's .rngstate."""
+        from ..solver import snapshot as snap
+        rank_state = snap.rngstate_filename(self._rank_state_path(state_path))
+        return rank_state[:-len(".rngstate")] + ".history.npz"
+
+    def _write_worker_history(self, path):
+        import io as _io
+        from ..io import atomic_write
+        buf = _io.BytesIO()
+        np.savez(buf, **{"h%d" % i: np.asarray(h) for i, h in enumerate(self.solver.history)})
+        atomic_write(path, buf.getvalue())
 
     # -- running --------------------------------------------------------------------------------
     def solve(self, resume_file=None):
@@ -305,10 +413,23 @@ class DistributedRunner:
         job_finished()
         if self.timeline is not None:
             self.timeline.write()
+        stats = dict(self.engine.stats(), client_id=_state.get("client_id"))
         if self.output_dir:
             path = os.path.join(self.output_dir, "sync_stats.rank%d.json" % self.topology.rank)
             with open(path, "w") as f:
-                json.dump(self.engine.stats(), f, indent=1, sort_keys=True)
+                json.dump(stats, f, indent=1, sort_keys=True)
+        if self.stats_path:
+            # Poseidon's -stats_path: one file for the job, every worker's statistics (JSON,
+            # which YAML readers take as well)
+            everyone = self.topology.world.gather(stats, root=0)
+            if self.topology.rank == 0:
+                parent = os.path.dirname(self.stats_path)
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+                with open(self.stats_path, "w") as f:
+                    json.dump({"workers": everyone}, f, indent=1, sort_keys=True)
+                log.info("Sync statistics of %d workers written to %s", len(everyone),
+                         self.stats_path)
         self.engine.log_bytes(window=False)
 
     def __getattr__(self, name):

@@ -63,7 +63,11 @@ class Item:
 class SyncEngine:
     def __init__(self, topology, items, rule, mode="auto", staleness=0, svb=None, dwbp=True,
                  batch_rows=None, iter_size=1, start_clock=0, clip=None, fuse_bytes=1 << 16,
-                 timeout=300.0, timeline=None, announce=True):
+                 timeout=300.0, timeline=None, announce=True, update="server"):
+        # update "server": one Caffe update of the averaged gradient (one worker with P times
+        # the batch); "worker": Poseidon's rule, each worker's solver computes its update from
+        # its own gradient and history, and the exchange adds the workers' updates
+        self.update = update
         self.topology = topology
         self.items = list(items)
         self.rule = rule
@@ -78,7 +82,7 @@ class SyncEngine:
         self.plan, self.predicted = make_plan(
             self.items, mode, lambda item: batch_rows(item) * self.iter_size,
             (topology.num_hosts, topology.num_shards, topology.local_size), self.staleness, svb,
-            self.clip is not None, announce, dedicated=topology.dedicated)
+            self.clip is not None, announce, dedicated=topology.dedicated, update=update)
         for item in self.items:
             item.strategy = self.plan[item.index]
             item.fresh = start_clock
@@ -91,12 +95,13 @@ class SyncEngine:
         ps_items = [item for item in self.items if item.strategy == "ps"]
         if topology.dedicated and topology.is_leader:
             # the dedicated servers learn this session's blobs (none: they have nothing to do)
-            setup = (setup_message(rule.solver, ps_items, start_clock, self.staleness, topology)
-                     if topology.rank == 0 else None)
+            setup = (setup_message(rule.solver, ps_items, start_clock, self.staleness, topology,
+                                   update) if topology.rank == 0 else None)
             topology.ps_comm.bcast(setup, root=0)
         if ps_items:
             server = ParameterServer(self.transport, topology, self.counters, rule,
-                                     self.staleness, start_clock, self.workers)
+                                     self.staleness, start_clock, self.workers,
+                                     worker_updates=update == "worker")
             for item in ps_items:
                 server.add(item, item.data_flat)
             server.seed_servers()
@@ -224,6 +229,11 @@ class SyncEngine:
         bucket, clock = task.bucket, task.clock
         what = "exchanging %s (iteration %d)" % (bucket.name, clock)
         inv = 1.0 / self.workers
+        worker_rule = self.update == "worker"
+        if worker_rule and bucket.strategy != "sfb":
+            for item, payload in zip(bucket.items, task.payloads):
+                self.rule.compute(item.index, item.data_flat, payload,
+                                  self.rule.history(item.index), clock)
         if bucket.strategy == "allreduce":
             buf = task.payloads[0] if len(task.payloads) == 1 else np.concatenate(task.payloads)
             self.strategies["allreduce"].aggregate(buf, bucket.name, what)
@@ -231,6 +241,9 @@ class SyncEngine:
             for item in bucket.items:
                 part = buf[offset:offset + item.count]
                 offset += item.count
+                if worker_rule:
+                    item.data_flat[...] -= part      # the sum of the workers' updates
+                    continue
                 part *= inv
                 self._local_update(item, part, clock)
         elif bucket.strategy == "sfb":

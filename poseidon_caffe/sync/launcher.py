@@ -79,9 +79,10 @@ def gpu_available():
 
 def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto", dwbp=True,
                   snapshot="", weights="", out_dir="", timeline="", use_gpu=None,
-                  mpiexec=None, python=None, extra=(), num_servers=0):
+                  mpiexec=None, python=None, extra=(), num_servers=0, client_ids=False):
     """The mpiexec argument list: one rank per (host, device), hosts in file order; then
-    ``num_servers`` dedicated parameter-server ranks, placed on the hosts in turn."""
+    ``num_servers`` dedicated parameter-server ranks, placed on the hosts in turn.
+    ``client_ids``: every rank also gets its host's ``-client_id`` from the host file."""
     if not devices:
         raise ValueError("devices is empty: list at least one device (or CPU worker) per host")
     if num_servers < 0:
@@ -114,7 +115,7 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
     rank_command = [python, "-m", "poseidon_caffe.sync.supervise", "--",
                     python, "-m", "poseidon_caffe.cli"] + train
     first = True
-    for _ in hosts:
+    for cid, _, _ in hosts:
         for device in devices:
             if not first:
                 args.append(":")
@@ -122,6 +123,8 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
             args += ["-n", "1"] + rank_command
             if use_gpu:
                 args.append("-gpu=%d" % device)
+            if client_ids:
+                args.append("-client_id=%d" % cid)
     for _ in range(num_servers):
         args += [":", "-n", "1"] + rank_command
     return args
@@ -154,6 +157,9 @@ def main(argv=None):
     parser.add_argument("--svb", default="false", choices=("true", "false"))
     parser.add_argument("--sync", default="auto", choices=("auto", "ps", "sfb", "allreduce"))
     parser.add_argument("--dwbp", default="true", choices=("true", "false"))
+    parser.add_argument("--ps_update", default="server", choices=("server", "worker"),
+                        help="server: one update of the averaged gradient; worker: Poseidon's "
+                             "rule, the workers' own updates added")
     parser.add_argument("--num_servers", type=int, default=0,
                         help="dedicated parameter-server ranks (0: one shard per host)")
     parser.add_argument("--num_app_threads", type=int, default=0,
@@ -177,43 +183,126 @@ def main(argv=None):
     out = output_dir(a.dataset, a.staleness, len(hosts), len(a.devices), a.output_root)
     if not a.dry_run:
         os.makedirs(out, exist_ok=True)
+    extra = ["-net_outputs=%s" % os.path.join(out, a.dataset),
+             "-stats_path=%s" % os.path.join(out, "caffe_stats.yaml")]
+    if a.ps_update != "server":
+        extra.append("-ps_update=%s" % a.ps_update)
     args = build_command(hosts, a.devices, a.solver, staleness=a.staleness,
                          svb=a.svb == "true", sync=a.sync, dwbp=a.dwbp == "true",
                          snapshot=a.snapshot, weights=a.weights, out_dir=out,
-                         num_servers=a.num_servers)
+                         num_servers=a.num_servers, client_ids=True, extra=extra)
     return run(args, a.dry_run)
 
 
 
-def run_local(settings, argv=None, repo_root=None):
-    """What every ``examples/*/run_local.py`` does with the settings at its top:
-    ``run_local.py [HOSTFILE] [--dry-run]`` (the host file defaults to ``localserver``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+RUN_LOCAL_USAGE = """usage: run_local.py [HOSTFILE] [--dry-run]
+       run_local.py <client_id> <hostfile> [use-yarn] [--dry-run]
+The first form starts the whole job from here; the second is Poseidon's, run once on every
+host of the host file (client 0 first or last, in any order).
+"""
+
+# Poseidon's flags that the settings block may carry and that go to every rank unchanged
+PASSED_SETTINGS = ("consistency_model", "num_table_threads", "num_rows_per_table",
+                   "num_comm_channels_per_client", "svb_timeout_ms", "init_thread_access_table",
+                   "ps_update")
+# this project's earlier names for settings that Poseidon names otherwise
+OLD_SETTING_NAMES = {"solver_filename": "solver", "snapshot_filename": "snapshot",
+                     "staleness": "table_staleness"}
+
+
+def _setting_text(value):
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def parse_run_local_args(argv):
+    """(client_id or None, hostfile or None, dry_run) from run_local.py's arguments; raises
+    ValueError with the usage for anything else."""
     dry_run = "--dry-run" in argv
     rest = [a for a in argv if a != "--dry-run"]
-    if len(rest) > 1 or any(a.startswith("-") for a in rest):
-        sys.stderr.write("usage: run_local.py [HOSTFILE] [--dry-run]\n")
+    if any(a.startswith("-") for a in rest) or len(rest) > 3:
+        raise ValueError(RUN_LOCAL_USAGE)
+    if len(rest) >= 2:
+        try:
+            client_id = int(rest[0])
+        except ValueError:
+            raise ValueError(RUN_LOCAL_USAGE + "client id %r is not an integer\n"
+                             % rest[0]) from None
+        if len(rest) == 3 and rest[2] not in ("true", "false"):
+            raise ValueError(RUN_LOCAL_USAGE + "use-yarn is true or false, not %r\n" % rest[2])
+        return client_id, rest[1], dry_run
+    return None, (rest[0] if rest else None), dry_run
+
+
+def run_local(settings, argv=None, repo_root=None, stream=None):
+    """What every ``examples/*/run_local.py`` does with the settings at its top (Poseidon's
+    names: solver, snapshot, devices, table_staleness, svb, net_outputs, stats_path,
+    consistency_model, num_table_threads, ... ; and this project's sync, dwbp, num_servers,
+    ps_update, dataset).
+
+    ``run_local.py [HOSTFILE]`` starts the whole job from here with one mpiexec (the host
+    file defaults to ``localserver``); ``run_local.py <client_id> <hostfile>`` is Poseidon's
+    form, run once per host: the invocations join one MPI job (``join.py``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stream = stream or sys.stdout
+    try:
+        client_id, hostfile, dry_run = parse_run_local_args(argv)
+    except ValueError as exc:
+        sys.stderr.write(str(exc))
         return 2
+    settings = dict(settings)
+    for old, new in OLD_SETTING_NAMES.items():
+        if old in settings and new not in settings:
+            settings[new] = settings.pop(old)
     root = repo_root or os.getcwd()
-    hostfile = rest[0] if rest else os.path.join(root, "localserver")
+    hostfile = hostfile or os.path.join(root, "localserver")
     try:
         hosts = read_localserver(hostfile)
     except HostFileError as exc:
         sys.stderr.write("%s\n" % exc)
         return 2
-    devices = list(settings["devices"])
-    staleness = int(settings.get("staleness", 0))
-    out = output_dir(settings.get("dataset", "data"), staleness, len(hosts), len(devices),
-                     os.path.join(root, "output"))
+    if client_id is not None and client_id not in [cid for cid, _, _ in hosts]:
+        sys.stderr.write("client id %d is not in %s (its clients are %s)\n"
+                         % (client_id, hostfile, ", ".join(str(c) for c, _, _ in hosts)))
+        return 2
+    devices = list(settings.get("devices", [0]))
+    staleness = int(settings.get("table_staleness", 0))
+    dataset = settings.get("dataset", "data")
+    out = output_dir(dataset, staleness, len(hosts), len(devices), os.path.join(root, "output"))
+    # Poseidon's outputs: <out>/<dataset>.netoutputs, <out>/caffe_stats.yaml, and one log
+    # folder per client, <out>/logs.<client_id>
+    net_outputs = settings.get("net_outputs") or os.path.join(out, dataset)
+    stats_path = settings.get("stats_path") or os.path.join(out, "caffe_stats.yaml")
+    extra = ["-net_outputs=%s" % net_outputs, "-stats_path=%s" % stats_path]
+    extra += ["-%s=%s" % (name, _setting_text(settings[name]))
+              for name in PASSED_SETTINGS if settings.get(name) not in (None, "")]
     if not dry_run:
         os.makedirs(out, exist_ok=True)
-    args = build_command(hosts, devices, settings["solver_filename"], staleness=staleness,
+    args = build_command(hosts, devices, settings["solver"], staleness=staleness,
                          svb=settings.get("svb", False), sync=settings.get("sync", "auto"),
                          dwbp=settings.get("dwbp", True),
-                         snapshot=settings.get("snapshot_filename", ""), out_dir=out,
+                         snapshot=settings.get("snapshot", ""), out_dir=out,
                          use_gpu=settings.get("use_gpu"),
-                         num_servers=int(settings.get("num_servers", 0)))
-    return run(args, dry_run)
+                         num_servers=int(settings.get("num_servers", 0)),
+                         client_ids=True, extra=extra)
+    from . import join
+    lead = join.leader(hosts)
+    if client_id is None or len(hosts) == 1:
+        if client_id is not None and client_id != lead[0]:
+            stream.write("client %d: %s names one host, client %d starts the job\n"
+                         % (client_id, hostfile, lead[0]))
+            return 0
+        return run(args, dry_run, stream)
+    if dry_run:
+        if client_id == lead[0]:
+            stream.write(" ".join(join.manual_launch(args)) + "\n")
+        else:
+            stream.write("client %d joins client %d at %s:%d\n" % ((client_id,) + lead))
+        return 0
+    try:
+        return join.run_client(client_id, hosts, args, stream)
+    except join.JoinError as exc:
+        sys.stderr.write("%s\n" % exc)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ and a server node moves the P hosts' pushes and pulls of its 1/S of the rows, 2M
 iteration waits for the busier of the two, so ps is priced max(2MN, 2MN P/S) when choosing,
 while the prediction that the byte counters are held to stays the per-host 2MN.
 The cheapest wins; ties go to ps, then sfb, then allreduce (Poseidon's own order).
+
+``svb`` keeps Poseidon's meaning in auto mode: set, every InnerProduct weight travels as
+sufficient factors when the job spans more than one host; false, none does; unset, the price
+decides. A forced mode (``-sync=ps`` ...) names the strategy of every blob. Two rules cannot carry factors: stale-synchronous
+training (the server holds the weights) and ``-ps_update=worker`` (the workers exchange update
+values, which are not rank-K): there svb is ignored, with a note in the log.
 """
 from .. import log
 from .allreduce import RingAllreduce
@@ -54,10 +60,28 @@ def host_price(name, M, N, K, P, S, dedicated=False):
     return STRATEGIES[name].price(M, N, K, P, S)
 
 
-def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False, dedicated=False):
+UPDATES = ("server", "worker")
+
+
+def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False, dedicated=False,
+           update="server"):
     """The strategy name for one blob."""
     if mode not in MODES:
         raise PlanError("-sync=%s is not one of %s" % (mode, "|".join(MODES)))
+    if update not in UPDATES:
+        raise PlanError("-ps_update=%s is not one of %s" % (update, "|".join(UPDATES)))
+    if update == "worker":
+        if mode == "sfb":
+            raise PlanError("-sync=sfb sends gradients as sufficient factors, but with "
+                            "-ps_update=worker the workers exchange update values: use -sync=ps, "
+                            "allreduce or auto")
+        if clip:
+            raise PlanError("-ps_update=worker cannot apply clip_gradients: each worker's update "
+                            "is sent as soon as its layer is ready, before a global norm is "
+                            "known (use the default -ps_update=server)")
+        svb = False         # update values are not rank-K: no factors
+    if svb and mode == "auto" and item.sfb is not None and P > 1 and staleness == 0:
+        return "sfb"
     if staleness > 0:
         if mode in ("sfb", "allreduce"):
             raise PlanError("-staleness=%d needs the parameter server: stale-synchronous "
@@ -87,7 +111,7 @@ def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False, dedicated=Fal
 
 
 def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, clip=False,
-              announce=True, dedicated=False):
+              announce=True, dedicated=False, update="server"):
     """{item index: strategy name} and {item index: predicted off-host bytes per iteration}.
 
     ``topology_shape`` is (hosts P, shards S, devices per host); a host's factors count its
@@ -97,9 +121,15 @@ def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, 
     P, S, per_host = topology_shape
     plan, predicted = {}, {}
     server_load = 0.0
+    if svb and announce and any(item.sfb is not None for item in items):
+        why = ("-ps_update=worker exchanges update values" if update == "worker" else
+               "stale-synchronous training keeps the weights on the server" if staleness > 0
+               else "the job runs on one host" if P == 1 else None)
+        if why:
+            log.info("Sync plan: -svb=true has no effect: %s", why)
     for item in items:
         K = K_per_worker(item) * per_host
-        name = choose(item, mode, K, P, S, staleness, svb, clip, dedicated)
+        name = choose(item, mode, K, P, S, staleness, svb, clip, dedicated, update)
         M, N = blob_dims(item)
         plan[item.index] = name
         predicted[item.index] = host_price(name, M, N, K, P, S, dedicated)

@@ -55,7 +55,8 @@ class ShardStore:
     pushed a clock, and sends the fresh rows to every remote host."""
 
     def __init__(self, push_comm, pull_comm, counters, rule, num_hosts, workers,
-                 on_applied=None):
+                 on_applied=None, worker_updates=False):
+        self.worker_updates = bool(worker_updates)   # pushes are update values: add them
         self.push_comm = push_comm
         self.pull_comm = pull_comm
         self.counters = counters
@@ -86,8 +87,12 @@ class ShardStore:
             slot[1] += 1
         while own.applied in own.pending and own.pending[own.applied][1] == self.num_hosts:
             total, _ = own.pending.pop(own.applied)
-            total *= 1.0 / self.workers
-            self.rule.apply(own.index, own.data, total, own.history, own.applied)
+            if self.worker_updates:
+                # Poseidon's rule: the table adds what every worker's solver computed
+                own.data -= total
+            else:
+                total *= 1.0 / self.workers
+                self.rule.apply(own.index, own.data, total, own.history, own.applied)
             own.applied += 1
             if self.on_applied is not None:
                 self.on_applied(own)
@@ -170,7 +175,9 @@ class ParameterServer:
         pulls of its 1/S of the rows: 2MN P/S."""
         return ITEMSIZE * 2.0 * M * N * P / S
 
-    def __init__(self, transport, topology, counters, rule, staleness, start_clock, workers):
+    def __init__(self, transport, topology, counters, rule, staleness, start_clock, workers,
+                 worker_updates=False):
+        self.worker_updates = bool(worker_updates)
         self.transport = transport
         self.topology = topology
         self.counters = counters
@@ -197,7 +204,8 @@ class ParameterServer:
                 self.control_comm = comm.Dup()
             else:
                 self.store = ShardStore(self.push_comm, self.pull_comm, counters, rule,
-                                        topology.num_hosts, workers, self._own_rows_applied)
+                                        topology.num_hosts, workers, self._own_rows_applied,
+                                        worker_updates)
             transport.progress_hooks.append(self.progress)
 
     def add(self, item, flat_data):

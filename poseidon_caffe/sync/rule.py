@@ -20,6 +20,13 @@ class UpdateRule:
         self.rate_of = rate_of              # clock -> the solver's learning rate
 
     def apply(self, index, data, diff, history, clock):
+        """Caffe's update of one parameter (or rows of it): ``data -= update(diff)``."""
+        self.compute(index, data, diff, history, clock)
+        data -= diff
+
+    def compute(self, index, data, diff, history, clock):
+        """Turn the gradient in ``diff`` into the update value, in place (history advances);
+        ``data`` is read for weight decay only."""
         p, u = self.param, updates
         u.normalize(diff, p.iter_size)
         u.regularize(data, diff, p.weight_decay * self.decay_mult[index], p.regularization_type)
@@ -40,7 +47,6 @@ class UpdateRule:
                    clock + 1)
         else:
             raise ValueError("the sync engine has no update rule for solver type %r" % kind)
-        data -= diff
 
 
 class SolverRule(UpdateRule):

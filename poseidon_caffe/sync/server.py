@@ -7,8 +7,8 @@ One session follows one ``attach`` of the workers:
    type, the blobs (index, name, shape, lr and decay multipliers), the start clock, the
    multistep position, the staleness bound, the number of workers and hosts;
 2. the rows this shard owns, with their history (sent by rank 0);
-3. serve: take pushes, apply the update once every host has pushed a clock, push the fresh
-   rows back; on a snapshot request send the history once the asked clock is applied; on stop
+3. serve: take pushes, apply the update once every host has pushed a clock (or, with
+   ``-ps_update=worker``, add the workers' update values), push the fresh rows back; on a snapshot request send the history once the asked clock is applied; on stop
    finish the sends and return.
 A failure anywhere (here or on a worker) ends the whole job through ``failure``.
 """
@@ -26,7 +26,7 @@ class _ItemShape:
         self.index, self.name, self.count, self.rows = index, name, count, rows
 
 
-def setup_message(solver, items, start_clock, staleness, topology):
+def setup_message(solver, items, start_clock, staleness, topology, update="server"):
     """What rank 0 tells the dedicated servers at the start of a session."""
     net = solver.net
     return {
@@ -35,6 +35,7 @@ def setup_message(solver, items, start_clock, staleness, topology):
                    net.params_weight_decay[it.index]) for it in items],
         "start_clock": int(start_clock), "current_step": int(solver.current_step),
         "staleness": int(staleness), "workers": topology.size, "hosts": topology.num_hosts,
+        "update": update,
     }
 
 
@@ -58,7 +59,8 @@ def serve(topology):
     hosts = setup["hosts"]
     counters = ByteCounters()
     push_comm, pull_comm, control = comm.Dup(), comm.Dup(), comm.Dup()
-    store = ShardStore(push_comm, pull_comm, counters, rule, hosts, setup["workers"])
+    store = ShardStore(push_comm, pull_comm, counters, rule, hosts, setup["workers"],
+                       worker_updates=setup.get("update") == "worker")
     rows = control.recv(source=0, tag=CONTROL_TAG)
     shapes = {}
     for index, name, count, nrows, _, _ in setup["items"]:
