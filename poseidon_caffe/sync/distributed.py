@@ -5,8 +5,10 @@ this rank's log in the output folder (rank 0 also on the console), broadcast ran
 build the sync engine over the train net's learnable blobs and hook it to the net (grad-ready,
 before-forward) and to the solver (``solver.exchange``). It also takes over the solver's
 ``test`` (each worker runs its share of ``test_iter``; outputs are averaged over the job and
-logged once) and ``snapshot`` (rank 0 writes the model and a solver state that includes the
-parameter server's history; every rank keeps its own random and data-cursor state beside it).
+logged once), ``snapshot`` (rank 0 writes the model and a solver state that includes the
+parameter server's history; every rank keeps its own random and data-cursor state beside it,
+written before the solver state that a resume names) and ``requested_action`` (a stop or
+snapshot signal on any rank becomes the same action on every rank at the same iteration).
 """
 import json
 import logging
@@ -20,6 +22,7 @@ from .. import rng
 from .engine import FactorSource, Item, SyncEngine
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
+from .stop import StopAgreement
 from .timeline import Timeline
 from .topology import Topology
 
@@ -125,15 +128,16 @@ class DistributedRunner:
             self.timeline = Timeline(timeline_path, topology.rank)
         mode = _opt(options, "sync", "auto")
         svb = getattr(options, "svb", None) if not isinstance(options, dict) else options.get("svb")
+        staleness = int(_opt(options, "staleness", 0))
+        timeout = float(_opt(options, "sync_timeout",
+                             os.environ.get("POSEIDON_SYNC_TIMEOUT", 300)))
         self.engine = SyncEngine(
             topology, build_items(net), self.rule, mode=mode,
-            staleness=int(_opt(options, "staleness", 0)), svb=svb,
+            staleness=staleness, svb=svb,
             dwbp=bool(_opt(options, "dwbp", True)), iter_size=p.iter_size,
             start_clock=solver.iter, clip=p.clip_gradients,
             fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
-            timeout=float(_opt(options, "sync_timeout",
-                               os.environ.get("POSEIDON_SYNC_TIMEOUT", 300))),
-            timeline=self.timeline, announce=True)
+            timeout=timeout, timeline=self.timeline, announce=True)
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)
         net.set_before_forward_hook(self.engine.before_forward)
@@ -145,6 +149,10 @@ class DistributedRunner:
         solver.test = self.test
         self._solver_snapshot = solver.snapshot
         solver.snapshot = self.snapshot
+        # this rank's signals (solver.requested_action) feed the job's agreed answer
+        self.stop = StopAgreement(topology.world, solver.requested_action,
+                                  lag=staleness + 1, timeout=timeout)
+        solver.requested_action = self.stop.requested_action
         self._netoutputs = None
         self._started = time.perf_counter()
         if self.output_dir and topology.rank == 0:
@@ -279,17 +287,42 @@ class DistributedRunner:
                 for index, arrays in histories.items():
                     for target, full in zip(self.rule.history(index), arrays):
                         target[...] = full
+        fmt_ = solver.param.snapshot_format
+        state = snap.state_filename(solver._snapshot_prefix(), solver.iter, fmt_)
+        if topo.rank != 0:
+            side = self._rank_state_path(state)
+            self._write_or_fail(lambda: snap.write_rngstate(side, solver._layer_resume_states()),
+                                snap.rngstate_filename(side))
+        # every rank's side file is in place before rank 0 writes the solver state a resume
+        # names, so a solver state on disk always has its whole set beside it
+        self._barrier("waiting for every rank's snapshot files of iteration %d" % solver.iter)
         if topo.rank == 0:
-            state = self._solver_snapshot()
+            state = self._write_or_fail(
+                self._solver_snapshot,
+                snap.model_filename(solver._snapshot_prefix(), solver.iter, fmt_))
         else:
-            state = snap.state_filename(solver._snapshot_prefix(), solver.iter,
-                                        solver.param.snapshot_format)
             solver.last_snapshot = state
             solver.last_snapshot_iter = solver.iter
-        if topo.rank != 0:
-            snap.write_rngstate(self._rank_state_path(state), solver._layer_resume_states())
-        self.engine.scheduler.call(lambda: topo.world.barrier())
+        self._barrier("waiting for rank 0's snapshot of iteration %d" % solver.iter)
         return state
+
+    def _barrier(self, what):
+        world, transport = self.topology.world, self.engine.transport
+        peers = [r for r in range(world.size) if r != world.rank]
+        self.engine.scheduler.call(lambda: transport.wait([world.Ibarrier()], what, peers))
+
+    def _write_or_fail(self, write, path):
+        """A rank that cannot write its part of a snapshot ends the job, naming itself and the
+        file (an OSError knows the file it failed on; else ``path``)."""
+        from ..io import ProtoFileError
+        from ..solver.snapshot import SnapshotError
+        from .failure import fail
+        try:
+            return write()
+        except (OSError, ProtoFileError, SnapshotError) as exc:
+            failed = (getattr(exc, "filename2", None) or getattr(exc, "filename", None)
+                      or path)
+            fail(exc, "writing the snapshot file %s" % failed)
 
     # -- running --------------------------------------------------------------------------------
     def solve(self, resume_file=None):
@@ -301,6 +334,7 @@ class DistributedRunner:
 
     def finish(self):
         from .failure import job_finished
+        self.stop.close()
         self.engine.close()
         job_finished()
         if self.timeline is not None:
