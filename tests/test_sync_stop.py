@@ -46,9 +46,10 @@ def write_solver(tmp_path, prefix, max_iter):
     return str(solver)
 
 
-def command(tmp_path, solver, snapshot="", out="out"):
+def command(tmp_path, solver, snapshot="", out="out", staleness=0):
     return launcher.build_command([(0, "127.0.0.1", 9999)], [0, 1], solver, snapshot=snapshot,
-                                  use_gpu=False, python=PY, out_dir=str(tmp_path / out))
+                                  use_gpu=False, python=PY, out_dir=str(tmp_path / out),
+                                  staleness=staleness)
 
 
 def plain_run(args):
@@ -182,6 +183,19 @@ def test_sigint_to_one_rank_stops_both_at_the_same_iteration(tmp_path):
     stopped_and_resumed(tmp_path, job, job.finish())
 
 
+def test_with_staleness_both_ranks_still_stop_after_the_same_iteration(tmp_path):
+    # the answer is read staleness + 1 boundaries later; weights of a stale-synchronous run
+    # depend on timing, so only the stop itself is compared
+    job = Job(tmp_path, command(tmp_path, write_solver(tmp_path, "job", 10 ** 6), staleness=2))
+    job.training()
+    os.kill(job.rank_pid(0), signal.SIGINT)
+    assert job.finish() == 0, job.err()[-3000:]
+    for rank in (0, 1):
+        assert "Optimization stopped early." in job.rank_log(rank)
+    (it,) = snapshot_sets(tmp_path)
+    assert_consistent(tmp_path, it)
+
+
 def test_sigint_to_mpiexec_stops_the_job_with_one_snapshot(tmp_path):
     job = start(tmp_path)
     job.training()
@@ -228,7 +242,56 @@ def test_a_second_sigint_after_the_stop_changes_nothing(tmp_path):
         os.kill(pids[0], signal.SIGINT)
     except ProcessLookupError:
         pass                                      # rank 0 had already finished
-    stopped_and_resumed(tmp_path, job, job.finish())
+    assert job.finish() == 0, job.err()[-3000:]
+    (it,) = snapshot_sets(tmp_path)
+    assert_consistent(tmp_path, it)
+
+
+FAKE_MPIEXEC = r"""
+import os, signal, sys, time
+record = open(sys.argv[1], "a")
+def note(signum, frame):
+    record.write(signal.Signals(signum).name + "\n")
+    record.flush()
+    if signum == signal.SIGTERM:
+        sys.exit(7)
+for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM):
+    signal.signal(sig, note)
+record.write("group %d of %d, stdin %r\n" % (os.getpgid(0), os.getpid(), sys.stdin.read()))
+record.flush()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_launcher_forwards_signals_and_exits_with_the_commands_status(tmp_path):
+    """SIGHUP goes on as SIGUSR1 (MPICH's mpiexec passes that on, and dies of SIGHUP), SIGINT
+    and SIGTERM as they are; the command runs in a process group of its own with no input."""
+    (tmp_path / "fake.py").write_text(FAKE_MPIEXEC)
+    record = tmp_path / "record"
+    code = ("import sys; from poseidon_caffe.sync.launcher import run; "
+            "sys.exit(run(%r))" % [PY, str(tmp_path / "fake.py"), str(record)])
+    proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        for sig, seen in ((None, 1), (signal.SIGHUP, 2), (signal.SIGINT, 3),
+                          (signal.SIGTERM, 4)):
+            if sig is not None:
+                proc.send_signal(sig)
+            for _ in range(400):
+                if record.exists() and len(record.read_text().splitlines()) >= seen:
+                    break
+                time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = record.read_text().splitlines()
+    group, pid = re.match(r"group (\d+) of (\d+), stdin ''", lines[0]).groups()
+    assert group == pid
+    assert lines[1:] == ["SIGUSR1", "SIGINT", "SIGTERM"]
+    assert proc.returncode == 7, err
+    assert "Traceback" not in err
 
 
 def test_rank_that_cannot_write_its_snapshot_file_ends_the_job_naming_itself(tmp_path):
