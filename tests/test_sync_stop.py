@@ -196,6 +196,22 @@ def test_with_staleness_both_ranks_still_stop_after_the_same_iteration(tmp_path)
     assert_consistent(tmp_path, it)
 
 
+def test_a_stop_during_a_long_test_pass_ends_it(tmp_path):
+    solver = write_solver(tmp_path, "job", 10 ** 6)
+    with open(solver, "a") as f:
+        f.write("test_iter: 1000000 test_interval: 1000\n")   # the pass at iteration 0
+    job = Job(tmp_path, command(tmp_path, solver))
+    job.wait_for(r"Iteration 0, Testing net \(#0\)")
+    time.sleep(0.5)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.finish() == 0, job.err()[-3000:]
+    for rank in (0, 1):
+        assert "Test interrupted." in job.rank_log(rank)
+        assert "Optimization stopped early." in job.rank_log(rank)
+    assert list(snapshot_sets(tmp_path)) == [0]
+    assert_consistent(tmp_path, 0)
+
+
 def test_sigint_to_mpiexec_stops_the_job_with_one_snapshot(tmp_path):
     job = start(tmp_path)
     job.training()

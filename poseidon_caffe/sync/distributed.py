@@ -244,6 +244,11 @@ class DistributedRunner:
         feeders = [layer for layer in test_net.layers if hasattr(layer, "prefetcher")]
         sums, names, weights, loss, runs = None, [], [], 0.0, 0
         for i in range(test_iter):
+            # once per round of P batches (the same batches on every rank), as Caffe's loop
+            # asks between test batches: a long test pass need not end before a stop
+            if i % topo.size == 0 and self._test_interrupted():
+                log.info("Test interrupted.")
+                return
             if i % topo.size != topo.rank:
                 for layer in feeders:      # keep the record stream where one worker has it
                     layer.prefetcher.next()
@@ -274,6 +279,17 @@ class DistributedRunner:
             mean = total[1 + k] / test_iter
             log.info("    Test net output #%d: %s = %s%s", k, names[k], fmt(mean),
                      loss_note(weights[k], mean))
+
+    def _test_interrupted(self):
+        """The job's agreed request between test batches: a snapshot is written, a stop ends
+        the test pass and then the run."""
+        from ..solver import signals
+        action = self.solver.requested_action()
+        if action == signals.SNAPSHOT:
+            self.snapshot()
+        elif action == signals.STOP:
+            self.solver.requested_early_exit = True
+        return self.solver.requested_early_exit
 
     def snapshot(self):
         from ..solver import snapshot as snap
