@@ -151,7 +151,8 @@ class DistributedRunner:
         solver.snapshot = self.snapshot
         # this rank's signals (solver.requested_action) feed the job's agreed answer
         self.stop = StopAgreement(topology.world, solver.requested_action,
-                                  lag=staleness + 1, timeout=timeout)
+                                  self.engine.scheduler, self.engine.transport,
+                                  lag=staleness + 1)
         solver.requested_action = self.stop.requested_action
         self._netoutputs = None
         self._started = time.perf_counter()

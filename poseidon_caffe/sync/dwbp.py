@@ -87,6 +87,12 @@ class Scheduler:
             self.queued_tasks += 1
         self.tasks.put(Task(bucket, clock, payloads))
 
+    def post(self, fn):
+        """Run ``fn`` on the communication thread, after everything queued, without waiting."""
+        with self.cond:
+            self.queued_tasks += 1
+        self.tasks.put(fn)
+
     def call(self, fn):
         """Run ``fn`` on the communication thread, after everything queued; return its result."""
         box = {}
