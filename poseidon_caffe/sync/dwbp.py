@@ -109,6 +109,15 @@ class Scheduler:
         self._wait(lambda: done.is_set(), "waiting for the communication thread")
         return box.get("value")
 
+    def wait_for(self, condition, what):
+        """Wait (compute thread) until ``condition()`` holds; whoever makes it true calls
+        ``wake``. The deadline and a failed communication thread end the wait."""
+        self._wait(condition, what)
+
+    def wake(self):
+        with self.cond:
+            self.cond.notify_all()
+
     def wait_items(self, items, clock, what):
         self._wait(lambda: all(item.fresh >= clock for item in items), what)
 

@@ -54,7 +54,10 @@ class StopAgreement:
         if asked < 1:
             return signals.NONE
         if asked not in self.answers:
-            self.scheduler.call(lambda: self._finish(asked))
+            # not collected yet: have the communication thread wait for it after what it is
+            # doing, and take the answer as soon as any of its polls collects it
+            self.scheduler.post(lambda: self._finish(asked))
+            self.scheduler.wait_for(lambda: asked in self.answers, self._what(asked))
         return ACTIONS[self.answers.pop(asked)]
 
     def close(self):
@@ -75,14 +78,20 @@ class StopAgreement:
         self.progress()
 
     def progress(self):
+        collected = False
         for boundary in list(self.requests):
             _, recv, request = self.requests[boundary]
             if request.Test():
                 del self.requests[boundary]
                 self.answers[boundary] = int(recv[0])
+                collected = True
+        if collected:
+            self.scheduler.wake()
 
     def _finish(self, boundary):
-        self.transport.wait_until(
-            lambda: boundary in self.answers,
-            "agreeing on stop and snapshot requests (boundary %d of this run)" % boundary,
-            [r for r in range(self.comm.size) if r != self.comm.rank])
+        self.transport.wait_until(lambda: boundary not in self.requests, self._what(boundary),
+                                  [r for r in range(self.comm.size) if r != self.comm.rank])
+
+    @staticmethod
+    def _what(boundary):
+        return "agreeing on stop and snapshot requests (boundary %d of this run)" % boundary
