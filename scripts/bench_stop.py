@@ -25,7 +25,8 @@ from poseidon_caffe.solver import get_solver
 net_text, iters, mode, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 comm = MPI.COMM_WORLD
 sp = caffe_pb2.SolverParameter()
-text_format.Merge('base_lr: 0.001 momentum: 0.9 lr_policy: "fixed" display: 0 random_seed: 1 max_iter: 100000', sp)
+text_format.Merge('base_lr: 0.001 momentum: 0.9 lr_policy: "fixed" display: 0 random_seed: 1 '
+                  'max_iter: 100000', sp)
 text_format.Merge(open(net_text).read(), sp.net_param)
 solver = get_solver(sp)
 runner = sync.attach(solver, types.SimpleNamespace(sync=mode, ranks_per_host=1))

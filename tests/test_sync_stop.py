@@ -25,7 +25,8 @@ layer { name: "data" type: "DummyData" top: "data" top: "target"
     data_filler { type: "gaussian" std: 1 } data_filler { type: "gaussian" std: 1 } } }
 layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
   convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "drop" type: "Dropout" bottom: "conv" top: "conv" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "drop" type: "Dropout" bottom: "conv" top: "conv"
+  dropout_param { dropout_ratio: 0.3 } }
 layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
   inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }

@@ -22,7 +22,7 @@ def parse_action(value, flag_name="signal effect"):
 
 
 class SignalHandler:
-    """Installs SIGINT and SIGHUP (and SIGUSR1) handlers for its lifetime (use as a context manager)."""
+    """Installs SIGINT, SIGHUP and SIGUSR1 handlers for its lifetime (a context manager)."""
 
     def __init__(self, sigint_effect=STOP, sighup_effect=SNAPSHOT):
         self.sigint_effect = parse_action(sigint_effect, "sigint_effect")
