@@ -328,3 +328,22 @@ def test_rank_that_cannot_write_its_snapshot_file_ends_the_job_naming_itself(tmp
     assert re.search(r"job_iter_\d+\.rank1\.rngstate", found.group(1))
     # rank 0 wrote no solver state: nothing names an incomplete set
     assert not glob.glob(str(tmp_path / "job_iter_*.solverstate"))
+
+
+def test_sigusr1_is_taken_as_sighup_and_late_signals_are_ignored_after_a_job():
+    from poseidon_caffe.solver import signals
+    names = (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+    before = {sig: signal.getsignal(sig) for sig in names}
+    try:
+        with signals.SignalHandler(sigint_effect="stop", sighup_effect="snapshot") as handler:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.01)
+            assert handler.requested_action() == signals.SNAPSHOT
+            assert handler.requested_action() == signals.NONE
+        assert {sig: signal.getsignal(sig) for sig in names} == before
+        with signals.SignalHandler() as handler:
+            handler.ignore_after_exit()
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in names)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
