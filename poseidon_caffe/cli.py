@@ -302,17 +302,23 @@ def train(values):
     elif values["weights"]:
         solver_param.ClearField("weights")
         solver_param.weights.append(values["weights"])
-    if _prepare_distributed(values):
-        return 0
-    for note in notes:
-        log.info("%s", note)
+    # installed before a distributed job starts, so that a signal during start-up waits for
+    # the first iteration boundary; a dedicated server rank keeps it and never asks: the
+    # workers decide when the job stops
     with SignalHandler(sigint, sighup) as handler:
+        if _prepare_distributed(values):
+            return 0
+        handler.reassert()          # starting MPI may have put other handlers in place
+        for note in notes:
+            log.info("%s", note)
         solver = get_solver(solver_param, solver_file=values["solver"])
         solver.set_action_function(handler.requested_action)
         if values["snapshot"]:
             log.info("Resuming from %s", values["snapshot"])
             solver.restore(values["snapshot"])
         runner = _distribute(solver, values)
+        if runner is not solver:
+            handler.ignore_after_exit()
         log.info("Starting Optimization")
         runner.solve()
     log.info("Optimization Done.")

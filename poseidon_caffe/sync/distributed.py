@@ -5,8 +5,10 @@ this rank's log in the output folder (rank 0 also on the console), broadcast ran
 build the sync engine over the train net's learnable blobs and hook it to the net (grad-ready,
 before-forward) and to the solver (``solver.exchange``). It also takes over the solver's
 ``test`` (each worker runs its share of ``test_iter``; outputs are averaged over the job and
-logged once) and ``snapshot`` (rank 0 writes the model and a solver state that includes the
-parameter server's history; every rank keeps its own random and data-cursor state beside it).
+logged once), ``snapshot`` (rank 0 writes the model and a solver state that includes the
+parameter server's history; every rank keeps its own random and data-cursor state beside it,
+written before the solver state that a resume names) and ``requested_action`` (a stop or
+snapshot signal on any rank becomes the same action on every rank at the same iteration).
 """
 import json
 import logging
@@ -20,6 +22,7 @@ from .. import rng
 from .engine import FactorSource, Item, SyncEngine
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
+from .stop import StopAgreement
 from .timeline import Timeline
 from .topology import Topology, TopologyError
 
@@ -178,15 +181,16 @@ class DistributedRunner:
             self.timeline = Timeline(timeline_path, topology.rank)
         mode = _opt(options, "sync", "auto")
         svb = getattr(options, "svb", None) if not isinstance(options, dict) else options.get("svb")
+        staleness = int(_opt(options, "staleness", 0))
+        timeout = float(_opt(options, "sync_timeout",
+                             os.environ.get("POSEIDON_SYNC_TIMEOUT", 300)))
         self.engine = SyncEngine(
             topology, build_items(net), self.rule, mode=mode,
-            staleness=int(_opt(options, "staleness", 0)), svb=svb,
+            staleness=staleness, svb=svb,
             dwbp=bool(_opt(options, "dwbp", True)), iter_size=p.iter_size,
             start_clock=solver.iter, clip=p.clip_gradients,
             fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
-            timeout=float(_opt(options, "sync_timeout",
-                               os.environ.get("POSEIDON_SYNC_TIMEOUT", 300))),
-            timeline=self.timeline, announce=True,
+            timeout=timeout, timeline=self.timeline, announce=True,
             update=_opt(options, "ps_update", "server"))
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)
@@ -199,6 +203,11 @@ class DistributedRunner:
         solver.test = self.test
         self._solver_snapshot = solver.snapshot
         solver.snapshot = self.snapshot
+        # this rank's signals (solver.requested_action) feed the job's agreed answer
+        self.stop = StopAgreement(topology.world, solver.requested_action,
+                                  self.engine.scheduler, self.engine.transport,
+                                  lag=staleness + 1)
+        solver.requested_action = self.stop.requested_action
         self._netoutputs = None
         self._started = time.perf_counter()
         self.stats_path = _opt(options, "stats_path", "")
@@ -327,6 +336,11 @@ class DistributedRunner:
         feeders = [layer for layer in test_net.layers if hasattr(layer, "prefetcher")]
         sums, names, weights, loss, runs = None, [], [], 0.0, 0
         for i in range(test_iter):
+            # once per round of P batches (the same batches on every rank), as Caffe's loop
+            # asks between test batches: a long test pass need not end before a stop
+            if i % topo.size == 0 and self._test_interrupted():
+                log.info("Test interrupted.")
+                return
             if i % topo.size != topo.rank:
                 for layer in feeders:      # keep the record stream where one worker has it
                     layer.prefetcher.next()
@@ -358,6 +372,17 @@ class DistributedRunner:
             log.info("    Test net output #%d: %s = %s%s", k, names[k], fmt(mean),
                      loss_note(weights[k], mean))
 
+    def _test_interrupted(self):
+        """The job's agreed request between test batches: a snapshot is written, a stop ends
+        the test pass and then the run."""
+        from ..solver import signals
+        action = self.solver.requested_action()
+        if action == signals.SNAPSHOT:
+            self.snapshot()
+        elif action == signals.STOP:
+            self.solver.requested_early_exit = True
+        return self.solver.requested_early_exit
+
     def snapshot(self):
         from ..solver import snapshot as snap
         solver, topo = self.solver, self.topology
@@ -372,19 +397,46 @@ class DistributedRunner:
                 for index, arrays in histories.items():
                     for target, full in zip(self.rule.history(index), arrays):
                         target[...] = full
+        fmt_ = solver.param.snapshot_format
+        state = snap.state_filename(solver._snapshot_prefix(), solver.iter, fmt_)
+        if topo.rank != 0:
+            side = self._rank_state_path(state)
+            self._write_or_fail(lambda: snap.write_rngstate(side, solver._layer_resume_states()),
+                                snap.rngstate_filename(side))
+            if self.update == "worker":     # rank 0's history is in the solver state
+                self._write_or_fail(
+                    lambda: self._write_worker_history(self._history_path(state)),
+                    self._history_path(state))
+        # every rank's side file is in place before rank 0 writes the solver state a resume
+        # names, so a solver state on disk always has its whole set beside it
+        self._barrier("waiting for every rank's snapshot files of iteration %d" % solver.iter)
         if topo.rank == 0:
-            state = self._solver_snapshot()
+            state = self._write_or_fail(
+                self._solver_snapshot,
+                snap.model_filename(solver._snapshot_prefix(), solver.iter, fmt_))
         else:
-            state = snap.state_filename(solver._snapshot_prefix(), solver.iter,
-                                        solver.param.snapshot_format)
             solver.last_snapshot = state
             solver.last_snapshot_iter = solver.iter
-        if topo.rank != 0:
-            snap.write_rngstate(self._rank_state_path(state), solver._layer_resume_states())
-            if self.update == "worker":
-                self._write_worker_history(self._history_path(state))
-        self.engine.scheduler.call(lambda: topo.world.barrier())
+        self._barrier("waiting for rank 0's snapshot of iteration %d" % solver.iter)
         return state
+
+    def _barrier(self, what):
+        world, transport = self.topology.world, self.engine.transport
+        peers = [r for r in range(world.size) if r != world.rank]
+        self.engine.scheduler.call(lambda: transport.wait([world.Ibarrier()], what, peers))
+
+    def _write_or_fail(self, write, path):
+        """A rank that cannot write its part of a snapshot ends the job, naming itself and the
+        file (an OSError knows the file it failed on; else ``path``)."""
+        from ..io import ProtoFileError
+        from ..solver.snapshot import SnapshotError
+        from .failure import fail
+        try:
+            return write()
+        except (OSError, ProtoFileError, SnapshotError) as exc:
+            failed = (getattr(exc, "filename2", None) or getattr(exc, "filename", None)
+                      or path)
+            fail(exc, "writing the snapshot file %s" % failed)
 
     def _history_path(self, state_path):
         """<prefix>_iter_N.rank<r>.history.npz beside the rank's .rngstate."""
@@ -409,6 +461,7 @@ class DistributedRunner:
 
     def finish(self):
         from .failure import job_finished
+        self.stop.close()
         self.engine.close()
         job_finished()
         if self.timeline is not None:

@@ -87,6 +87,12 @@ class Scheduler:
             self.queued_tasks += 1
         self.tasks.put(Task(bucket, clock, payloads))
 
+    def post(self, fn):
+        """Run ``fn`` on the communication thread, after everything queued, without waiting."""
+        with self.cond:
+            self.queued_tasks += 1
+        self.tasks.put(fn)
+
     def call(self, fn):
         """Run ``fn`` on the communication thread, after everything queued; return its result."""
         box = {}
@@ -102,6 +108,15 @@ class Scheduler:
         self.tasks.put(job)
         self._wait(lambda: done.is_set(), "waiting for the communication thread")
         return box.get("value")
+
+    def wait_for(self, condition, what):
+        """Wait (compute thread) until ``condition()`` holds; whoever makes it true calls
+        ``wake``. The deadline and a failed communication thread end the wait."""
+        self._wait(condition, what)
+
+    def wake(self):
+        with self.cond:
+            self.cond.notify_all()
 
     def wait_items(self, items, clock, what):
         self._wait(lambda: all(item.fresh >= clock for item in items), what)

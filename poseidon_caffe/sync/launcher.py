@@ -5,6 +5,8 @@ The host file (``localserver``) has Poseidon's format, one machine per line:
 an integer (MPI does not use it, but the file parses as Poseidon's does). The job runs one rank
 per device of every host; the command is an argument list (never a shell string), printed
 before it runs, with every rank under ``supervise`` so that a rank killed outright is named.
+SIGINT, SIGTERM and SIGHUP sent to the launcher (or a Ctrl-C) are passed on to mpiexec, which
+delivers them to every rank; the launcher waits and exits with mpiexec's status.
 
 ``python -m poseidon_caffe.sync.launcher --solver S [--hostfile F] [--devices 0,1] ...`` is the
 command-line face that the ``train_*.sh`` scripts and ``run_local.py`` files use.
@@ -12,6 +14,7 @@ command-line face that the ``train_*.sh`` scripts and ``run_local.py`` files use
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -130,13 +133,47 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
     return args
 
 
+# What the launcher passes on to mpiexec for each signal it gets. MPICH's mpiexec sends SIGINT,
+# SIGTERM and SIGUSR1 on to every rank (a second SIGINT aborts the job at once) but dies on
+# SIGHUP, so a SIGHUP goes on as SIGUSR1, which the ranks take as SIGHUP.
+FORWARDED_SIGNALS = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
+                     signal.SIGHUP: signal.SIGUSR1}
+
+
 def run(args, dry_run=False, stream=None):
+    """Print the command, run it, and return its exit status (128 + N if signal N ended it).
+
+    mpiexec runs in a process group of its own, so that a Ctrl-C in the terminal reaches it
+    once, through this launcher (a second SIGINT would abort the job before its snapshot). Its
+    standard input is /dev/null: outside the terminal's foreground group it must not read it.
+    A signal that arrives before mpiexec is started ends the launcher without starting it.
+    """
     stream = stream or sys.stdout
     stream.write(" ".join(args) + "\n")
     stream.flush()
     if dry_run:
         return 0
-    return subprocess.call(args)
+    job = {"proc": None, "early": None}
+
+    def forward(signum, frame):
+        if job["proc"] is None:
+            job["early"] = job["early"] or signum
+        elif job["proc"].returncode is None:
+            job["proc"].send_signal(FORWARDED_SIGNALS[signum])
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        if job["early"] is None:
+            job["proc"] = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                           preexec_fn=lambda: os.setpgid(0, 0))
+        if job["proc"] is None:
+            return 128 + job["early"]
+        if job["early"] is not None:      # it came while mpiexec was being started
+            job["proc"].send_signal(FORWARDED_SIGNALS[job["early"]])
+        code = job["proc"].wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
 
 
 def parse_devices(text):

@@ -42,7 +42,8 @@ def main(argv=None):
         sys.stderr.write("*** rank %s on host %s: cannot start %s: %s\n"
                          % (rank_of_environment(), os.uname().nodename, argv[0], exc))
         return 127
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # passed on (SIGUSR1 is how mpiexec delivers a snapshot request; see solver/signals.py)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, lambda s, f: child.send_signal(s))
     code = child.wait()
     if code < 0:

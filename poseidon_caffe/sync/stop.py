@@ -1,0 +1,97 @@
+"""One stop for the whole job: every worker's stop or snapshot request, agreed at the iteration
+boundary.
+
+A signal reaches the ranks of a job at different moments (or only one of them). At every
+iteration boundary each rank hands its pending request (none, snapshot, stop) to a tiny
+non-blocking all-reduce (max) on a communicator of its own; the job's answer for boundary ``n``
+is read at boundary ``n + lag`` and acted on by every rank there, so all of them snapshot or
+stop after the same iteration. ``lag`` is the staleness bound plus one: by then every other
+worker has passed boundary ``n`` anyway (this rank has waited for the gradients it sent just
+before), so reading the answer does not make a rank wait where training would not.
+
+The MPI calls run on the communication thread, like every other one after start-up: the
+compute thread only queues its request and reads answers the communication thread has already
+collected while it polled its exchanges (the transport's progress hook). The traffic (4 bytes
+per rank and boundary) is control, not gradients: the sync byte counters do not count it, so
+the measured bytes still equal the plan's.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from ..solver import signals
+
+CODES = {signals.NONE: 0, signals.SNAPSHOT: 1, signals.STOP: 2}
+ACTIONS = {code: action for action, code in CODES.items()}
+
+
+class StopAgreement:
+    """``requested_action()`` returns the same action on every worker at the same boundary.
+
+    ``scheduler`` runs functions on the communication thread (``post``: without waiting;
+    ``call``: waiting for the result); ``transport`` polls with a deadline and calls its
+    progress hooks while it waits.
+    """
+
+    def __init__(self, comm, local_action, scheduler, transport, lag=1):
+        self.comm = comm.Dup()
+        self.local_action = local_action
+        self.scheduler = scheduler
+        self.transport = transport
+        self.lag = max(1, int(lag))
+        self.boundary = 0
+        self.requests = {}        # boundary -> (send, recv, request): communication thread
+        self.answers = {}         # boundary -> combined code, read by the compute thread
+        transport.progress_hooks.append(self.progress)
+
+    # -- compute thread ------------------------------------------------------------------
+    def requested_action(self):
+        """Queue this rank's request for this boundary; return the job's answer for the
+        boundary ``lag`` earlier (none before that)."""
+        self.boundary += 1
+        boundary, code = self.boundary, CODES[self.local_action()]
+        self.scheduler.post(lambda: self._start(boundary, code))
+        asked = boundary - self.lag
+        if asked < 1:
+            return signals.NONE
+        if asked not in self.answers:
+            # not collected yet: have the communication thread wait for it after what it is
+            # doing, and take the answer as soon as any of its polls collects it
+            self.scheduler.post(lambda: self._finish(asked))
+            self.scheduler.wait_for(lambda: asked in self.answers, self._what(asked))
+        return ACTIONS[self.answers.pop(asked)]
+
+    def close(self):
+        """Complete what is still in flight (every worker started as many), then let go."""
+        def finish_all():
+            for boundary in sorted(self.requests):
+                self._finish(boundary)
+            self.transport.progress_hooks.remove(self.progress)
+            self.comm.Free()
+        self.scheduler.call(finish_all)
+        self.answers.clear()
+
+    # -- communication thread ------------------------------------------------------------
+    def _start(self, boundary, code):
+        send = np.array([code], dtype=np.int32)
+        recv = np.zeros(1, dtype=np.int32)
+        self.requests[boundary] = (send, recv, self.comm.Iallreduce(send, recv, op=MPI.MAX))
+        self.progress()
+
+    def progress(self):
+        collected = False
+        for boundary in list(self.requests):
+            _, recv, request = self.requests[boundary]
+            if request.Test():
+                del self.requests[boundary]
+                self.answers[boundary] = int(recv[0])
+                collected = True
+        if collected:
+            self.scheduler.wake()
+
+    def _finish(self, boundary):
+        self.transport.wait_until(lambda: boundary not in self.requests, self._what(boundary),
+                                  [r for r in range(self.comm.size) if r != self.comm.rank])
+
+    @staticmethod
+    def _what(boundary):
+        return "agreeing on stop and snapshot requests (boundary %d of this run)" % boundary
