@@ -73,7 +73,6 @@ class Job:
 
     def __init__(self, tmp_path, args):
         self.tmp_path = tmp_path
-        self.out = tmp_path / "out"
         self.stdout = open(tmp_path / "job.out", "w")
         self.stderr = open(tmp_path / "job.err", "w")
         self.proc = subprocess.Popen(args, stdout=self.stdout, stderr=self.stderr, env=ENV,
@@ -83,8 +82,9 @@ class Job:
         return (self.tmp_path / "job.err").read_text()
 
     def rank_log(self, rank):
-        path = self.out / ("caffe.rank%d.log" % rank)
-        return path.read_text() if path.exists() else ""
+        # the launcher puts each client's logs in a folder of its own below the output folder
+        paths = sorted(self.tmp_path.glob("**/caffe.rank%d.log" % rank))
+        return paths[0].read_text() if paths else ""
 
     def wait_for(self, pattern, ranks=(0, 1)):
         for _ in range(1200):
