@@ -223,7 +223,7 @@ def test(values):
     from .net import Net
     from .progress import ProgressBar
     from .proto import caffe_pb2
-    from .solver.snapshot import load_weights
+    from .solver.snapshot import load_weights_files
     from .solver.solver import fmt, loss_note, output_values
     if not values["model"]:
         raise CommandError("Need a model definition to score (-model=net.prototxt).")
@@ -231,9 +231,7 @@ def test(values):
         raise CommandError("Need model weights to score (-weights=model.caffemodel).")
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], caffe_pb2.TEST, level=values["level"], stages=_stages(values))
-    for path in values["weights"].split(","):
-        if path:
-            load_weights(net, path)
+    load_weights_files(net, values["weights"].split(","))
     iterations = values["iterations"]
     log.info("Running for %d iterations.", iterations)
     scores, names, weights = [], [], []

@@ -410,6 +410,10 @@ def read_net_weights(path):
     """
     path = os.fspath(path)
     data = _read_bytes(path, "a binary .caffemodel")
+    if not data:
+        # an empty message parses as a net without layers: weights that copy nothing
+        raise ProtoFileError("%s: empty file (0 bytes), expected a binary .caffemodel with the "
+                             "trained layers" % path)
     if _looks_like_text(data):
         _parse_binary(data, caffe_pb2.NetParameter(), path, ".caffemodel")  # raises
     problem = _wire_problem(data)

@@ -164,8 +164,12 @@ class Net:
         state.stage.extend(s for s in stages if s not in state.stage)
         self._init(net_param, state)
         if weights:
-            for path in (weights.split(",") if isinstance(weights, str) else weights):
-                self.copy_from(path)
+            paths = [p for p in (weights.split(",") if isinstance(weights, str) else weights)
+                     if p]
+            copied = []
+            for path in paths:
+                copied += self.copy_from(path, report=False)
+            self.warn_layers_without_weights(copied, paths)
 
     @staticmethod
     def _load_param(network):
@@ -565,9 +569,12 @@ class Net:
         log.info("    [Backward] All net params (data, diff): L1 norm = (%g, %g)", data, diff)
 
     # -- weights in and out --------------------------------------------------------------------
-    def copy_trained_layers_from(self, source):
+    def copy_trained_layers_from(self, source, report=True, require_match=True):
         """Copy parameters layer by layer, by name, from a NetParameter or a .caffemodel path
-        (Caffe's CopyTrainedLayersFrom, with its messages)."""
+        (Caffe's CopyTrainedLayersFrom, with its messages). Returns the names of the layers
+        that received parameters. A source that gives no parameter to a net that has some is
+        an error naming it (``require_match``); with ``report``, the layers left without
+        weights are named in one warning."""
         from .io import blobproto_to_array, read_net_weights
         if isinstance(source, str):
             source_name = source
@@ -576,6 +583,7 @@ class Net:
             source_name = "the given NetParameter"
             arrays = {l.name: [blobproto_to_array(b) for b in l.blobs] for l in source.layer}
         by_name = {name: i for i, name in enumerate(self.layer_names)}
+        copied = []
         for src in source.layer:
             if src.name not in by_name:
                 log.info("Ignoring source layer %s", src.name)
@@ -603,6 +611,46 @@ class Net:
                                 j, src.name, " ".join(map(str, array.shape)), array.size,
                                 blob.shape_string()))
                 blob.data[...] = array.reshape(blob.shape)
+            if target.blobs:
+                copied.append(src.name)
+        if require_match:
+            self.check_weights_matched(copied, source_name,
+                                       [l.name for l in source.layer if l.blobs])
+        if report:
+            self.warn_layers_without_weights(copied, [source_name])
+        return copied
+
+    def layers_needing_weights(self):
+        """Names of the layers that own at least one parameter (a layer whose parameters are
+        all shared from another layer takes its weights through that layer)."""
+        names = []
+        for pid, (layer_index, _) in enumerate(self.param_layer_indices):
+            name = self.layer_names[layer_index]
+            if self.param_owners[pid] == -1 and name not in names:
+                names.append(name)
+        return names
+
+    def check_weights_matched(self, copied, source_name, source_layers):
+        """A weights source that copied nothing into a net with parameters is almost always the
+        wrong file (or the wrong net): say so instead of training or scoring random weights."""
+        needing = self.layers_needing_weights()
+        if copied or not needing:
+            return
+        shown = ", ".join(source_layers[:8]) + (", ..." if len(source_layers) > 8 else "")
+        raise NetError("%s: no parameter copied into net %r: none of the file's layers with "
+                       "parameters (%s) is a layer of the net with parameters (%s)"
+                       % (source_name, self.name, shown or "none",
+                          ", ".join(needing[:8]) + (", ..." if len(needing) > 8 else "")))
+
+    def warn_layers_without_weights(self, copied, source_names, skip=()):
+        """One warning naming every layer with parameters that no weights source filled."""
+        done = set(copied) | set(skip)
+        missing = [name for name in self.layers_needing_weights() if name not in done]
+        if missing:
+            log.warning("%d layer(s) with parameters got no weights from %s and keep their "
+                        "initial values: %s", len(missing), ", ".join(source_names),
+                        ", ".join(missing))
+        return missing
 
     copy_from = copy_trained_layers_from
 

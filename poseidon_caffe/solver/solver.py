@@ -143,8 +143,7 @@ class Solver:
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
         net = self._build_net(net_param, state)
-        for weights in p.weights:
-            self._load_weights(net, weights)
+        snap.load_weights_files(net, self._weights_paths(), message="Finetuning from")
         return net
 
     def _init_test_nets(self):
@@ -187,8 +186,10 @@ class Solver:
             log.info("Creating test net (#%d) specified by %s", i, sources[i])
             net = self._build_net(net_param, state)
             _set_debug_info(net, p.debug_info)
-            for weights in p.weights:
-                self._load_weights(net, weights)
+            # layers shared with the training net take its weights at every test; the others
+            # must find theirs in the files
+            snap.load_weights_files(net, self._weights_paths(), require_match=False,
+                                    skip=self.net.layer_names, message="Finetuning from")
             nets.append(net)
         return nets
 
@@ -197,11 +198,8 @@ class Solver:
         net_param.state.CopyFrom(state)
         return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage))
 
-    def _load_weights(self, net, paths):
-        for path in paths.split(","):
-            if path:
-                log.info("Finetuning from %s", path)
-                snap.load_weights(net, path)
+    def _weights_paths(self):
+        return [path for entry in self.param.weights for path in entry.split(",") if path]
 
     # -- the loop -------------------------------------------------------------------------
     def set_action_function(self, fn):
