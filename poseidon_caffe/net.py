@@ -16,6 +16,7 @@ from .blob import Blob
 from .layers import create_layer
 from .layers.base import LayerError
 from .proto import caffe_pb2
+from .proto_values import describe_non_finite, non_finite_fields
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -23,6 +24,10 @@ TEST = caffe_pb2.TEST
 
 class NetError(ValueError):
     """A net that cannot be built as written; the message names the layer and blob."""
+
+
+def _is_project_error(exc):
+    return type(exc).__module__.split(".")[0] == __name__.split(".")[0]
 
 
 # -- rules and filtering ----------------------------------------------------------------------
@@ -162,7 +167,13 @@ class Net:
         # as Caffe's Net(file, phase, level, stages): the given stages join those the
         # prototxt's state already names
         state.stage.extend(s for s in stages if s not in state.stage)
-        self._init(net_param, state)
+        try:
+            self._init(net_param, state)
+        except (NetError, LayerError) as exc:
+            if self.source and self.source not in str(exc):
+                # named after the file, as the readers name theirs
+                raise type(exc)("%s: %s" % (self.source, exc)) from exc
+            raise
         if weights:
             paths = [p for p in (weights.split(",") if isinstance(weights, str) else weights)
                      if p]
@@ -219,7 +230,18 @@ class Net:
         for layer_id, layer_param in enumerate(self.param.layer):
             if not layer_param.HasField("phase"):
                 layer_param.phase = self.phase
-            layer = create_layer(layer_param, self.phase)
+            bad = non_finite_fields(layer_param, skip=("blobs",))
+            if bad:
+                raise NetError("layer %r of type %s: values must be finite numbers: %s"
+                               % (layer_param.name, layer_param.type, describe_non_finite(bad)))
+            try:
+                layer = create_layer(layer_param, self.phase)
+            except Exception as exc:
+                if _is_project_error(exc):
+                    raise
+                raise NetError("layer %r of type %s cannot be created: %s: %s"
+                               % (layer_param.name, layer_param.type, type(exc).__name__,
+                                  exc)) from exc
             self.layers.append(layer)
             self.layer_names.append(layer_param.name)
             log.info("Creating Layer %s", layer_param.name)

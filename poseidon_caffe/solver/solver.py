@@ -22,6 +22,7 @@ from . import signals
 from . import snapshot as snap
 from . import updates
 from .lr_policy import learning_rate
+from .param_check import solver_param_problems
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -85,10 +86,10 @@ class Solver:
     # -- construction ---------------------------------------------------------------------
     def _init(self, param):
         log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(param))
-        if param.average_loss < 1:
-            raise SolverError("average_loss should be at least 1 (got %d)" % param.average_loss)
-        if param.iter_size < 1:
-            raise SolverError("iter_size should be at least 1 (got %d)" % param.iter_size)
+        problems = solver_param_problems(param)
+        if problems:
+            where = "%s: " % self.solver_file if self.solver_file else ""
+            raise SolverError(where + "; ".join(problems))
         if param.regularization_type not in updates.REGULARIZATION_TYPES:
             raise SolverError("Unknown regularization type: %r (expected L2 or L1)"
                               % param.regularization_type)
@@ -360,7 +361,7 @@ class Solver:
         if self.requested_early_exit:
             log.info("Test interrupted.")
             return
-        if p.test_compute_loss:
+        if p.test_compute_loss and test_iter:
             log.info("Test loss: %s", fmt(loss / test_iter))
         for k, score in enumerate(scores):
             mean = score / test_iter
