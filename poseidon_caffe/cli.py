@@ -268,6 +268,7 @@ def time_model(values):
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], phase, level=values["level"], stages=_stages(values))
     iterations = values["iterations"]
+    log.info("Memory needed for blobs: %s", net.memory_summary())
     log.info("Performing Forward")
     initial_loss = net.forward_prefilled()
     log.info("Initial loss: %g", initial_loss)
@@ -372,6 +373,10 @@ def main(argv=None):
         return 1                    # the solver has logged the iteration and last snapshot
     except (ValueError, RuntimeError, OSError) as exc:
         log.error("%s", exc)
+        return 1
+    except MemoryError as exc:
+        # outside a net's layers (those name themselves): the solver's history, data buffers
+        log.error("out of memory: %s", str(exc) or "an allocation failed")
         return 1
     except KeyboardInterrupt:
         log.error("Interrupted.")

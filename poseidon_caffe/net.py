@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import log
+from . import fillers, log, memory
 from .blob import Blob
 from .layers import create_layer
 from .layers.base import LayerError
@@ -26,8 +26,30 @@ class NetError(ValueError):
     """A net that cannot be built as written; the message names the layer and blob."""
 
 
+class NetMemoryError(NetError):
+    """A net that does not fit in memory, found before allocating or where an allocation
+    failed; the message names the net or the layer and the amounts."""
+
+
 def _is_project_error(exc):
     return type(exc).__module__.split(".")[0] == __name__.split(".")[0]
+
+
+def _raise_if_out_of_memory(layer, what, exc):
+    if isinstance(exc, MemoryError) or "array is too big" in str(exc):
+        raise _layer_failure(layer, what, exc) from exc
+
+
+def _layer_failure(layer, what, exc):
+    """A failure inside one layer as the project's error naming it (project errors pass)."""
+    if _is_project_error(exc):
+        return exc
+    if isinstance(exc, MemoryError) or "array is too big" in str(exc):
+        # numpy says "array is too big" when a shape's byte count overflows
+        return NetMemoryError("layer %r of type %s: out of memory in %s (%s)"
+                              % (layer.name, layer.type, what, str(exc) or "MemoryError"))
+    return NetError("layer %r of type %s failed in %s: %s: %s"
+                    % (layer.name, layer.type, what, type(exc).__name__, exc))
 
 
 # -- rules and filtering ----------------------------------------------------------------------
@@ -168,7 +190,12 @@ class Net:
         # prototxt's state already names
         state.stage.extend(s for s in stages if s not in state.stage)
         try:
-            self._init(net_param, state)
+            # weights are drawn once the net is known to fit (see _check_memory)
+            with fillers.deferred():
+                self._init(net_param, state)
+        except fillers.DeferredFillError as exc:
+            raise NetError("%slayer %r: %s" % ("%s: " % self.source if self.source else "",
+                                               self._layer_of_param(exc.blob), exc)) from exc
         except (NetError, LayerError) as exc:
             if self.source and self.source not in str(exc):
                 # named after the file, as the readers name theirs
@@ -226,7 +253,7 @@ class Net:
         self._layer_timing_hook = None
 
         available = set()
-        memory = 0
+        top_values = 0
         for layer_id, layer_param in enumerate(self.param.layer):
             if not layer_param.HasField("phase"):
                 layer_param.phase = self.phase
@@ -288,16 +315,88 @@ class Net:
                 log.info("Top shape: %s", top.shape_string())
                 if weights[j]:
                     log.info("    with loss weight %g", weights[j])
-                memory += top.count
+                top_values += top.count
             self._append_params(layer_id, layer, layer_param)
-        log.info("Memory required for data: %d", memory * 4)
+        log.info("Memory required for data: %d", top_values * 4)
         self._plan_backward()
+        self._check_memory()
         self.output_blob_indices = [self.blob_name_to_index[n] for n in sorted(
             available, key=lambda n: self.blob_name_to_index[n])]
         for index in self.output_blob_indices:
             log.info("This network produces output %s", self.blob_names[index])
         self._learnable_final_at = self._learnable_param_finish_layers()
         log.info("Network initialization done.")
+
+    def _layer_of_param(self, blob):
+        for name, layer in zip(self.layer_names, self.layers):
+            if any(b is blob for b in layer.blobs):
+                return name
+        return "?"
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory_estimate(self):
+        """Bytes the net's blobs need once running: {"data", "diff", "workspace", "total",
+        "layers": {layer name: bytes}}. Each storage counts once (in-place tops, shared data,
+        shared parameters), under the layer that makes it; a blob gets a diff where backward
+        writes one; parameters have diffs in a TRAIN net; workspaces are those the layers'
+        plans report (im2col columns and padded inputs)."""
+        needs_diff = set()
+        for i in range(len(self.layers)):
+            if self.layer_need_backward[i]:
+                needs_diff.update(self.top_ids[i])
+            needs_diff.update(bid for j, bid in enumerate(self.bottom_ids[i])
+                              if self.bottom_need_backward[i][j])
+        per_layer = OrderedDict((name, 0) for name in self.layer_names)
+        totals = {"data": 0, "diff": 0, "workspace": 0}
+        counted = set()
+
+        def count(layer_name, blob, with_diff):
+            if id(blob) in counted:
+                return
+            counted.add(id(blob))
+            data = 0 if blob.shares_data else blob.nbytes
+            diff = blob.nbytes if with_diff and not blob.shares_diff else 0
+            totals["data"] += data
+            totals["diff"] += diff
+            per_layer[layer_name] += data + diff
+
+        for i, name in enumerate(self.layer_names):
+            for bid in self.top_ids[i]:
+                count(name, self._blobs[bid], bid in needs_diff)
+            for blob in self.layers[i].blobs:
+                count(name, blob, self.phase == TRAIN)
+            workspace = getattr(self.layers[i], "workspace_bytes", None)
+            if workspace is not None:
+                nbytes = int(workspace())
+                totals["workspace"] += nbytes
+                per_layer[name] += nbytes
+        totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
+        totals["layers"] = per_layer
+        return totals
+
+    def memory_summary(self, estimate=None):
+        """One line: the total, its parts and the largest layer."""
+        est = estimate or self.memory_estimate()
+        line = "%s (data %s, diff %s, workspaces %s)" % (
+            memory.format_bytes(est["total"]), memory.format_bytes(est["data"]),
+            memory.format_bytes(est["diff"]), memory.format_bytes(est["workspace"]))
+        if est["layers"]:
+            name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
+            line += "; largest: layer %s, %s" % (name, memory.format_bytes(nbytes))
+        return line
+
+    def _check_memory(self):
+        """Stop before allocating a net that cannot fit (see poseidon_caffe.memory)."""
+        est = self.memory_estimate()
+        self.memory_needed = est["total"]
+        log.info("Memory required for blobs: %s", self.memory_summary(est))
+        limit, has = memory.available_memory()
+        if limit is None or est["total"] <= limit:
+            return
+        name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
+        raise NetMemoryError("net %s needs %s for blobs (largest: layer %s, %s); %s"
+                             % (self.name or "(unnamed)", memory.format_bytes(est["total"]),
+                                name, memory.format_bytes(nbytes), has))
 
     def _append_top(self, layer_param, top_index, name, available):
         in_place = (top_index < len(layer_param.bottom) and layer_param.bottom[top_index] == name)
@@ -323,12 +422,18 @@ class Net:
             layer.check_blob_counts(bottoms, tops)
             layer.setup(bottoms, tops)
             layer.reshape(bottoms, tops)
-        except (LayerError, NetError):
-            raise
+        except (LayerError, NetError, fillers.DeferredFillError):
+            raise           # a deferred fill is named after its own layer by __init__
+        except MemoryError as exc:
+            raise _layer_failure(layer, "setup", exc) from exc
         except (ValueError, IndexError, TypeError, KeyError, ArithmeticError) as exc:
+            if "array is too big" in str(exc):
+                raise _layer_failure(layer, "setup", exc) from exc
             raise NetError("layer %r of type %s could not be set up for bottom shapes %s: %s"
                            % (layer_param.name, layer_param.type,
                               [list(s) for s in shapes], exc)) from exc
+        except Exception as exc:
+            raise _layer_failure(layer, "setup", exc) from exc
 
     def _loss_weights(self, layer, layer_param, num_tops):
         if layer_param.loss_weight:
@@ -503,16 +608,24 @@ class Net:
                 layer.reshape(bottoms, tops)
             except (LayerError, NetError):
                 raise
+            except MemoryError as exc:
+                raise _layer_failure(layer, "reshape", exc) from exc
             except (ValueError, IndexError, TypeError) as exc:
+                if "array is too big" in str(exc):
+                    raise _layer_failure(layer, "reshape", exc) from exc
                 raise NetError("layer %r of type %s cannot take bottom shapes %s: %s"
                                % (layer.name, layer.type, [list(b.shape) for b in bottoms],
                                   exc)) from exc
-            if timing is None:
-                layer.forward(bottoms, tops)
-            else:
-                start_time = time.perf_counter()
-                layer.forward(bottoms, tops)
-                timing("forward", i, start_time, time.perf_counter())
+            try:
+                if timing is None:
+                    layer.forward(bottoms, tops)
+                else:
+                    start_time = time.perf_counter()
+                    layer.forward(bottoms, tops)
+                    timing("forward", i, start_time, time.perf_counter())
+            except (MemoryError, ValueError) as exc:
+                _raise_if_out_of_memory(layer, "forward", exc)
+                raise
             for j, weight in self.layer_loss_weights[i]:
                 loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
             if debug:
@@ -533,12 +646,18 @@ class Net:
             for j, weight in self.layer_loss_weights[i]:
                 if self.top_ids[i][j] not in seeded:
                     tops[j].diff[...] = weight
-            if timing is None:
-                self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
-            else:
-                start_time = time.perf_counter()
-                self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
-                timing("backward", i, start_time, time.perf_counter())
+            try:
+                if timing is None:
+                    self.layers[i].backward(tops, self.bottom_need_backward[i],
+                                            self.bottom_vecs[i])
+                else:
+                    start_time = time.perf_counter()
+                    self.layers[i].backward(tops, self.bottom_need_backward[i],
+                                            self.bottom_vecs[i])
+                    timing("backward", i, start_time, time.perf_counter())
+            except (MemoryError, ValueError) as exc:
+                _raise_if_out_of_memory(self.layers[i], "backward", exc)
+                raise
             if debug:
                 self._backward_debug_info(i)
             if hook is not None and self._learnable_final_at[i]:
