@@ -182,3 +182,19 @@ def test_a_filler_that_cannot_fill_is_named_by_its_layer():
               'layer { name: "up" type: "Deconvolution" bottom: "data" top: "up" '
               'convolution_param { num_output: 2 kernel_h: 2 kernel_w: 3 stride: 2 '
               'weight_filler { type: "bilinear" } } }')
+
+
+@pytest.mark.parametrize("layer, expected", [
+    ('layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" '
+     'batch_norm_param { eps: -1 } }', "BatchNorm layer 'bn': batch_norm_param.eps must be >= 0 "
+                                       "(got -1)"),
+    ('layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" '
+     'batch_norm_param { moving_average_fraction: 1.5 } }',
+     "batch_norm_param.moving_average_fraction must be in [0, 1] (got 1.5)"),
+    ('layer { name: "mvn" type: "MVN" bottom: "data" top: "mvn" mvn_param { eps: -0.5 } }',
+     "MVN layer 'mvn': mvn_param.eps must be >= 0 (got -0.5)"),
+])
+def test_normalization_constants_are_in_range(layer, expected):
+    with pytest.raises(LayerError) as info:
+        build(INPUT + layer)
+    assert expected in str(info.value)
