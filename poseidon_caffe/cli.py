@@ -267,6 +267,10 @@ def time_model(values):
     phase = _phase(values, caffe_pb2.TRAIN)
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], phase, level=values["level"], stages=_stages(values))
+    if values["weights"]:
+        # timing does not depend on the values, but weights given are weights checked
+        from .solver.snapshot import load_weights_files
+        load_weights_files(net, values["weights"].split(","))
     iterations = values["iterations"]
     log.info("Memory needed for blobs: %s", net.memory_summary())
     log.info("Performing Forward")

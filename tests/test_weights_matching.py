@@ -161,6 +161,8 @@ def test_cli_test_and_train_refuse_weights_that_match_nothing(tmp_path):
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("E")]
     assert len(errors) == 1 and model in errors[0] and "no parameter copied" in errors[0]
+    code, err = run_cli(tmp_path, "time", "-model", other, "-weights", model, "-iterations", "1")
+    assert code == 1 and "Traceback" not in err and "no parameter copied" in err
     (tmp_path / "empty.caffemodel").write_bytes(b"")
     (tmp_path / "solver.prototxt").write_text(
         'net: "%s" base_lr: 0.1 lr_policy: "fixed" max_iter: 2' % other)
