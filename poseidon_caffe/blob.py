@@ -1,9 +1,12 @@
 """Blob: an N-d array of data and one of gradients (diff) on a backend, as Caffe's Blob."""
+import math
+
 import numpy as np
 
 from .backend import get_backend
 
 MAX_BLOB_AXES = 32
+MAX_BLOB_COUNT = 2 ** 63 - 1
 
 
 class Blob:
@@ -34,6 +37,10 @@ class Blob:
             raise ValueError("blob shape %s has more than %d axes" % (shape, MAX_BLOB_AXES))
         if any(s < 0 for s in shape):
             raise ValueError("blob shape %s has a negative dimension" % (shape,))
+        if math.prod(shape) > MAX_BLOB_COUNT:
+            # the count would wrap around in int64 arithmetic and look small
+            raise ValueError("blob shape %s has %d values, more than an array can index"
+                             % (shape, math.prod(shape)))
         if shape == self._shape:
             return
         old_count = self.count

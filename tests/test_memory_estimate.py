@@ -11,7 +11,7 @@ import pytest
 
 from poseidon_caffe import TEST, TRAIN, io as pio, rng
 from poseidon_caffe.memory import MemoryLimitError, format_bytes, parse_bytes
-from poseidon_caffe.net import Net, NetMemoryError
+from poseidon_caffe.net import Net, NetError, NetMemoryError
 
 # data (8, 1000); ip: weights 2000 x 1000, bias 2000, top (8, 2000)
 BIG_TEST = """name: "big"
@@ -208,3 +208,12 @@ def test_ranks_on_one_host_share_its_available_memory():
     # an explicit limit is this process's own
     assert memory.available_memory({"MPI_LOCALNRANKS": "4", "POSEIDON_MEMORY_LIMIT": "1G"}) == \
         (1 << 30, "the limit POSEIDON_MEMORY_LIMIT is 1.0 GiB")
+
+
+def test_a_shape_whose_count_overflows_is_refused_naming_the_layer():
+    # 2**62 * 4 values wraps to 0 in 64-bit arithmetic; it must not pass as an empty blob
+    with pytest.raises(NetError, match=r"layer 'data' of type Input could not be set up .*"
+                                       r"has 18446744073709551616 values, more than an array "
+                                       r"can index"):
+        build('name: "o" layer { name: "data" type: "Input" top: "data" '
+              'input_param { shape { dim: 4611686018427387904 dim: 4 } } }')
