@@ -217,3 +217,18 @@ def test_a_shape_whose_count_overflows_is_refused_naming_the_layer():
                                        r"can index"):
         build('name: "o" layer { name: "data" type: "Input" top: "data" '
               'input_param { shape { dim: 4611686018427387904 dim: 4 } } }')
+
+
+def test_out_of_memory_in_an_update_names_the_parameter_and_layer(monkeypatch, tmp_path):
+    from poseidon_caffe.solver import SolverError, get_solver, updates
+    monkeypatch.delenv("POSEIDON_MEMORY_LIMIT", raising=False)
+    (tmp_path / "net.prototxt").write_text(BIG_TRAIN.replace("2000", "20"))
+    solver = get_solver(pio.parse_solver_text(
+        'net: "%s" base_lr: 0.1 lr_policy: "fixed" max_iter: 1' % (tmp_path / "net.prototxt")))
+
+    def exhausted(*args):
+        raise MemoryError()
+    monkeypatch.setattr(updates, "sgd", exhausted)
+    with pytest.raises(SolverError, match=r"^Iteration 0: out of memory updating learnable "
+                                          r"parameter #0 \(layer ip\)$"):
+        solver.step(1)

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from .. import io as pio
 from .. import log
 from .. import rng
+from ..memory import format_bytes
 from ..progress import ProgressBar
 from ..proto import caffe_pb2
 from . import signals
@@ -101,9 +102,14 @@ class Solver:
         log.info("Solver scaffolding done.")
         self.check_param()
         self.history = []
-        for _ in range(self.history_sets):
-            for blob in self.net.learnable_params:
-                self.history.append(blob.backend.zeros(blob.shape))
+        try:
+            for _ in range(self.history_sets):
+                for blob in self.net.learnable_params:
+                    self.history.append(blob.backend.zeros(blob.shape))
+        except MemoryError:
+            size = sum(blob.nbytes for blob in self.net.learnable_params) * self.history_sets
+            raise SolverError("out of memory for the %s solver's history (%s beside the net's "
+                              "blobs)" % (self.type, format_bytes(size))) from None
 
     def check_param(self):
         """Rule-specific checks of the solver fields (Caffe's CHECKs in each solver's PreSolve)."""
@@ -383,7 +389,19 @@ class Solver:
             log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
         self.clip_gradients()
         for param_id in range(len(self.net.learnable_params)):
-            self.update_param(param_id, rate)
+            try:
+                self.update_param(param_id, rate)
+            except MemoryError:
+                raise SolverError("Iteration %d: out of memory updating learnable parameter #%d "
+                                  "(layer %s)" % (self.iter, param_id,
+                                                  self._param_layer(param_id))) from None
+
+    def _param_layer(self, param_id):
+        net = self.net
+        for pid, learnable in enumerate(net.learnable_param_ids):
+            if learnable == param_id:
+                return net.layer_names[net.param_layer_indices[pid][0]]
+        return "?"
 
     def clip_gradients(self):
         clip = self.param.clip_gradients
