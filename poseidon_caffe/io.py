@@ -332,6 +332,10 @@ def _looks_like_text(data):
 
 def _parse_binary(data, message, path, kind):
     name = message.DESCRIPTOR.name
+    if not data:
+        # parses as an empty message; Caffe never writes one (a model, state or mean is data)
+        raise ProtoFileError("%s: empty file (0 bytes), expected a binary %s (%s)"
+                             % (path, kind, name))
     if _looks_like_text(data):
         raise ProtoFileError("%s: is a text file, expected a binary %s (%s); "
                              "was a prototxt given by mistake?" % (path, kind, name))
@@ -410,10 +414,6 @@ def read_net_weights(path):
     """
     path = os.fspath(path)
     data = _read_bytes(path, "a binary .caffemodel")
-    if not data:
-        # an empty message parses as a net without layers: weights that copy nothing
-        raise ProtoFileError("%s: empty file (0 bytes), expected a binary .caffemodel with the "
-                             "trained layers" % path)
     if _looks_like_text(data):
         _parse_binary(data, caffe_pb2.NetParameter(), path, ".caffemodel")  # raises
     problem = _wire_problem(data)

@@ -170,3 +170,18 @@ def test_cli_test_and_train_refuse_weights_that_match_nothing(tmp_path):
                         "-weights", "empty.caffemodel")
     assert code == 1 and "Traceback" not in err
     assert "empty.caffemodel: empty file (0 bytes)" in err
+
+
+@pytest.mark.parametrize("reader, kind", [
+    ("read_net_binary", ".caffemodel (NetParameter)"),
+    ("read_net_weights", ".caffemodel (NetParameter)"),
+    ("read_solverstate", ".solverstate (SolverState)"),
+    ("read_blobproto", "BlobProto (.binaryproto) (BlobProto)"),
+])
+def test_every_binary_reader_refuses_an_empty_file(tmp_path, reader, kind):
+    from poseidon_caffe import io as pio
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    with pytest.raises(ProtoFileError) as info:
+        getattr(pio, reader)(str(empty))
+    assert str(info.value) == "%s: empty file (0 bytes), expected a binary %s" % (empty, kind)
