@@ -1,18 +1,31 @@
 """Blob: an N-d array of data and one of gradients (diff) on a backend, as Caffe's Blob."""
+import math
+
 import numpy as np
 
 from .backend import get_backend
 
 MAX_BLOB_AXES = 32
+MAX_BLOB_COUNT = 2 ** 63 - 1
 
 
 class Blob:
+    """Storage is allocated on first use, not at reshape: a net can shape every blob, add up
+    what they will need and refuse a net that cannot fit before any large array exists."""
+
     def __init__(self, shape=(), backend=None, dtype=None):
         self._backend = backend or get_backend()
         self._dtype = dtype or self._backend.dtype
         self._shape = ()
         self._data = None
         self._diff = None
+        # a blob sharing another's storage before that storage exists takes it on first use
+        self._data_source = None
+        self._diff_source = None
+        self._data_shared = False
+        self._diff_shared = False
+        # run once before the data is first read (a deferred filler, see fillers.deferred)
+        self.before_first_use = None
         self.reshape(shape)
 
     # -- shape -----------------------------------------------------------------------------
@@ -24,19 +37,24 @@ class Blob:
             raise ValueError("blob shape %s has more than %d axes" % (shape, MAX_BLOB_AXES))
         if any(s < 0 for s in shape):
             raise ValueError("blob shape %s has a negative dimension" % (shape,))
-        if shape == self._shape and self._data is not None:
+        if math.prod(shape) > MAX_BLOB_COUNT:
+            # the count would wrap around in int64 arithmetic and look small
+            raise ValueError("blob shape %s has %d values, more than an array can index"
+                             % (shape, math.prod(shape)))
+        if shape == self._shape:
             return
-        old_count = self.count if self._data is not None else -1
+        old_count = self.count
         self._shape = shape
-        new_count = self.count
-        if new_count == old_count:
+        if self.count == old_count:
             # same storage, new view: keeps sharing (in-place layers, shared params) intact
-            self._data = self._data.reshape(shape)
+            if self._data is not None:
+                self._data = self._data.reshape(shape)
             if self._diff is not None:
                 self._diff = self._diff.reshape(shape)
         else:
-            self._data = self._backend.zeros(shape, self._dtype)
-            self._diff = None
+            self._data = self._diff = None
+            self._data_source = self._diff_source = None
+            self._data_shared = self._diff_shared = False
 
     @property
     def shape(self):
@@ -76,28 +94,61 @@ class Blob:
     def shape_string(self):
         return " ".join(str(s) for s in self._shape) + " (%d)" % self.count
 
+    @property
+    def nbytes(self):
+        """Bytes of one of data or diff (what each takes once allocated)."""
+        return self.count * np.dtype(self._dtype).itemsize
+
+    @property
+    def shares_data(self):
+        """Whether data is another blob's storage (counts once, under that blob)."""
+        return self._data_shared
+
+    @property
+    def shares_diff(self):
+        return self._diff_shared
+
     # -- storage ---------------------------------------------------------------------------
     @property
     def data(self):
+        if self._data is None:
+            self._data = self._storage(self._data_source, "data")
+            self._data_source = None
+            hook, self.before_first_use = self.before_first_use, None
+            if hook is not None:
+                hook()
         return self._data
 
     @data.setter
     def data(self, value):
-        self._data[...] = value
+        self.data[...] = value
 
     @property
     def diff(self):
         if self._diff is None:
-            self._diff = self._backend.zeros(self._shape, self._dtype)
+            self._diff = self._storage(self._diff_source, "diff")
+            self._diff_source = None
         return self._diff
 
     @diff.setter
     def diff(self, value):
         self.diff[...] = value
 
+    def _storage(self, source, kind):
+        if source is None:
+            return self._backend.zeros(self._shape, self._dtype)
+        if source.count != self.count:
+            raise ValueError("blob of shape %s shares the %s of a blob that now has shape %s"
+                             % (self._shape, kind, source.shape))
+        return getattr(source, kind).reshape(self._shape)
+
     @property
     def has_diff(self):
-        return self._diff is not None
+        return self._diff is not None or self._diff_source is not None
+
+    @property
+    def allocated(self):
+        return self._data is not None
 
     @property
     def backend(self):
@@ -107,13 +158,21 @@ class Blob:
         if other.count != self.count:
             raise ValueError("cannot share data of %d values with a blob of %d"
                              % (other.count, self.count))
-        self._data = other.data.reshape(self._shape)
+        if other._data is None:
+            self._data, self._data_source = None, other
+        else:
+            self._data, self._data_source = other._data.reshape(self._shape), None
+        self._data_shared = True
 
     def share_diff(self, other):
         if other.count != self.count:
             raise ValueError("cannot share diff of %d values with a blob of %d"
                              % (other.count, self.count))
-        self._diff = other.diff.reshape(self._shape)
+        if other._diff is None:
+            self._diff, self._diff_source = None, other
+        else:
+            self._diff, self._diff_source = other._diff.reshape(self._shape), None
+        self._diff_shared = True
 
     def zero_diff(self):
         if self._diff is not None:
@@ -121,7 +180,8 @@ class Blob:
 
     def update(self):
         """data -= diff, the last step of Caffe's solver update."""
-        self._data -= self.diff
+        data = self.data
+        data -= self.diff
 
     def __repr__(self):
         return "<Blob %s>" % (self._shape,)

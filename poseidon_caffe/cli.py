@@ -329,7 +329,7 @@ def test(values):
     from .net import Net
     from .progress import ProgressBar
     from .proto import caffe_pb2
-    from .solver.snapshot import load_weights
+    from .solver.snapshot import load_weights_files
     from .solver.solver import fmt, loss_note, output_values
     if not values["model"]:
         raise CommandError("Need a model definition to score (-model=net.prototxt).")
@@ -337,9 +337,7 @@ def test(values):
         raise CommandError("Need model weights to score (-weights=model.caffemodel).")
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], caffe_pb2.TEST, level=values["level"], stages=_stages(values))
-    for path in values["weights"].split(","):
-        if path:
-            load_weights(net, path)
+    load_weights_files(net, values["weights"].split(","))
     iterations = values["iterations"]
     log.info("Running for %d iterations.", iterations)
     scores, names, weights = [], [], []
@@ -375,7 +373,12 @@ def time_model(values):
     phase = _phase(values, caffe_pb2.TRAIN)
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], phase, level=values["level"], stages=_stages(values))
+    if values["weights"]:
+        # timing does not depend on the values, but weights given are weights checked
+        from .solver.snapshot import load_weights_files
+        load_weights_files(net, values["weights"].split(","))
     iterations = values["iterations"]
+    log.info("Memory needed for blobs: %s", net.memory_summary())
     log.info("Performing Forward")
     initial_loss = net.forward_prefilled()
     log.info("Initial loss: %g", initial_loss)
@@ -534,6 +537,10 @@ def main(argv=None):
         return 1                    # the solver has logged the iteration and last snapshot
     except (ValueError, RuntimeError, OSError) as exc:
         log.error("%s", exc)
+        return 1
+    except MemoryError as exc:
+        # outside a net's layers (those name themselves): the solver's history, data buffers
+        log.error("out of memory: %s", str(exc) or "an allocation failed")
         return 1
     except KeyboardInterrupt:
         log.error("Interrupted.")

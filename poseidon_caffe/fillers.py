@@ -4,10 +4,12 @@ Every random draw comes from ``poseidon_caffe.rng.get_rng()`` so that ``random_s
 net's initial weights repeatable. Fan sizes follow Caffe: fan_in = count / shape[0] and
 fan_out = count / shape[1] (count for a one-axis blob).
 """
+import contextlib
+
 import numpy as np
 
 from .proto import caffe_pb2
-from .rng import get_rng
+from .rng import get_rng, set_before_draw
 
 _FP = caffe_pb2.FillerParameter
 
@@ -138,7 +140,8 @@ def filler_types():
 
 
 def fill(blob, filler_param=None):
-    """Fill ``blob.data`` as Caffe's filler named by ``filler_param.type`` would."""
+    """Fill ``blob.data`` as Caffe's filler named by ``filler_param.type`` would (or, inside
+    ``deferred()``, when the blob is first used, keeping the order of the random draws)."""
     if filler_param is None:
         filler_param = _FP()
     try:
@@ -146,8 +149,66 @@ def fill(blob, filler_param=None):
     except KeyError:
         raise FillerError("Unknown filler type %r; known types: %s"
                           % (filler_param.type, ", ".join(filler_types()))) from None
+    if _deferral["depth"] and not blob.allocated:
+        _deferral["pending"].append((blob, filler, filler_param))
+        blob.before_first_use = run_deferred_fills
+        set_before_draw(run_deferred_fills)
+        return blob
     filler(blob, filler_param)
     return blob
+
+
+# -- deferred filling: a net is shaped and its memory counted before any weight exists --------
+_deferral = {"depth": 0, "pending": [], "running": False}
+
+
+class DeferredFillError(FillerError):
+    """A deferred fill that failed; ``blob`` is the blob it was for (to name its layer)."""
+
+    def __init__(self, message, blob):
+        super().__init__(message)
+        self.blob = blob
+
+
+def run_deferred_fills():
+    """Make every queued fill now, in the order they were asked for."""
+    if _deferral["running"]:
+        return              # a filler's own draw: the queue is already being worked off
+    _deferral["running"] = True
+    try:
+        pending = _deferral["pending"]
+        while pending:
+            blob, filler, filler_param = pending.pop(0)
+            blob.before_first_use = None
+            try:
+                filler(blob, filler_param)
+            except FillerError as exc:
+                raise DeferredFillError(str(exc), blob) from exc
+    finally:
+        _deferral["running"] = False
+        if not _deferral["pending"]:
+            set_before_draw(None)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Within, fills of blobs that have no storage yet wait until the blob is first used, a
+    random draw is made elsewhere, or the block ends; leaving by an exception drops them."""
+    _deferral["depth"] += 1
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        _deferral["depth"] -= 1
+        if _deferral["depth"] == 0:
+            if ok:
+                run_deferred_fills()
+            else:
+                for blob, _, _ in _deferral["pending"]:
+                    blob.before_first_use = None
+                del _deferral["pending"][:]
+                set_before_draw(None)
 
 
 def constant_filler(value):

@@ -314,6 +314,10 @@ def _looks_like_text(data):
 
 def _parse_binary(data, message, path, kind):
     name = message.DESCRIPTOR.name
+    if not data:
+        # parses as an empty message; Caffe never writes one (a model, state or mean is data)
+        raise ProtoFileError("%s: empty file (0 bytes), expected a binary %s (%s)"
+                             % (path, kind, name))
     if _looks_like_text(data):
         raise ProtoFileError("%s: is a text file, expected a binary %s (%s); "
                              "was a prototxt given by mistake?" % (path, kind, name))

@@ -11,11 +11,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import log
+from . import fillers, log, memory
 from .blob import Blob
 from .layers import create_layer
 from .layers.base import LayerError
 from .proto import caffe_pb2
+from .proto_values import describe_non_finite, non_finite_fields
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -24,6 +25,32 @@ LAYER_CALLBACK_KINDS = ("before_forward", "after_forward", "before_backward", "a
 
 class NetError(ValueError):
     """A net that cannot be built as written; the message names the layer and blob."""
+
+
+class NetMemoryError(NetError):
+    """A net that does not fit in memory, found before allocating or where an allocation
+    failed; the message names the net or the layer and the amounts."""
+
+
+def _is_project_error(exc):
+    return type(exc).__module__.split(".")[0] == __name__.split(".")[0]
+
+
+def _raise_if_out_of_memory(layer, what, exc):
+    if isinstance(exc, MemoryError) or "array is too big" in str(exc):
+        raise _layer_failure(layer, what, exc) from exc
+
+
+def _layer_failure(layer, what, exc):
+    """A failure inside one layer as the project's error naming it (project errors pass)."""
+    if _is_project_error(exc):
+        return exc
+    if isinstance(exc, MemoryError) or "array is too big" in str(exc):
+        # numpy says "array is too big" when a shape's byte count overflows
+        return NetMemoryError("layer %r of type %s: out of memory in %s (%s)"
+                              % (layer.name, layer.type, what, str(exc) or "MemoryError"))
+    return NetError("layer %r of type %s failed in %s: %s: %s"
+                    % (layer.name, layer.type, what, type(exc).__name__, exc))
 
 
 # -- rules and filtering ----------------------------------------------------------------------
@@ -163,10 +190,25 @@ class Net:
         # as Caffe's Net(file, phase, level, stages): the given stages join those the
         # prototxt's state already names
         state.stage.extend(s for s in stages if s not in state.stage)
-        self._init(net_param, state)
+        try:
+            # weights are drawn once the net is known to fit (see _check_memory)
+            with fillers.deferred():
+                self._init(net_param, state)
+        except fillers.DeferredFillError as exc:
+            raise NetError("%slayer %r: %s" % ("%s: " % self.source if self.source else "",
+                                               self._layer_of_param(exc.blob), exc)) from exc
+        except (NetError, LayerError) as exc:
+            if self.source and self.source not in str(exc):
+                # named after the file, as the readers name theirs
+                raise type(exc)("%s: %s" % (self.source, exc)) from exc
+            raise
         if weights:
-            for path in (weights.split(",") if isinstance(weights, str) else weights):
-                self.copy_from(path)
+            paths = [p for p in (weights.split(",") if isinstance(weights, str) else weights)
+                     if p]
+            copied = []
+            for path in paths:
+                copied += self.copy_from(path, report=False)
+            self.warn_layers_without_weights(copied, paths)
 
     @staticmethod
     def _load_param(network):
@@ -214,11 +256,22 @@ class Net:
         self._layer_callbacks = {kind: [] for kind in LAYER_CALLBACK_KINDS}
 
         available = set()
-        memory = 0
+        top_values = 0
         for layer_id, layer_param in enumerate(self.param.layer):
             if not layer_param.HasField("phase"):
                 layer_param.phase = self.phase
-            layer = create_layer(layer_param, self.phase)
+            bad = non_finite_fields(layer_param, skip=("blobs",))
+            if bad:
+                raise NetError("layer %r of type %s: values must be finite numbers: %s"
+                               % (layer_param.name, layer_param.type, describe_non_finite(bad)))
+            try:
+                layer = create_layer(layer_param, self.phase)
+            except Exception as exc:
+                if _is_project_error(exc):
+                    raise
+                raise NetError("layer %r of type %s cannot be created: %s: %s"
+                               % (layer_param.name, layer_param.type, type(exc).__name__,
+                                  exc)) from exc
             self.layers.append(layer)
             self.layer_names.append(layer_param.name)
             log.info("Creating Layer %s", layer_param.name)
@@ -265,16 +318,88 @@ class Net:
                 log.info("Top shape: %s", top.shape_string())
                 if weights[j]:
                     log.info("    with loss weight %g", weights[j])
-                memory += top.count
+                top_values += top.count
             self._append_params(layer_id, layer, layer_param)
-        log.info("Memory required for data: %d", memory * 4)
+        log.info("Memory required for data: %d", top_values * 4)
         self._plan_backward()
+        self._check_memory()
         self.output_blob_indices = [self.blob_name_to_index[n] for n in sorted(
             available, key=lambda n: self.blob_name_to_index[n])]
         for index in self.output_blob_indices:
             log.info("This network produces output %s", self.blob_names[index])
         self._learnable_final_at = self._learnable_param_finish_layers()
         log.info("Network initialization done.")
+
+    def _layer_of_param(self, blob):
+        for name, layer in zip(self.layer_names, self.layers):
+            if any(b is blob for b in layer.blobs):
+                return name
+        return "?"
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory_estimate(self):
+        """Bytes the net's blobs need once running: {"data", "diff", "workspace", "total",
+        "layers": {layer name: bytes}}. Each storage counts once (in-place tops, shared data,
+        shared parameters), under the layer that makes it; a blob gets a diff where backward
+        writes one; parameters have diffs in a TRAIN net; workspaces are those the layers'
+        plans report (im2col columns and padded inputs)."""
+        needs_diff = set()
+        for i in range(len(self.layers)):
+            if self.layer_need_backward[i]:
+                needs_diff.update(self.top_ids[i])
+            needs_diff.update(bid for j, bid in enumerate(self.bottom_ids[i])
+                              if self.bottom_need_backward[i][j])
+        per_layer = OrderedDict((name, 0) for name in self.layer_names)
+        totals = {"data": 0, "diff": 0, "workspace": 0}
+        counted = set()
+
+        def count(layer_name, blob, with_diff):
+            if id(blob) in counted:
+                return
+            counted.add(id(blob))
+            data = 0 if blob.shares_data else blob.nbytes
+            diff = blob.nbytes if with_diff and not blob.shares_diff else 0
+            totals["data"] += data
+            totals["diff"] += diff
+            per_layer[layer_name] += data + diff
+
+        for i, name in enumerate(self.layer_names):
+            for bid in self.top_ids[i]:
+                count(name, self._blobs[bid], bid in needs_diff)
+            for blob in self.layers[i].blobs:
+                count(name, blob, self.phase == TRAIN)
+            workspace = getattr(self.layers[i], "workspace_bytes", None)
+            if workspace is not None:
+                nbytes = int(workspace())
+                totals["workspace"] += nbytes
+                per_layer[name] += nbytes
+        totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
+        totals["layers"] = per_layer
+        return totals
+
+    def memory_summary(self, estimate=None):
+        """One line: the total, its parts and the largest layer."""
+        est = estimate or self.memory_estimate()
+        line = "%s (data %s, diff %s, workspaces %s)" % (
+            memory.format_bytes(est["total"]), memory.format_bytes(est["data"]),
+            memory.format_bytes(est["diff"]), memory.format_bytes(est["workspace"]))
+        if est["layers"]:
+            name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
+            line += "; largest: layer %s, %s" % (name, memory.format_bytes(nbytes))
+        return line
+
+    def _check_memory(self):
+        """Stop before allocating a net that cannot fit (see poseidon_caffe.memory)."""
+        est = self.memory_estimate()
+        self.memory_needed = est["total"]
+        log.info("Memory required for blobs: %s", self.memory_summary(est))
+        limit, has = memory.available_memory()
+        if limit is None or est["total"] <= limit:
+            return
+        name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
+        raise NetMemoryError("net %s needs %s for blobs (largest: layer %s, %s); %s"
+                             % (self.name or "(unnamed)", memory.format_bytes(est["total"]),
+                                name, memory.format_bytes(nbytes), has))
 
     def _append_top(self, layer_param, top_index, name, available):
         in_place = (top_index < len(layer_param.bottom) and layer_param.bottom[top_index] == name)
@@ -300,12 +425,18 @@ class Net:
             layer.check_blob_counts(bottoms, tops)
             layer.setup(bottoms, tops)
             layer.reshape(bottoms, tops)
-        except (LayerError, NetError):
-            raise
+        except (LayerError, NetError, fillers.DeferredFillError):
+            raise           # a deferred fill is named after its own layer by __init__
+        except MemoryError as exc:
+            raise _layer_failure(layer, "setup", exc) from exc
         except (ValueError, IndexError, TypeError, KeyError, ArithmeticError) as exc:
+            if "array is too big" in str(exc):
+                raise _layer_failure(layer, "setup", exc) from exc
             raise NetError("layer %r of type %s could not be set up for bottom shapes %s: %s"
                            % (layer_param.name, layer_param.type,
                               [list(s) for s in shapes], exc)) from exc
+        except Exception as exc:
+            raise _layer_failure(layer, "setup", exc) from exc
 
     def _loss_weights(self, layer, layer_param, num_tops):
         if layer_param.loss_weight:
@@ -484,16 +615,24 @@ class Net:
                 layer.reshape(bottoms, tops)
             except (LayerError, NetError):
                 raise
+            except MemoryError as exc:
+                raise _layer_failure(layer, "reshape", exc) from exc
             except (ValueError, IndexError, TypeError) as exc:
+                if "array is too big" in str(exc):
+                    raise _layer_failure(layer, "reshape", exc) from exc
                 raise NetError("layer %r of type %s cannot take bottom shapes %s: %s"
                                % (layer.name, layer.type, [list(b.shape) for b in bottoms],
                                   exc)) from exc
-            if timing is None:
-                layer.forward(bottoms, tops)
-            else:
-                start_time = time.perf_counter()
-                layer.forward(bottoms, tops)
-                timing("forward", i, start_time, time.perf_counter())
+            try:
+                if timing is None:
+                    layer.forward(bottoms, tops)
+                else:
+                    start_time = time.perf_counter()
+                    layer.forward(bottoms, tops)
+                    timing("forward", i, start_time, time.perf_counter())
+            except (MemoryError, ValueError) as exc:
+                _raise_if_out_of_memory(layer, "forward", exc)
+                raise
             for j, weight in self.layer_loss_weights[i]:
                 loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
             if debug:
@@ -523,12 +662,18 @@ class Net:
             for j, weight in self.layer_loss_weights[i]:
                 if self.top_ids[i][j] not in seeded:
                     tops[j].diff[...] = weight
-            if timing is None:
-                self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
-            else:
-                start_time = time.perf_counter()
-                self.layers[i].backward(tops, self.bottom_need_backward[i], self.bottom_vecs[i])
-                timing("backward", i, start_time, time.perf_counter())
+            try:
+                if timing is None:
+                    self.layers[i].backward(tops, self.bottom_need_backward[i],
+                                            self.bottom_vecs[i])
+                else:
+                    start_time = time.perf_counter()
+                    self.layers[i].backward(tops, self.bottom_need_backward[i],
+                                            self.bottom_vecs[i])
+                    timing("backward", i, start_time, time.perf_counter())
+            except (MemoryError, ValueError) as exc:
+                _raise_if_out_of_memory(self.layers[i], "backward", exc)
+                raise
             if debug:
                 self._backward_debug_info(i)
             if hook is not None and self._learnable_final_at[i]:
@@ -583,9 +728,12 @@ class Net:
         log.info("    [Backward] All net params (data, diff): L1 norm = (%g, %g)", data, diff)
 
     # -- weights in and out --------------------------------------------------------------------
-    def copy_trained_layers_from(self, source):
+    def copy_trained_layers_from(self, source, report=True, require_match=True):
         """Copy parameters layer by layer, by name, from a NetParameter or a .caffemodel path
-        (Caffe's CopyTrainedLayersFrom, with its messages)."""
+        (Caffe's CopyTrainedLayersFrom, with its messages). Returns the names of the layers
+        that received parameters. A source that gives no parameter to a net that has some is
+        an error naming it (``require_match``); with ``report``, the layers left without
+        weights are named in one warning."""
         from .io import blobproto_to_array, read_net_weights
         if isinstance(source, str):
             source_name = source
@@ -594,6 +742,7 @@ class Net:
             source_name = "the given NetParameter"
             arrays = {l.name: [blobproto_to_array(b) for b in l.blobs] for l in source.layer}
         by_name = {name: i for i, name in enumerate(self.layer_names)}
+        copied = []
         for src in source.layer:
             if src.name not in by_name:
                 log.info("Ignoring source layer %s", src.name)
@@ -621,6 +770,46 @@ class Net:
                                 j, src.name, " ".join(map(str, array.shape)), array.size,
                                 blob.shape_string()))
                 blob.data[...] = array.reshape(blob.shape)
+            if target.blobs:
+                copied.append(src.name)
+        if require_match:
+            self.check_weights_matched(copied, source_name,
+                                       [l.name for l in source.layer if l.blobs])
+        if report:
+            self.warn_layers_without_weights(copied, [source_name])
+        return copied
+
+    def layers_needing_weights(self):
+        """Names of the layers that own at least one parameter (a layer whose parameters are
+        all shared from another layer takes its weights through that layer)."""
+        names = []
+        for pid, (layer_index, _) in enumerate(self.param_layer_indices):
+            name = self.layer_names[layer_index]
+            if self.param_owners[pid] == -1 and name not in names:
+                names.append(name)
+        return names
+
+    def check_weights_matched(self, copied, source_name, source_layers):
+        """A weights source that copied nothing into a net with parameters is almost always the
+        wrong file (or the wrong net): say so instead of training or scoring random weights."""
+        needing = self.layers_needing_weights()
+        if copied or not needing:
+            return
+        shown = ", ".join(source_layers[:8]) + (", ..." if len(source_layers) > 8 else "")
+        raise NetError("%s: no parameter copied into net %r: none of the file's layers with "
+                       "parameters (%s) is a layer of the net with parameters (%s)"
+                       % (source_name, self.name, shown or "none",
+                          ", ".join(needing[:8]) + (", ..." if len(needing) > 8 else "")))
+
+    def warn_layers_without_weights(self, copied, source_names, skip=()):
+        """One warning naming every layer with parameters that no weights source filled."""
+        done = set(copied) | set(skip)
+        missing = [name for name in self.layers_needing_weights() if name not in done]
+        if missing:
+            log.warning("%d layer(s) with parameters got no weights from %s and keep their "
+                        "initial values: %s", len(missing), ", ".join(source_names),
+                        ", ".join(missing))
+        return missing
 
     copy_from = copy_trained_layers_from
 

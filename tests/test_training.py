@@ -129,4 +129,5 @@ def test_missing_or_doubled_train_nets_are_named():
         get_solver(pio.parse_solver_text('base_lr: 0.1 lr_policy: "fixed"', "s"))
     with pytest.raises(SolverError, match="test_iter must be specified for each test network"):
         get_solver(pio.parse_solver_text(
-            'train_net_param { %s } test_net_param { %s } base_lr: 0.1' % (STAGED, STAGED), "s"))
+            "train_net_param { %s } test_net_param { %s } base_lr: 0.1 lr_policy: \"fixed\""
+            % (STAGED, STAGED), "s"))

@@ -93,6 +93,16 @@ class ConvPlan:
         self._dpad = None
         self._flipped = False      # not decided yet; None when backward-data uses col2im
 
+    def workspace_bytes(self, n):
+        """Bytes of the work buffers a batch of n needs (columns and padded input), which
+        the plan allocates at its first forward."""
+        g = self.geom
+        if g.is_pointwise:
+            return 0
+        itemsize = np.dtype(self.dtype).itemsize
+        pad = g.channels * n * int(np.prod(g.padded_shape, dtype=np.int64))
+        return (g.col_rows * n * g.out_count + pad) * itemsize
+
     def _buffers(self, n):
         if self._n != n:
             g = self.geom

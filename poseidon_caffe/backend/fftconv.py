@@ -59,6 +59,14 @@ class FFTConvPlan:
         self._dft = self._dft_matrices()
         self.workers = WORKERS         # FFT threads; one when the batch is split over threads
 
+    def workspace_bytes(self, n):
+        """Bytes of the kept spectra (input and output, complex64) and of the zero-padded
+        real buffer a batch of n needs."""
+        g = self.geom
+        spectra = self.freqs * n * (g.channels + g.num_output) * 8
+        real = int(np.prod(self.shape, dtype=np.int64)) * n * max(g.channels, g.num_output)
+        return spectra + real * np.dtype(self.dtype).itemsize
+
     # -- the kernel's small DFTs -------------------------------------------------------------
     def _dft_matrices(self):
         """Per spatial axis: conjugate forward (freq, taps) and inverse (taps, freq) DFT

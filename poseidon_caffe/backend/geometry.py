@@ -1,4 +1,5 @@
 """Shapes of convolutions and poolings, shared by every backend (pure shape arithmetic)."""
+import functools
 import itertools
 
 import numpy as np
@@ -68,8 +69,12 @@ class PoolGeometry:
         self.padded_shape = tuple(max(p + i, (o - 1) * s + k) for i, k, s, p, o in
                                   zip(self.in_shape, self.kernel, self.stride, self.pad,
                                       self.out_shape))
-        self.taps = list(itertools.product(*(range(k) for k in self.kernel)))
         self.in_count = int(np.prod(self.in_shape))
+
+    @functools.cached_property
+    def taps(self):
+        # listed on first use: a geometry is made at setup, before the net's memory is checked
+        return list(itertools.product(*(range(k) for k in self.kernel)))
 
     def tap_slices(self, tap):
         return (Ellipsis,) + tuple(slice(t, t + s * (o - 1) + 1, s)

@@ -24,6 +24,13 @@ class SplitConvPlan:
         self._source_parts = None   # its part views: a part plan knows its input by identity
         self._partials = {}
 
+    def workspace_bytes(self, n):
+        """The parts together hold one batch's work buffers; each thread past the first
+        keeps a partial weight gradient."""
+        plan = self._plans[0][1] if self._plans else self._make_plan(1)
+        weights = int(np.prod(self.geom.weight_shape, dtype=np.int64)) * 4
+        return plan.workspace_bytes(n) + (self.threads - 1) * weights
+
     def _plan(self, i, size):
         while len(self._plans) <= i:
             self._plans.append((None, None))

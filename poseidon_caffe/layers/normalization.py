@@ -25,6 +25,12 @@ class BatchNormLayer(Layer):
                                  else self.phase == TEST)
         self.fraction = p.moving_average_fraction
         self.eps = p.eps
+        # a negative eps takes the square root of a negative variance for constant inputs
+        if self.eps < 0:
+            raise self.error("batch_norm_param.eps must be >= 0 (got %g)" % self.eps)
+        if not 0.0 <= self.fraction <= 1.0:
+            raise self.error("batch_norm_param.moving_average_fraction must be in [0, 1] "
+                             "(got %g)" % self.fraction)
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
         shapes = [(self.channels,), (self.channels,), (1,)]
         if self.blobs:
@@ -272,6 +278,8 @@ class MVNLayer(Layer):
         self.normalize_variance = p.normalize_variance
         self.across_channels = p.across_channels
         self.eps = p.eps
+        if self.eps < 0:
+            raise self.error("mvn_param.eps must be >= 0 (got %g)" % self.eps)
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape

@@ -1,4 +1,8 @@
 """Layer type name -> class, as Caffe's LayerRegistry."""
+import difflib
+
+from .base import LayerError
+
 _REGISTRY = {}
 
 
@@ -20,9 +24,14 @@ def layer_class(type_name, layer_name=None):
     try:
         return _REGISTRY[type_name]
     except KeyError:
-        where = " (layer %r)" % layer_name if layer_name else ""
-        raise ValueError("Unknown layer type: %r%s. Known types: %s"
-                         % (type_name, where, ", ".join(layer_type_list()))) from None
+        pass
+    where = " (layer %r)" % layer_name if layer_name else ""
+    # type names are CamelCase; a wrong case or a typo is the usual mistake
+    by_lower = {name.lower(): name for name in _REGISTRY}
+    close = difflib.get_close_matches(type_name.lower(), list(by_lower), n=3, cutoff=0.75)
+    hint = ("; did you mean %s?" % " or ".join(repr(by_lower[c]) for c in close)) if close else ""
+    raise LayerError("Unknown layer type: %r%s%s. Known types: %s"
+                     % (type_name, where, hint, ", ".join(layer_type_list())))
 
 
 def create_layer(layer_param, phase=None):

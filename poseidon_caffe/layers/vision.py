@@ -150,6 +150,12 @@ class _ConvolutionBase(Layer):
             self._plans = [self.backend.conv_plan(geom, batch) for _ in range(count)]
             self._geom_key = key
 
+    def workspace_bytes(self):
+        """Work buffers of this layer's plans at the current batch (for the net's memory
+        estimate)."""
+        batch = self._geom_key[1] if self._geom_key else 0
+        return sum(getattr(plan, "workspace_bytes", lambda n: 0)(batch) for plan in self._plans)
+
     def _batch_view(self, array, channels, spatial):
         # axes before the channel axis are all independent samples
         return array.reshape((-1, channels) + tuple(spatial))
@@ -339,8 +345,18 @@ class PoolingLayer(Layer):
             self.geom = PoolGeometry(in_hw, self.kernel, self.stride, self.pad, out)
             self.plan = self.backend.pool_plan(self.geom)
             self._plan_key = key
+        self._lead_count = shape[0] * shape[1]
         for t in top:
             t.reshape(shape[:2] + out)
+
+    def workspace_bytes(self):
+        """The padded copy of the input that a padded (or overhanging) pooling works on."""
+        g = self.geom
+        if not any(g.pad) and g.padded_shape == g.in_shape:
+            return 0
+        padded = int(np.prod(g.padded_shape, dtype=object))     # exact even when absurd
+        itemsize = np.dtype(getattr(self.plan, "dtype", np.float32)).itemsize
+        return self._lead_count * padded * itemsize
 
     def forward(self, bottom, top):
         x, y = bottom[0].data, top[0].data

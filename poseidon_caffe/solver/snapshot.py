@@ -84,13 +84,24 @@ def write_model(net, path, fmt=BINARYPROTO, write_diff=False):
         pio.atomic_write(path, net.to_proto(write_diff=write_diff).SerializeToString())
 
 
-def copy_from_hdf5(net, path):
-    """Copy learned blobs by layer name from a ``.caffemodel.h5`` (Caffe's CopyTrainedLayersFromHDF5)."""
+def _open_h5(path, what):
     h5py = _h5py()
     if not os.path.exists(path):
-        raise SnapshotError("cannot open HDF5 weights file %s: no such file" % path)
+        raise SnapshotError("cannot open HDF5 %s %s: no such file" % (what, path))
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        raise SnapshotError("%s: not a readable HDF5 %s (%d bytes): %s"
+                            % (path, what, size, exc)) from None
+
+
+def copy_from_hdf5(net, path, report=True, require_match=True):
+    """Copy learned blobs by layer name from a ``.caffemodel.h5`` (Caffe's
+    CopyTrainedLayersFromHDF5); returns the names of the layers that received parameters."""
     layer_index = {name: i for i, name in enumerate(net.layer_names)}
-    with h5py.File(path, "r") as f:
+    copied = []
+    with _open_h5(path, "weights file") as f:
         if "data" not in f:
             raise SnapshotError("%s is not a Caffe HDF5 model: it has no 'data' group" % path)
         data = f["data"]
@@ -120,6 +131,14 @@ def copy_from_hdf5(net, path):
                         "Source param shape is %s; target param shape is %s"
                         % (j, layer_name, path, _shape_text(array.shape), blob.shape_string()))
                 blob.data[...] = blob.backend.to_device(array)
+            if target:
+                copied.append(layer_name)
+        source_layers = [name for name in data if len(data[name])]
+    if require_match:
+        net.check_weights_matched(copied, path, source_layers)
+    if report:
+        net.warn_layers_without_weights(copied, [path])
+    return copied
 
 
 def _is_shared(net, layer_index, j):
@@ -131,12 +150,27 @@ def _is_shared(net, layer_index, j):
     return False
 
 
-def load_weights(net, path):
-    """Fine-tune / restore weights into ``net`` by layer name from a .caffemodel or .h5."""
+def load_weights(net, path, report=True, require_match=True):
+    """Fine-tune / restore weights into ``net`` by layer name from a .caffemodel or .h5;
+    returns the names of the layers that received parameters. A file that gives the net no
+    parameter at all is an error naming it; layers left without weights get one warning."""
     if path.endswith(".h5"):
-        copy_from_hdf5(net, path)
-    else:
-        net.copy_trained_layers_from(path)
+        return copy_from_hdf5(net, path, report, require_match)
+    return net.copy_trained_layers_from(path, report, require_match)
+
+
+def load_weights_files(net, paths, require_match=True, skip=(), message="Loading weights from"):
+    """Weights from several files (``-weights a,b``): each must match the net; one warning
+    names the layers with parameters that none of them filled (``skip``: layers that get
+    their weights elsewhere, e.g. a test net's layers shared with the training net)."""
+    paths = [p for p in paths if p]
+    copied = []
+    for path in paths:
+        log.info("%s %s", message, path)
+        copied += load_weights(net, path, report=False, require_match=require_match)
+    if paths:
+        net.warn_layers_without_weights(copied, paths, skip=skip)
+    return copied
 
 
 # -- solver state ----------------------------------------------------------------------------
@@ -165,8 +199,7 @@ def read_state(path):
     if not os.path.exists(path):
         raise SnapshotError("cannot restore solver state from %s: no such file" % path)
     if path.endswith(".h5"):
-        h5py = _h5py()
-        with h5py.File(path, "r") as f:
+        with _open_h5(path, "solver state") as f:
             for key in ("iter", "current_step", "history"):
                 if key not in f:
                     raise SnapshotError("%s is not a Caffe HDF5 solver state: it has no %r"

@@ -17,12 +17,14 @@ from .. import io as pio
 from .. import log
 from .. import rng
 from .. import solver_group
+from ..memory import format_bytes
 from ..progress import ProgressBar
 from ..proto import caffe_pb2
 from . import signals
 from . import snapshot as snap
 from . import updates
 from .lr_policy import learning_rate
+from .param_check import solver_param_problems
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -87,10 +89,10 @@ class Solver:
     # -- construction ---------------------------------------------------------------------
     def _init(self, param):
         log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(param))
-        if param.average_loss < 1:
-            raise SolverError("average_loss should be at least 1 (got %d)" % param.average_loss)
-        if param.iter_size < 1:
-            raise SolverError("iter_size should be at least 1 (got %d)" % param.iter_size)
+        problems = solver_param_problems(param)
+        if problems:
+            where = "%s: " % self.solver_file if self.solver_file else ""
+            raise SolverError(where + "; ".join(problems))
         if param.regularization_type not in updates.REGULARIZATION_TYPES:
             raise SolverError("Unknown regularization type: %r (expected L2 or L1)"
                               % param.regularization_type)
@@ -104,9 +106,14 @@ class Solver:
         log.info("Solver scaffolding done.")
         self.check_param()
         self.history = []
-        for _ in range(self.history_sets):
-            for blob in self.net.learnable_params:
-                self.history.append(blob.backend.zeros(blob.shape))
+        try:
+            for _ in range(self.history_sets):
+                for blob in self.net.learnable_params:
+                    self.history.append(blob.backend.zeros(blob.shape))
+        except MemoryError:
+            size = sum(blob.nbytes for blob in self.net.learnable_params) * self.history_sets
+            raise SolverError("out of memory for the %s solver's history (%s beside the net's "
+                              "blobs)" % (self.type, format_bytes(size))) from None
 
     def check_param(self):
         """Rule-specific checks of the solver fields (Caffe's CHECKs in each solver's PreSolve)."""
@@ -147,8 +154,7 @@ class Solver:
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
         net = self._build_net(net_param, state)
-        for weights in p.weights:
-            self._load_weights(net, weights)
+        snap.load_weights_files(net, self._weights_paths(), message="Finetuning from")
         return net
 
     def _init_test_nets(self):
@@ -191,8 +197,10 @@ class Solver:
             log.info("Creating test net (#%d) specified by %s", i, sources[i])
             net = self._build_net(net_param, state)
             _set_debug_info(net, p.debug_info)
-            for weights in p.weights:
-                self._load_weights(net, weights)
+            # layers shared with the training net take its weights at every test; the others
+            # must find theirs in the files
+            snap.load_weights_files(net, self._weights_paths(), require_match=False,
+                                    skip=self.net.layer_names, message="Finetuning from")
             nets.append(net)
         return nets
 
@@ -201,11 +209,8 @@ class Solver:
         net_param.state.CopyFrom(state)
         return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage))
 
-    def _load_weights(self, net, paths):
-        for path in paths.split(","):
-            if path:
-                log.info("Finetuning from %s", path)
-                snap.load_weights(net, path)
+    def _weights_paths(self):
+        return [path for entry in self.param.weights for path in entry.split(",") if path]
 
     # -- the loop -------------------------------------------------------------------------
     def set_action_function(self, fn):
@@ -372,7 +377,7 @@ class Solver:
         if self.requested_early_exit:
             log.info("Test interrupted.")
             return
-        if p.test_compute_loss:
+        if p.test_compute_loss and test_iter:
             log.info("Test loss: %s", fmt(loss / test_iter))
         for k, score in enumerate(scores):
             mean = score / test_iter
@@ -394,7 +399,19 @@ class Solver:
             log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
         self.clip_gradients()
         for param_id in range(len(self.net.learnable_params)):
-            self.update_param(param_id, rate)
+            try:
+                self.update_param(param_id, rate)
+            except MemoryError:
+                raise SolverError("Iteration %d: out of memory updating learnable parameter #%d "
+                                  "(layer %s)" % (self.iter, param_id,
+                                                  self._param_layer(param_id))) from None
+
+    def _param_layer(self, param_id):
+        net = self.net
+        for pid, learnable in enumerate(net.learnable_param_ids):
+            if learnable == param_id:
+                return net.layer_names[net.param_layer_indices[pid][0]]
+        return "?"
 
     def clip_gradients(self):
         clip = self.param.clip_gradients
