@@ -181,7 +181,8 @@ def read_state(path):
             return int(f["iter"][()]), learned, int(f["current_step"][()]), history
     state = pio.read_solverstate(path)
     learned = state.learned_net if state.HasField("learned_net") else None
-    history = [pio.blobproto_to_array(bp) for bp in state.history]
+    history = [pio.blobproto_to_array(bp, source="%s: history blob %d" % (path, i))
+               for i, bp in enumerate(state.history)]
     return state.iter, learned, state.current_step, history
 
 
