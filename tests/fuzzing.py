@@ -30,8 +30,9 @@ MAX_INPUT = 1 << 16
 # multiple of the input's size.  A length field believed (10^12 elements) goes far past it.
 MEMORY_BASE = 32 << 20
 MEMORY_PER_INPUT_BYTE = 64
-# Wall-clock bound for one read, generous for a loaded CI machine.
-SECONDS_PER_INPUT = 5.0
+# Wall-clock bound for one read: a hang detector, generous for a loaded CI machine (reads of
+# these inputs take milliseconds), not a speed figure.
+SECONDS_PER_INPUT = 10.0
 
 
 # ---------------------------------------------------------------------------
@@ -138,6 +139,14 @@ def solverstate_seed():
 
 def binaryproto_seed():
     return pio.array_to_blobproto(_rng(3).uniform(0, 255, (1, 3, 4, 5))).SerializeToString()
+
+
+def rngstate_seed():
+    """A snapshot's random-state side file, as the solver writes it."""
+    import json
+    state = {"rng": np.random.default_rng(6).bit_generator.state,
+             "layers": {"train/mnist": {"offset": 64, "key": "00000064", "skip": 0}}}
+    return json.dumps(state, sort_keys=True, indent=1)
 
 
 def datum_seeds():
@@ -389,6 +398,10 @@ def _read_flags(argv):
     flagmod.parse(argv, ALL_FLAGS)
 
 
+def _read_rngstate(path):
+    snapshot.read_rngstate(path[:-len(".rngstate")] + ".solverstate")
+
+
 def _read_hosts(path):
     launcher.read_localserver(path)
 
@@ -416,6 +429,8 @@ def targets():
                                 is_file=False),
         "io_datum": Target("io_datum", _read_datum_helpers, (pio.ProtoFileError,),
                            binary_input(datum_seeds()), is_file=False),
+        "rngstate": Target("rngstate", _read_rngstate, (snapshot.SnapshotError,),
+                           text_input([rngstate_seed()]), ".rngstate"),
         "host_file": Target("host_file", _read_hosts, (launcher.HostFileError,),
                             text_input([HOST_TEXT]), ""),
         "flags": Target("flags", _read_flags, (flagmod.FlagError,), argv_input(),

@@ -7,6 +7,7 @@ runs them with random seeds for as long as asked.  Each crash the fuzzer found i
 as a regression test with its input written out by hand.
 """
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -86,6 +87,9 @@ def test_seeds_load():
             == [1, 3, 4, 5]
         shapes = [pio.datum_to_array(pio.parse_datum(s)).shape for s in fuzzing.datum_seeds()]
         assert shapes == [(1, 5, 4), (2, 3, 2), (3, 4, 3)]
+        side = snapshot.read_rngstate(path("s.rngstate", fuzzing.rngstate_seed())[:-9]
+                                      + ".solverstate")
+        assert side["layers"]["train/mnist"]["offset"] == 64
         hosts = launcher.read_localserver(path("localserver", fuzzing.HOST_TEXT))
         assert [h[0] for h in hosts] == [0, 1, 2]
     values, rest = flagmod.parse(fuzzing.FLAG_ARGS[0], ALL_FLAGS)
@@ -253,3 +257,46 @@ def test_solverstate_history_blob_that_does_not_fill_its_shape(tmp_path):
     with pytest.raises(pio.ProtoFileError, match=r"x.solverstate: history blob 0: BlobProto "
                                                  r"holds 3 data values but its shape \[2, 2\]"):
         snapshot.read_state(path)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[]", "holds no 'rng' generator state"),
+    ('{"rng": {"bit_generator": "PCG64", "state": {"state": "x", "inc": 1}}}',
+     "'rng' is not a generator state this numpy accepts"),
+    ('{"rng": {"bit_generator": "Nope"}, "layers": {}}',
+     "'rng' is not a generator state this numpy accepts"),
+    ('{"rng": {}, "layers": {"train/data": 5}}', "'layers' is not a mapping of layer states"),
+])
+def test_random_state_side_file_of_the_wrong_shape(tmp_path, text, expected):
+    # valid JSON that is not a random state used to fail at resume with a raw TypeError or
+    # KeyError inside numpy
+    (tmp_path / "s_iter_4.rngstate").write_text(text)
+    with pytest.raises(snapshot.SnapshotError, match="s_iter_4.rngstate.*" + re.escape(expected)):
+        snapshot.read_rngstate(str(tmp_path / "s_iter_4.solverstate"))
+
+
+def _huge_length(message_bytes):
+    """The message with its first length-delimited field's length replaced by 10^12."""
+    for number, wire, start, end, key in pio._scan_fields(message_bytes):
+        if wire == pio._WIRE_LEN:
+            return fuzzing._replace_varint(message_bytes, pio._read_varint(message_bytes,
+                                                                            key)[1], 10 ** 12)
+    raise AssertionError("no length-delimited field")
+
+
+@pytest.mark.parametrize("name", ["caffemodel", "solverstate", "binaryproto", "io_datum",
+                                  "lmdb_datum"])
+def test_a_length_field_claiming_a_trillion_bytes_is_not_believed(tmp_path, name):
+    seeds = {"caffemodel": fuzzing.caffemodel_seed(), "solverstate": fuzzing.solverstate_seed(),
+             "binaryproto": fuzzing.binaryproto_seed(), "io_datum": fuzzing.datum_seeds()[2],
+             "lmdb_datum": fuzzing.datum_seeds()[0]}
+    data = _huge_length(seeds[name])
+    target = TARGETS[name]
+    subject = data
+    if target.is_file:
+        subject = tmp_path / ("x" + target.suffix)
+        subject.write_bytes(data)
+        subject = str(subject)
+    with pytest.raises(target.errors, match="truncated|not a Caffe Datum|cannot decode"):
+        target.read(subject)
+    fuzzing.check(target, data, str(tmp_path))        # and within the memory bound

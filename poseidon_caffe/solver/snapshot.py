@@ -212,9 +212,30 @@ def read_rngstate(state_path):
         return None
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+            payload = json.loads(f.read().decode("utf-8"))
     except ValueError as exc:
         raise SnapshotError("random state file %s is not valid JSON: %s" % (path, exc)) from None
+    except OSError as exc:
+        raise SnapshotError("cannot read random state file %s: %s"
+                            % (path, exc.strerror or exc)) from None
+    _check_rngstate(payload, path)
+    return payload
+
+
+def _check_rngstate(payload, path):
+    """The side file's shape: {"rng": a numpy bit generator state, "layers": {key: {...}}}."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("rng"), dict):
+        raise SnapshotError("random state file %s holds no 'rng' generator state" % path)
+    layers = payload.get("layers", {})
+    if not isinstance(layers, dict) or not all(isinstance(v, dict) for v in layers.values()):
+        raise SnapshotError("random state file %s: 'layers' is not a mapping of layer states"
+                            % path)
+    scratch = np.random.default_rng(0).bit_generator
+    try:
+        scratch.state = payload["rng"]
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise SnapshotError("random state file %s: 'rng' is not a generator state this numpy "
+                            "accepts (%s)" % (path, exc)) from None
 
 
 def _host(blob, array):
