@@ -40,14 +40,18 @@ SECONDS_PER_INPUT = 10.0
 # ---------------------------------------------------------------------------
 
 NET_TEXT = """name: "seed"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } } }
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } } }
 layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
   param { lr_mult: 1 } param { lr_mult: 2 }
   convolution_param { num_output: 3 kernel_size: 3 stride: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_param { num_output: 4 } }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+  inner_product_param { num_output: 4 } }
 layer { name: "relu" type: "ReLU" bottom: "ip" top: "ip" }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" include { phase: TRAIN } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss"
+  include { phase: TRAIN } }
 """
 
 LEGACY_NET_TEXT = """name: "legacy"
@@ -243,10 +247,29 @@ def binary_mutation(draw, seed):
 
 
 @st.composite
-def binary_input(draw, seeds):
-    """Random bytes, or a valid seed with one to four structured mutations."""
-    if draw(st.integers(0, 4)) == 0:
+def schema_binary(draw, message_class):
+    """A message of random fields and edge values (see schema_text), serialized."""
+    from google.protobuf import text_format
+    message = message_class()
+    try:
+        text_format.Parse(draw(schema_text(message_class.DESCRIPTOR)), message)
+    except text_format.ParseError:
+        pass                                     # a value out of range: keep what parsed
+    return message.SerializeToString()
+
+
+@st.composite
+def binary_input(draw, seeds, message_class=None):
+    """Random bytes, a message of random fields, or a valid seed with one to four structured
+    mutations."""
+    choice = draw(st.integers(0, 5))
+    if choice == 0:
         return draw(st.binary(max_size=256))
+    if choice == 1 and message_class is not None:
+        data = draw(schema_binary(message_class))
+        if draw(st.booleans()):
+            data = draw(binary_mutation(data))
+        return data[:MAX_INPUT]
     data = draw(st.sampled_from(seeds))
     for _ in range(draw(st.integers(1, 4))):
         data = draw(binary_mutation(data))
@@ -298,14 +321,56 @@ def text_mutation(draw, text):
     return "\n".join(lines)
 
 
+_STRINGS = ["", "data", "conv", "label", "Convolution", "ReLU", "Data", "Input", "SGD", "step",
+            "poly", "inv", "multistep", "a.prototxt", "bogus", "\\x00"]
+_INTS = [0, 1, 2, 3, -1, 7, 2 ** 31 - 1, -2 ** 31]
+_FLOATS = ["0", "1", "-1", "0.5", "1e30", "-1e-30", "nan", "inf", "-inf"]
+
+
 @st.composite
-def text_input(draw, seeds):
+def schema_text(draw, descriptor, depth=0):
+    """Prototxt that parses: fields of ``descriptor`` chosen at random, with edge values."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+    parts, used = [], set()
+    fields = list(descriptor.fields)
+    for _ in range(draw(st.integers(0, 5 if depth == 0 else 3))):
+        field = draw(st.sampled_from(fields))
+        if field.name in used:
+            continue
+        if not field.is_repeated:
+            used.add(field.name)    # a singular field given twice is only a parse error
+        if field.type == F.TYPE_MESSAGE:
+            if depth >= 3:
+                continue
+            parts.append("%s { %s }" % (field.name, draw(schema_text(field.message_type,
+                                                                     depth + 1))))
+            continue
+        if field.type == F.TYPE_ENUM:
+            value = draw(st.sampled_from([v.name for v in field.enum_type.values]))
+        elif field.type == F.TYPE_BOOL:
+            value = draw(st.sampled_from(["true", "false"]))
+        elif field.type == F.TYPE_STRING or field.type == F.TYPE_BYTES:
+            value = '"%s"' % draw(st.sampled_from(_STRINGS))
+        elif field.type in (F.TYPE_FLOAT, F.TYPE_DOUBLE):
+            value = draw(st.sampled_from(_FLOATS))
+        else:
+            ints = [i for i in _INTS if i >= 0] if field.type in (F.TYPE_UINT32, F.TYPE_UINT64) \
+                else _INTS
+            value = str(draw(st.sampled_from(ints)))
+        parts.append("%s: %s" % (field.name, value))
+    return " ".join(parts)
+
+
+@st.composite
+def text_input(draw, seeds, schema=None):
     """File bytes: random text or bytes, or a valid seed with a few text mutations."""
-    choice = draw(st.integers(0, 5))
+    choice = draw(st.integers(0, 6))
     if choice == 0:
         return draw(st.binary(max_size=256))
     if choice == 1:
         return draw(st.text(max_size=256)).encode("utf-8", "surrogatepass")
+    if choice == 2 and schema is not None:
+        return draw(schema_text(schema)).encode("utf-8")[:MAX_INPUT]
     data = draw(st.sampled_from(seeds))
     for _ in range(draw(st.integers(1, 4))):
         data = draw(text_mutation(data if isinstance(data, str)
@@ -407,35 +472,31 @@ def _read_hosts(path):
 
 
 def targets():
-    model_seeds = [caffemodel_seed(), legacy_caffemodel_seed()]
-    return {
-        "net_prototxt": Target("net_prototxt", pio.read_net_param, (pio.ProtoFileError,),
-                               text_input([NET_TEXT, LEGACY_NET_TEXT]), ".prototxt"),
-        "solver_prototxt": Target("solver_prototxt", pio.read_solver_param,
-                                  (pio.ProtoFileError,),
-                                  text_input([SOLVER_TEXT, LEGACY_SOLVER_TEXT]), ".prototxt"),
-        "caffemodel": Target("caffemodel", _read_caffemodel, (pio.ProtoFileError,),
-                             binary_input(model_seeds), ".caffemodel"),
-        "solverstate": Target("solverstate", snapshot.read_state,
-                              (pio.ProtoFileError, snapshot.SnapshotError),
-                              binary_input([solverstate_seed()]), ".solverstate"),
-        "binaryproto": Target("binaryproto", _read_blobproto,
-                              (pio.ProtoFileError, dbmod.DataError),
-                              binary_input([binaryproto_seed()]), ".binaryproto"),
-        "lmdb_datum": Target("lmdb_datum", _read_lmdb_record, (dbmod.DataError,),
-                             binary_input(datum_seeds()), is_file=False),
-        "lmdb_database": Target("lmdb_database", _read_lmdb_database, (dbmod.DataError,),
-                                st.lists(binary_input(datum_seeds()), min_size=1, max_size=3),
-                                is_file=False),
-        "io_datum": Target("io_datum", _read_datum_helpers, (pio.ProtoFileError,),
-                           binary_input(datum_seeds()), is_file=False),
-        "rngstate": Target("rngstate", _read_rngstate, (snapshot.SnapshotError,),
-                           text_input([rngstate_seed()]), ".rngstate"),
-        "host_file": Target("host_file", _read_hosts, (launcher.HostFileError,),
-                            text_input([HOST_TEXT]), ""),
-        "flags": Target("flags", _read_flags, (flagmod.FlagError,), argv_input(),
-                        is_file=False),
-    }
+    models = binary_input([caffemodel_seed(), legacy_caffemodel_seed()], caffe_pb2.NetParameter)
+    states = binary_input([solverstate_seed()], caffe_pb2.SolverState)
+    means = binary_input([binaryproto_seed()], caffe_pb2.BlobProto)
+    datums = binary_input(datum_seeds(), caffe_pb2.Datum)
+    nets = text_input([NET_TEXT, LEGACY_NET_TEXT], caffe_pb2.NetParameter.DESCRIPTOR)
+    solvers = text_input([SOLVER_TEXT, LEGACY_SOLVER_TEXT], caffe_pb2.SolverParameter.DESCRIPTOR)
+    all_targets = [
+        Target("net_prototxt", pio.read_net_param, (pio.ProtoFileError,), nets, ".prototxt"),
+        Target("solver_prototxt", pio.read_solver_param, (pio.ProtoFileError,), solvers,
+               ".prototxt"),
+        Target("caffemodel", _read_caffemodel, (pio.ProtoFileError,), models, ".caffemodel"),
+        Target("solverstate", snapshot.read_state, (pio.ProtoFileError, snapshot.SnapshotError),
+               states, ".solverstate"),
+        Target("rngstate", _read_rngstate, (snapshot.SnapshotError,),
+               text_input([rngstate_seed()]), ".rngstate"),
+        Target("binaryproto", _read_blobproto, (pio.ProtoFileError, dbmod.DataError), means,
+               ".binaryproto"),
+        Target("lmdb_datum", _read_lmdb_record, (dbmod.DataError,), datums, is_file=False),
+        Target("lmdb_database", _read_lmdb_database, (dbmod.DataError,),
+               st.lists(datums, min_size=1, max_size=3), is_file=False),
+        Target("io_datum", _read_datum_helpers, (pio.ProtoFileError,), datums, is_file=False),
+        Target("host_file", _read_hosts, (launcher.HostFileError,), text_input([HOST_TEXT])),
+        Target("flags", _read_flags, (flagmod.FlagError,), argv_input(), is_file=False),
+    ]
+    return {t.name: t for t in all_targets}
 
 
 # The names that must appear in a non-file target's error: where the value came from.

@@ -18,7 +18,6 @@ import fuzzing
 from poseidon_caffe import flags as flagmod
 from poseidon_caffe import io as pio
 from poseidon_caffe.cli import ALL_FLAGS
-from poseidon_caffe.data import db as dbmod
 from poseidon_caffe.data.db import DataError, DatumDB, DatumWriter
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import snapshot
