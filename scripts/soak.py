@@ -203,7 +203,10 @@ def main():
         rc, samples, reached, seconds = run_job(args, ranks, a.every, log_path)
         summary = summarize(samples, a.warmup * a.iters, a.rss_tolerance_mb)
         results[ranks] = {"rc": rc, "iterations": reached, "seconds": round(seconds, 1),
-                          "ranks": summary}
+                          "ranks": summary,
+                          "samples": {rank: [[it, round(t, 1), round(rss, 2), fds]
+                                             for it, t, rss, fds in rows]
+                                      for rank, rows in samples.items()}}
         print("%d rank(s): rc %d, %d iterations in %.0f s" % (ranks, rc, reached, seconds))
         for rank, rep in summary.items():
             for key, unit in (("rss_mib", "MiB"), ("fds", "fds")):

@@ -24,12 +24,12 @@ from poseidon_caffe.solver import snapshot
 from poseidon_caffe.sync import launcher
 
 settings.register_profile(
-    "ci", max_examples=int(os.environ.get("POSEIDON_FUZZ_EXAMPLES", "40")), deadline=None,
+    "fuzz-ci", max_examples=int(os.environ.get("POSEIDON_FUZZ_EXAMPLES", "40")), deadline=None,
     derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 settings.register_profile(
-    "long", max_examples=int(os.environ.get("POSEIDON_FUZZ_EXAMPLES", "2000")), deadline=None,
+    "fuzz-long", max_examples=int(os.environ.get("POSEIDON_FUZZ_EXAMPLES", "2000")), deadline=None,
     derandomize=False, database=None, suppress_health_check=list(HealthCheck))
-PROFILE = settings.get_profile(os.environ.get("POSEIDON_FUZZ_PROFILE", "ci"))
+PROFILE = settings.get_profile("fuzz-" + os.environ.get("POSEIDON_FUZZ_PROFILE", "ci"))
 
 TARGETS = fuzzing.targets()
 
