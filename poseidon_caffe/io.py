@@ -588,12 +588,17 @@ def _checked_shape(blob, source):
     """(shape, element count) of a BlobProto; a negative dimension is an error naming source.
     The count is a Python integer: a file's dimensions never overflow it into a small number."""
     shape = _blob_shape(blob)
-    count = 1
+    count = span = 1
     for d in shape:
         if d < 0:
             raise ProtoFileError("%s: BlobProto shape %s has a negative dimension"
                                  % (source, list(shape)))
         count *= int(d)
+        span *= max(int(d), 1)
+    if span * 8 > np.iinfo(np.intp).max:
+        # even an empty array cannot have such axes (numpy: "array is too big")
+        raise ProtoFileError("%s: BlobProto shape %s is too large for any array"
+                             % (source, list(shape)))
     return shape, count
 
 

@@ -255,7 +255,8 @@ def schema_binary(draw, message_class):
         text_format.Parse(draw(schema_text(message_class.DESCRIPTOR)), message)
     except text_format.ParseError:
         pass                                     # a value out of range: keep what parsed
-    return message.SerializeToString()
+    return message.SerializePartialToString()    # required fields may be missing: the
+                                                 # readers must cope with such files too
 
 
 @st.composite

@@ -208,13 +208,17 @@ def test_caffemodel_blob_with_negative_dimensions(tmp_path):
 
 
 def test_caffemodel_blob_whose_dimensions_overflow_64_bits(tmp_path):
-    # 2^32 x 2^32 wraps to 0 in 64-bit arithmetic, which an empty payload "matches"
+    # 2^32 x 2^32 wraps to 0 in 64-bit arithmetic, which an empty payload "matched"
     blob = caffe_pb2.BlobProto()
     blob.shape.dim.extend([2 ** 32, 2 ** 32])
     path = _write(tmp_path, "huge.caffemodel", _one_layer_model(blob))
-    with pytest.raises(pio.ProtoFileError, match="huge.caffemodel: layer ip: .*holds 0 "
-                                                 ".*values but its shape .* needs "
-                                                 "18446744073709551616"):
+    with pytest.raises(pio.ProtoFileError, match=r"huge.caffemodel: layer ip: BlobProto shape "
+                                                 r"\[4294967296, 4294967296\] is too large"):
+        pio.read_net_weights(path)
+    blob.shape.dim[:] = [2 ** 20, 2 ** 20]        # a possible shape: its count is checked
+    path = _write(tmp_path, "big.caffemodel", _one_layer_model(blob))
+    with pytest.raises(pio.ProtoFileError, match="big.caffemodel: layer ip: .*holds 0 .*values "
+                                                 "but its shape .* needs 1099511627776"):
         pio.read_net_weights(path)
 
 
@@ -299,3 +303,27 @@ def test_a_length_field_claiming_a_trillion_bytes_is_not_believed(tmp_path, name
     with pytest.raises(target.errors, match="truncated|not a Caffe Datum|cannot decode"):
         target.read(subject)
     fuzzing.check(target, data, str(tmp_path))        # and within the memory bound
+
+
+def test_mean_file_with_empty_axes_too_large_for_any_array(tmp_path):
+    # found by the fuzzer: num = channels = 2^31 - 1 with height 0 holds "0 values" as it
+    # should, and numpy then refused the shape with "array is too big"
+    from poseidon_caffe.data.transform import load_mean_file
+    blob = caffe_pb2.BlobProto(num=2 ** 31 - 1, channels=2 ** 31 - 1)
+    blob.shape.SetInParent()
+    path = _write(tmp_path, "wide.binaryproto", blob.SerializeToString())
+    with pytest.raises(pio.ProtoFileError, match=r"wide.binaryproto: BlobProto shape "
+                                                 r"\[2147483647, 2147483647, 0, 0\] is too large"):
+        load_mean_file(path)
+
+
+def test_caffemodel_missing_required_fields_loads(tmp_path):
+    # ClipParameter's min and max are required; the fuzzer's schema-built messages lack them
+    # at times. Both readers load such a file (protobuf's partial parse, like Caffe's
+    # ReadProtoFromBinaryFile); checking the values is net building's task
+    net = caffe_pb2.NetParameter(name="partial")
+    net.layer.add(name="clip", type="Clip").clip_param.SetInParent()
+    path = _write(tmp_path, "partial.caffemodel", net.SerializePartialToString())
+    read, weights = pio.read_net_weights(path)
+    assert read.layer[0].HasField("clip_param") and weights == {"clip": []}
+    assert pio.read_net_binary(path).layer[0].name == "clip"
