@@ -346,7 +346,48 @@ def _parse_binary(data, message, path, kind):
         raise ProtoFileError("%s: not a binary %s: top-level field number(s) %s are not in %s "
                              "(a different kind of file?)"
                              % (path, kind, ", ".join(map(str, unknown)), name))
+    bad = _undecodable_string(message)
+    if bad:
+        raise ProtoFileError("%s: cannot read binary %s (%s): string field %s is not UTF-8 text"
+                             % (path, kind, name, bad))
     return message
+
+
+_STRING_HOLDERS = {}
+
+
+def _holds_strings(descriptor):
+    """Whether a message type has a string field, itself or in a nested message."""
+    found = _STRING_HOLDERS.get(descriptor.full_name)
+    if found is None:
+        _STRING_HOLDERS[descriptor.full_name] = False      # recursive types end here
+        found = any(fd.type == fd.TYPE_STRING or (fd.type == fd.TYPE_MESSAGE
+                                                  and _holds_strings(fd.message_type))
+                    for fd in descriptor.fields)
+        _STRING_HOLDERS[descriptor.full_name] = found
+    return found
+
+
+def _undecodable_string(message, where=""):
+    """The path of the first string field that is not valid UTF-8, or None.
+
+    Binary parsing does not check proto2 strings: such a value comes back as bytes, and would
+    fail far from the file (in upgrade or net building) with a raw UnicodeDecodeError."""
+    if not _holds_strings(message.DESCRIPTOR):
+        return None
+    for fd, value in message.ListFields():
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        items = list(value) if fd.is_repeated else [value]
+        for i, item in enumerate(items):
+            name = "%s%s%s" % (where, fd.name, "[%d]" % i if fd.is_repeated else "")
+            if fd.type == fd.TYPE_STRING and isinstance(item, bytes):
+                return name
+            if fd.type == fd.TYPE_MESSAGE:
+                bad = _undecodable_string(item, name + ".")
+                if bad:
+                    return bad
+    return None
 
 
 def read_net_binary(path):

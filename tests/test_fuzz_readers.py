@@ -327,3 +327,26 @@ def test_caffemodel_missing_required_fields_loads(tmp_path):
     read, weights = pio.read_net_weights(path)
     assert read.layer[0].HasField("clip_param") and weights == {"clip": []}
     assert pio.read_net_binary(path).layer[0].name == "clip"
+
+
+def test_caffemodel_with_a_layer_name_that_is_not_utf8(tmp_path):
+    # found by the fuzzer: binary parsing hands back invalid UTF-8 strings as bytes; the V1
+    # upgrade then failed with a raw UnicodeDecodeError
+    net = caffe_pb2.NetParameter(name="v1")
+    layer = net.layers.add(name="ip", type=caffe_pb2.V1LayerParameter.INNER_PRODUCT)
+    layer.bottom.append("data")
+    path = _write(tmp_path, "v1.caffemodel",
+                  net.SerializeToString().replace(b"data", b"\xe4ata"))
+    for read in (pio.read_net_binary, pio.read_net_weights):
+        with pytest.raises(pio.ProtoFileError, match=r"v1.caffemodel: cannot read binary "
+                                                     r".*string field layers\[0\].bottom\[0\] "
+                                                     r"is not UTF-8 text"):
+            read(path)
+
+
+def test_solverstate_naming_its_model_in_bytes_that_are_not_utf8(tmp_path):
+    state = caffe_pb2.SolverState(iter=1, learned_net="m.caffemodel")
+    path = _write(tmp_path, "s.solverstate",
+                  state.SerializeToString().replace(b"m.caffe", b"\xff.caffe"))
+    with pytest.raises(pio.ProtoFileError, match="s.solverstate: .*string field learned_net"):
+        snapshot.read_state(path)
