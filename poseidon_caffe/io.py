@@ -629,18 +629,25 @@ def _checked_shape(blob, source):
     """(shape, element count) of a BlobProto; a negative dimension is an error naming source.
     The count is a Python integer: a file's dimensions never overflow it into a small number."""
     shape = _blob_shape(blob)
-    count = span = 1
+    count = 1
     for d in shape:
         if d < 0:
             raise ProtoFileError("%s: BlobProto shape %s has a negative dimension"
                                  % (source, list(shape)))
         count *= int(d)
-        span *= max(int(d), 1)
-    if span * 8 > np.iinfo(np.intp).max:
-        # even an empty array cannot have such axes (numpy: "array is too big")
+    if _too_large(shape):
         raise ProtoFileError("%s: BlobProto shape %s is too large for any array"
                              % (source, list(shape)))
     return shape, count
+
+
+def _too_large(shape):
+    """Whether no array, not even an empty one, can have these axes (numpy: "array is too
+    big"): the product of the non-zero axes times 8 bytes overflows the address space."""
+    span = 1
+    for d in shape:
+        span *= max(int(d), 1)
+    return span * 8 > np.iinfo(np.intp).max
 
 
 def blobproto_to_array(blob, return_diff=False, source="BlobProto"):
@@ -777,7 +784,7 @@ def datum_to_array(datum, source="Datum"):
         return _decode_image(datum.data, source)
     shape = (datum.channels, datum.height, datum.width)
     stored = len(datum.data) or len(datum.float_data)
-    if min(shape) < 0 or stored != shape[0] * shape[1] * shape[2]:
+    if min(shape) < 0 or stored != shape[0] * shape[1] * shape[2] or _too_large(shape):
         raise ProtoFileError("%s: Datum channels x height x width = %d x %d x %d but it holds "
                              "%d values" % ((source,) + shape + (stored,)))
     if len(datum.data):

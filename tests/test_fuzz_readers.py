@@ -350,3 +350,12 @@ def test_solverstate_naming_its_model_in_bytes_that_are_not_utf8(tmp_path):
                   state.SerializeToString().replace(b"m.caffe", b"\xff.caffe"))
     with pytest.raises(pio.ProtoFileError, match="s.solverstate: .*string field learned_net"):
         snapshot.read_state(path)
+
+
+def test_datum_helper_with_empty_axes_too_large_for_any_array():
+    # found by the fuzzer: 2^31-1 x 2^31-1 x 0 "holds" its 0 values; numpy then refused the
+    # shape with "array is too big"
+    datum = caffe_pb2.Datum(channels=2 ** 31 - 1, height=2 ** 31 - 1, width=0)
+    with pytest.raises(pio.ProtoFileError, match="record 5: Datum channels x height x width = "
+                                                 "2147483647 x 2147483647 x 0 but it holds 0"):
+        pio.datum_to_array(pio.parse_datum(datum.SerializeToString()), source="record 5")
