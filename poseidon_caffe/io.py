@@ -332,7 +332,48 @@ def _parse_binary(data, message, path, kind):
         raise ProtoFileError("%s: not a binary %s: top-level field number(s) %s are not in %s "
                              "(a different kind of file?)"
                              % (path, kind, ", ".join(map(str, unknown)), name))
+    bad = _undecodable_string(message)
+    if bad:
+        raise ProtoFileError("%s: cannot read binary %s (%s): string field %s is not UTF-8 text"
+                             % (path, kind, name, bad))
     return message
+
+
+_STRING_HOLDERS = {}
+
+
+def _holds_strings(descriptor):
+    """Whether a message type has a string field, itself or in a nested message."""
+    found = _STRING_HOLDERS.get(descriptor.full_name)
+    if found is None:
+        _STRING_HOLDERS[descriptor.full_name] = False      # recursive types end here
+        found = any(fd.type == fd.TYPE_STRING or (fd.type == fd.TYPE_MESSAGE
+                                                  and _holds_strings(fd.message_type))
+                    for fd in descriptor.fields)
+        _STRING_HOLDERS[descriptor.full_name] = found
+    return found
+
+
+def _undecodable_string(message, where=""):
+    """The path of the first string field that is not valid UTF-8, or None.
+
+    Binary parsing does not check proto2 strings: such a value comes back as bytes, and would
+    fail far from the file (in upgrade or net building) with a raw UnicodeDecodeError."""
+    if not _holds_strings(message.DESCRIPTOR):
+        return None
+    for fd, value in message.ListFields():
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        items = list(value) if fd.is_repeated else [value]
+        for i, item in enumerate(items):
+            name = "%s%s%s" % (where, fd.name, "[%d]" % i if fd.is_repeated else "")
+            if fd.type == fd.TYPE_STRING and isinstance(item, bytes):
+                return name
+            if fd.type == fd.TYPE_MESSAGE:
+                bad = _undecodable_string(item, name + ".")
+                if bad:
+                    return bad
+    return None
 
 
 def read_net_binary(path):
@@ -364,14 +405,20 @@ _PAYLOAD_FIELDS = {5: "<f4", 8: "<f8"}  # BlobProto data, double_data (diffs sta
 
 def _strip_blob(buf, start, end):
     """(BlobProto bytes without its data payload, the payload array or None)."""
-    kept, values = [], None
+    kept, parts, payload_number = [], [], None
     for number, wire, s, e, key in _scan_fields(buf, start, end):
-        if number in _PAYLOAD_FIELDS and wire == _WIRE_LEN and values is None:
+        if number in _PAYLOAD_FIELDS and wire == _WIRE_LEN and payload_number in (None, number):
             dtype = np.dtype(_PAYLOAD_FIELDS[number])
-            values = np.frombuffer(buf, dtype=dtype, count=(e - s) // dtype.itemsize,
-                                   offset=s).copy()
+            if (e - s) % dtype.itemsize:
+                raise ValueError("a blob's packed %s payload is %d bytes, not a whole number "
+                                 "of %d-byte values" % (dtype.name, e - s, dtype.itemsize))
+            # a repeated field may come in several pieces; protobuf appends them
+            parts.append(np.frombuffer(buf, dtype=dtype, count=(e - s) // dtype.itemsize,
+                                       offset=s))
+            payload_number = number
         else:
             kept.append(buf[key:e])
+    values = np.concatenate(parts) if parts else None
     return b"".join(kept), values
 
 
@@ -421,15 +468,15 @@ def read_net_weights(path):
         for layer, arrays in zip(layer_list, payloads[number]):
             values = []
             for blob, arr in zip(layer.blobs, arrays):
-                shape = _blob_shape(blob)
+                where = "%s: layer %s" % (path, layer.name)
+                shape, count = _checked_shape(blob, where)
                 if arr is None:  # unpacked legacy encoding: it stayed in the proto
-                    arr = blobproto_to_array(blob)
+                    arr = blobproto_to_array(blob, source=where)
                     blob.ClearField("data")
                     blob.ClearField("double_data")
-                if arr.size != int(np.prod(shape, dtype=np.int64)):
-                    raise ProtoFileError("%s: layer %s: a blob holds %d values but its shape %s "
-                                         "needs %d" % (path, layer.name, arr.size, list(shape),
-                                                       int(np.prod(shape, dtype=np.int64))))
+                if arr.size != count:
+                    raise ProtoFileError("%s: a blob holds %d values but its shape %s needs %d"
+                                         % (where, arr.size, list(shape), count))
                 values.append(arr.reshape(shape))
             weights[layer.name] = values
     _upgrade_net(net, path)
@@ -564,12 +611,38 @@ def _blob_shape(blob):
     return tuple(blob.shape.dim)
 
 
-def blobproto_to_array(blob, return_diff=False):
+def _checked_shape(blob, source):
+    """(shape, element count) of a BlobProto; a negative dimension is an error naming source.
+    The count is a Python integer: a file's dimensions never overflow it into a small number."""
+    shape = _blob_shape(blob)
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise ProtoFileError("%s: BlobProto shape %s has a negative dimension"
+                                 % (source, list(shape)))
+        count *= int(d)
+    if _too_large(shape):
+        raise ProtoFileError("%s: BlobProto shape %s is too large for any array"
+                             % (source, list(shape)))
+    return shape, count
+
+
+def _too_large(shape):
+    """Whether no array, not even an empty one, can have these axes (numpy: "array is too
+    big"): the product of the non-zero axes times 8 bytes overflows the address space."""
+    span = 1
+    for d in shape:
+        span *= max(int(d), 1)
+    return span * 8 > np.iinfo(np.intp).max
+
+
+def blobproto_to_array(blob, return_diff=False, source="BlobProto"):
     """The blob's data (or diff) as an array of the blob's shape.
 
     The legacy num/channels/height/width shape wins when any of them is set, as in Caffe.
     Single-precision fields come back float32 (exactly the stored values), double_data /
-    double_diff float64.
+    double_diff float64.  A blob whose values do not fill its shape raises ProtoFileError
+    naming ``source`` (the file it came from).
     """
     if return_diff:
         names = ("diff", "double_diff")
@@ -582,11 +655,11 @@ def blobproto_to_array(blob, return_diff=False):
         values = _payload_array(blob, double, "<f8")
     else:
         values = np.zeros(0, dtype=np.float32)
-    shape = _blob_shape(blob)
-    count = int(np.prod(shape, dtype=np.int64))
+    shape, count = _checked_shape(blob, source)
     if values.size != count:
-        raise ValueError("BlobProto holds %d %s values but its shape %s needs %d"
-                         % (values.size, "diff" if return_diff else "data", list(shape), count))
+        raise ProtoFileError("%s: BlobProto holds %d %s values but its shape %s needs %d"
+                             % (source, values.size, "diff" if return_diff else "data",
+                                list(shape), count))
     return values.reshape(shape)
 
 
@@ -670,15 +743,16 @@ def array_to_datum(arr, label=None):
     return datum
 
 
-def _decode_image(encoded):
+def _decode_image(encoded, source):
     """C x H x W uint8 from PNG/JPEG bytes, channels in BGR order as Caffe decodes them."""
     import io as _bytes_io
     from PIL import Image
     try:
         img = Image.open(_bytes_io.BytesIO(encoded))
         img.load()
-    except Exception as e:
-        raise ValueError("encoded Datum holds no decodable image: %s" % e) from None
+    except Exception as e:    # Pillow raises many kinds for corrupt data
+        raise ProtoFileError("%s: encoded Datum holds no decodable image: %s"
+                             % (source, str(e).replace("\n", " "))) from None
     if img.mode not in ("L", "RGB"):
         img = img.convert("L" if img.mode in ("1", "I", "I;16", "F") else "RGB")
     pixels = np.asarray(img, dtype=np.uint8)
@@ -687,11 +761,18 @@ def _decode_image(encoded):
     return np.ascontiguousarray(pixels[:, :, ::-1].transpose(2, 0, 1))
 
 
-def datum_to_array(datum):
-    """C x H x W array of a Datum: uint8 from ``data`` (decoded when ``encoded``), else float32."""
+def datum_to_array(datum, source="Datum"):
+    """C x H x W array of a Datum: uint8 from ``data`` (decoded when ``encoded``), else float32.
+
+    A Datum whose values do not fill channels x height x width raises ProtoFileError naming
+    ``source`` (the record it came from)."""
     if datum.encoded:
-        return _decode_image(datum.data)
+        return _decode_image(datum.data, source)
     shape = (datum.channels, datum.height, datum.width)
+    stored = len(datum.data) or len(datum.float_data)
+    if min(shape) < 0 or stored != shape[0] * shape[1] * shape[2] or _too_large(shape):
+        raise ProtoFileError("%s: Datum channels x height x width = %d x %d x %d but it holds "
+                             "%d values" % ((source,) + shape + (stored,)))
     if len(datum.data):
         return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()
     return np.array(datum.float_data, dtype=np.float32).reshape(shape)

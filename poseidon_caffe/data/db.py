@@ -64,7 +64,7 @@ def parse_datum(value, path, key):
         return datum
     size = datum.channels * datum.height * datum.width
     stored = len(datum.data) or len(datum.float_data)
-    if size <= 0 or stored != size:
+    if min(datum.channels, datum.height, datum.width) <= 0 or stored != size:
         raise DataError("record %r of LMDB database %r is not a Caffe Datum: channels x height "
                         "x width = %d x %d x %d but it holds %d values"
                         % (_key_text(key), path, datum.channels, datum.height, datum.width,

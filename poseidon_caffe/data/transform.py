@@ -127,7 +127,7 @@ def load_mean_file(path):
     """C x H x W float32 mean from a .binaryproto BlobProto; errors name the file."""
     from ..io import blobproto_to_array, read_blobproto
     blob = read_blobproto(path)
-    arr = np.asarray(blobproto_to_array(blob), dtype=np.float32)
+    arr = np.asarray(blobproto_to_array(blob, source=path), dtype=np.float32)
     if arr.ndim == 4 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim != 3:

@@ -212,7 +212,8 @@ def read_state(path):
             return int(f["iter"][()]), learned, int(f["current_step"][()]), history
     state = pio.read_solverstate(path)
     learned = state.learned_net if state.HasField("learned_net") else None
-    history = [pio.blobproto_to_array(bp) for bp in state.history]
+    history = [pio.blobproto_to_array(bp, source="%s: history blob %d" % (path, i))
+               for i, bp in enumerate(state.history)]
     return state.iter, learned, state.current_step, history
 
 
@@ -242,9 +243,30 @@ def read_rngstate(state_path):
         return None
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+            payload = json.loads(f.read().decode("utf-8"))
     except ValueError as exc:
         raise SnapshotError("random state file %s is not valid JSON: %s" % (path, exc)) from None
+    except OSError as exc:
+        raise SnapshotError("cannot read random state file %s: %s"
+                            % (path, exc.strerror or exc)) from None
+    _check_rngstate(payload, path)
+    return payload
+
+
+def _check_rngstate(payload, path):
+    """The side file's shape: {"rng": a numpy bit generator state, "layers": {key: {...}}}."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("rng"), dict):
+        raise SnapshotError("random state file %s holds no 'rng' generator state" % path)
+    layers = payload.get("layers", {})
+    if not isinstance(layers, dict) or not all(isinstance(v, dict) for v in layers.values()):
+        raise SnapshotError("random state file %s: 'layers' is not a mapping of layer states"
+                            % path)
+    scratch = np.random.default_rng(0).bit_generator
+    try:
+        scratch.state = payload["rng"]
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise SnapshotError("random state file %s: 'rng' is not a generator state this numpy "
+                            "accepts (%s)" % (path, exc)) from None
 
 
 def _host(blob, array):

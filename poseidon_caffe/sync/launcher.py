@@ -27,10 +27,15 @@ class HostFileError(ValueError):
 def read_localserver(path):
     """[(client_id, ip, port)] in file order; HostFileError names the file and line."""
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise HostFileError("cannot read host file %s: %s" % (path, exc.strerror)) from None
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise HostFileError("host file %s is not text: byte %d is not UTF-8"
+                            % (path, exc.start)) from None
     hosts, seen = [], {}
     for number, line in enumerate(lines, 1):
         text = line.strip()
