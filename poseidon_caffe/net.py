@@ -36,6 +36,16 @@ def _is_project_error(exc):
     return type(exc).__module__.split(".")[0] == __name__.split(".")[0]
 
 
+def _reraise_user_error(layer_type, layer_name, what, exc):
+    """A Python layer's own exception is the user's code speaking: it keeps its type, as
+    pycaffe gives it, with a note naming the layer (out of memory is still the project's)."""
+    if layer_type != "Python" or isinstance(exc, MemoryError) or _is_project_error(exc):
+        return
+    if hasattr(exc, "add_note"):
+        exc.add_note("in %s of Python layer %r" % (what, layer_name))
+    raise exc
+
+
 def _raise_if_out_of_memory(layer, what, exc):
     if isinstance(exc, MemoryError) or "array is too big" in str(exc):
         raise _layer_failure(layer, what, exc) from exc
@@ -267,8 +277,8 @@ class Net:
             try:
                 layer = create_layer(layer_param, self.phase)
             except Exception as exc:
-                if _is_project_error(exc):
-                    raise
+                if isinstance(exc, (NetError, LayerError)):
+                    raise           # these name their layer already
                 raise NetError("layer %r of type %s cannot be created: %s: %s"
                                % (layer_param.name, layer_param.type, type(exc).__name__,
                                   exc)) from exc
@@ -427,15 +437,14 @@ class Net:
             layer.reshape(bottoms, tops)
         except (LayerError, NetError, fillers.DeferredFillError):
             raise           # a deferred fill is named after its own layer by __init__
-        except MemoryError as exc:
-            raise _layer_failure(layer, "setup", exc) from exc
-        except (ValueError, IndexError, TypeError, KeyError, ArithmeticError) as exc:
-            if "array is too big" in str(exc):
-                raise _layer_failure(layer, "setup", exc) from exc
-            raise NetError("layer %r of type %s could not be set up for bottom shapes %s: %s"
-                           % (layer_param.name, layer_param.type,
-                              [list(s) for s in shapes], exc)) from exc
         except Exception as exc:
+            _reraise_user_error(layer_param.type, layer_param.name, "setup", exc)
+            if isinstance(exc, MemoryError) or "array is too big" in str(exc):
+                raise _layer_failure(layer, "setup", exc) from exc
+            if isinstance(exc, (ValueError, IndexError, TypeError, KeyError, ArithmeticError)):
+                raise NetError("layer %r of type %s could not be set up for bottom shapes %s: %s"
+                               % (layer_param.name, layer_param.type,
+                                  [list(s) for s in shapes], exc)) from exc
             raise _layer_failure(layer, "setup", exc) from exc
 
     def _loss_weights(self, layer, layer_param, num_tops):
@@ -615,14 +624,15 @@ class Net:
                 layer.reshape(bottoms, tops)
             except (LayerError, NetError):
                 raise
-            except MemoryError as exc:
-                raise _layer_failure(layer, "reshape", exc) from exc
-            except (ValueError, IndexError, TypeError) as exc:
-                if "array is too big" in str(exc):
+            except Exception as exc:
+                _reraise_user_error(layer.type, layer.name, "reshape", exc)
+                if isinstance(exc, MemoryError) or "array is too big" in str(exc):
                     raise _layer_failure(layer, "reshape", exc) from exc
-                raise NetError("layer %r of type %s cannot take bottom shapes %s: %s"
-                               % (layer.name, layer.type, [list(b.shape) for b in bottoms],
-                                  exc)) from exc
+                if isinstance(exc, (ValueError, IndexError, TypeError)):
+                    raise NetError("layer %r of type %s cannot take bottom shapes %s: %s"
+                                   % (layer.name, layer.type, [list(b.shape) for b in bottoms],
+                                      exc)) from exc
+                raise
             try:
                 if timing is None:
                     layer.forward(bottoms, tops)

@@ -102,3 +102,29 @@ def test_python_layer_needs_module_and_layer():
     from poseidon_caffe.layers import create_layer
     with pytest.raises(LayerError, match="'module' and 'layer'"):
         create_layer(param)
+
+
+def test_python_layer_errors_keep_their_type_through_net_building(user_module, tmp_path):
+    # pycaffe hands a Python layer's own exception to the caller unchanged; the project adds a
+    # note naming the layer but keeps the type a user's script catches
+    import poseidon_caffe as caffe
+    (tmp_path / (user_module + "_raising.py")).write_text(textwrap.dedent('''
+        from poseidon_caffe.layers import Layer
+
+
+        class Raises(Layer):
+            def setup(self, bottom, top):
+                raise RuntimeError("refused by the user's layer")
+
+            def reshape(self, bottom, top):
+                pass
+        '''))
+    net_file = tmp_path / "net.prototxt"
+    net_file.write_text('name: "n" layer { name: "boom" type: "Python" top: "x" '
+                        'python_param { module: "%s_raising" layer: "Raises" } }' % user_module)
+    with pytest.raises(RuntimeError, match="refused by the user's layer") as raised:
+        caffe.Net(str(net_file), caffe.TEST)
+    assert not isinstance(raised.value, ValueError)
+    if hasattr(raised.value, "__notes__"):
+        assert raised.value.__notes__ == ["in setup of Python layer 'boom'"]
+    sys.modules.pop(user_module + "_raising", None)

@@ -164,9 +164,10 @@ def test_a_net_file_names_itself_in_its_errors(tmp_path):
 
 
 def test_failures_inside_layer_creation_become_project_errors():
-    # a stored blob whose values do not fill its shape: a plain ValueError, named by layer
+    # a stored blob whose values do not fill its shape, named by layer
     with pytest.raises(NetError, match=r"layer 'ip' of type InnerProduct cannot be created: "
-                                       r"ValueError: BlobProto holds 2 data values but its "
+                                       r"ProtoFileError: BlobProto: BlobProto holds 2 data "
+                                       r"values but its "
                                        r"shape \[2, 3\] needs 6"):
         build(INPUT + 'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
               'inner_product_param { num_output: 2 } blobs { shape { dim: 2 dim: 3 } '
