@@ -18,9 +18,9 @@ import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
-from .imageio import Transformer, load_image, oversample, resize_image  # noqa: F401  (caffe.io names)
-from .proto import caffe_pb2
-from . import staging, upgrade
+from ..imageio import Transformer, load_image, oversample, resize_image  # noqa: F401  (caffe.io names)
+from ..proto import caffe_pb2
+from .. import staging, upgrade
 
 __all__ = [
     "ProtoFileError", "atomic_write",
