@@ -12,16 +12,16 @@ import weakref
 
 import numpy as np
 
-from .. import data as data_pkg
-from .. import log
-from ..data import db as dbmod
-from ..data.images import datum_image, join_root, read_image, resize
-from ..data.prefetch import Prefetcher
-from ..data.transform import DataTransformer, load_mean_file
-from ..proto import caffe_pb2
-from ..rng import get_rng
-from .base import Layer, TRAIN
-from .registry import register
+from ... import data as data_pkg
+from ... import log
+from ...data import db as dbmod
+from ...data.images import datum_image, join_root, read_image, resize
+from ...data.prefetch import Prefetcher
+from ...data.transform import DataTransformer, load_mean_file
+from ...proto import caffe_pb2
+from ...rng import get_rng
+from ..base import Layer, TRAIN
+from ..registry import register
 
 
 def _child_rng():
