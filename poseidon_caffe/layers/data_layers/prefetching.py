@@ -102,6 +102,13 @@ class PrefetchingDataLayer(Layer):
             top[1].reshape(labels.shape)
             top[1].data[...] = self.backend.to_device(labels)
 
+    def skip_batch(self):
+        """Advance the record stream by one batch without producing it: the batch the next
+        forward would have given is loaded as usual (records read, random draws made) and
+        dropped; the tops are left as they are. A sharded test pass calls this for the batches
+        other workers test, so each worker's stream stays where one tester's would be."""
+        _, _, self._consumed_state = self._resources.prefetcher.next()
+
     def close(self):
         """Stop the prefetch thread and release the files; the layer is done after this."""
         if hasattr(self, "_finalizer"):
