@@ -158,3 +158,29 @@ def test_solver_resumed_from_a_snapshot_trains_on_the_same_batches(source, tmp_p
                                   straight.net.params["ip"][0].data)
     straight.net.layers[0].close()
     resumed.net.layers[0].close()
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_skip_batch_advances_the_stream_by_one_batch_and_leaves_the_tops(source, prefetch):
+    every = run(source, prefetch, 3)
+    set_random_seed(1234)
+    layer, top = make(source, prefetch)
+    layer.forward([], top)
+    first = top[0].data.copy(), top[1].data.copy()
+    layer.skip_batch()
+    # the tops still hold the first batch; the records are 4 per batch, labelled by index
+    np.testing.assert_array_equal(top[0].data, first[0])
+    np.testing.assert_array_equal(top[1].data, [0, 1, 2, 3])
+    state = layer.get_resume_state()
+    layer.forward([], top)
+    np.testing.assert_array_equal(top[1].data, [8, 9, 10, 11])
+    np.testing.assert_array_equal(top[0].data, every[2][0])   # same crops and mirrors too
+    layer.close()
+    # the resume state counts the skipped batch as consumed
+    set_random_seed(1234)
+    resumed, resumed_top = make(source, prefetch)
+    resumed.set_resume_state(state)
+    resumed.forward([], resumed_top)
+    np.testing.assert_array_equal(resumed_top[1].data, [8, 9, 10, 11])
+    np.testing.assert_array_equal(resumed_top[0].data, every[2][0])
+    resumed.close()

@@ -219,7 +219,7 @@ def test_atomic_write_survives_a_crash_mid_write(tmp_path, monkeypatch):
             if i == 2:
                 raise OSError("disk went away")
             yield chunk
-    monkeypatch.setattr(io, "_message_chunks", crashing_chunks)
+    monkeypatch.setattr(io.proto_files, "_message_chunks", crashing_chunks)
     bad = caffe_pb2.NetParameter(name="bad")
     io.fill_blobproto(bad.layer.add(name="a").blobs.add(), np.zeros(5000, np.float32))
     with pytest.raises(OSError, match="disk went away"):

@@ -85,7 +85,7 @@ def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize
                      resize_height=0, check_size=False, encoded=False, encode_type=""):
     """Write the images ``list_file`` names (``path label`` lines) into a new LMDB, which
     appears at ``db_name`` only once complete. Returns (records written, files skipped)."""
-    from ..layers.data_layers import read_image_list
+    from .lists import read_image_list
     lines = read_image_list(list_file, "convert_imageset")
     if shuffle:
         from ..rng import get_rng

@@ -1,0 +1,133 @@
+"""The base of the prefetching data layers (Data, ImageData, WindowData).
+
+A subclass builds a loader object that makes whole batches (read, decode, transform); the base
+runs it through a Prefetcher with data_param.prefetch batches in flight (0: load in forward, no
+thread). The loader owns its own random generator, seeded from the process generator at setup,
+so a seeded run gives the same batches with or without prefetch. The thread and the files are
+released by ``close()``, when the layer is collected, or at interpreter exit, whichever comes
+first.
+"""
+import weakref
+
+import numpy as np
+
+from ... import data as data_pkg
+from ... import log
+from ...data.prefetch import Prefetcher
+from ...data.transform import DataTransformer
+from ...proto import caffe_pb2
+from ...rng import get_rng
+from ..base import Layer, TRAIN
+
+
+def _child_rng():
+    return np.random.default_rng(int(get_rng().integers(0, 2 ** 63 - 1)))
+
+
+def _transform_param(layer_param, sub_param):
+    """transform_param, with the fields old nets kept in data_param / image_data_param."""
+    tp = caffe_pb2.TransformationParameter()
+    tp.CopyFrom(layer_param.transform_param)
+    for field in ("scale", "mean_file", "crop_size", "mirror"):
+        if sub_param.DESCRIPTOR.fields_by_name.get(field) is None:
+            continue
+        if sub_param.HasField(field) and not tp.HasField(field):
+            setattr(tp, field, getattr(sub_param, field))
+    return tp
+
+
+
+
+class _Resources:
+    """What a data layer must release: its prefetch thread first, then its files."""
+
+    def __init__(self):
+        self.prefetcher = None
+        self.closers = []
+
+    def close(self):
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+        for closer in self.closers:
+            closer()
+        self.closers = []
+
+
+class PrefetchingDataLayer(Layer):
+    exact_bottoms = 0
+    min_tops = 1
+    max_tops = 2
+
+    # subclasses define _make_loader() -> (loader callable -> (data, labels), batch shape)
+
+    def setup(self, bottom, top):
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.close)
+        self.output_labels = len(top) > 1
+        self.transformer = DataTransformer(
+            self._transform_param(), self.phase, "%s layer %r" % (self.type, self.name))
+        self._loader, shape = self._make_loader()
+        self._shape = shape
+        self._consumed_state = self._loader.state()
+        self._start_prefetch()
+        log.info("output data size: %s", ",".join(str(s) for s in shape))
+
+    def _start_prefetch(self):
+        loader = self._loader      # the thread holds the loader, never the layer
+
+        def produce():
+            data, labels = loader()
+            return data, labels, loader.state()
+
+        self._resources.prefetcher = Prefetcher(produce, self.param.data_param.prefetch,
+                                                "%s-%s" % (self.type, self.name))
+
+    def _transform_param(self):
+        return self.param.transform_param
+
+    @property
+    def prefetcher(self):
+        return self._resources.prefetcher
+
+    def reshape(self, bottom, top):
+        top[0].reshape(self._shape)
+        if self.output_labels:
+            top[1].reshape((self._shape[0],))
+
+    def forward(self, bottom, top):
+        data, labels, self._consumed_state = self._resources.prefetcher.next()
+        top[0].reshape(data.shape)
+        top[0].data[...] = self.backend.to_device(data)
+        if self.output_labels:
+            top[1].reshape(labels.shape)
+            top[1].data[...] = self.backend.to_device(labels)
+
+    def skip_batch(self):
+        """Advance the record stream by one batch without producing it: the batch the next
+        forward would have given is loaded as usual (records read, random draws made) and
+        dropped; the tops are left as they are. A sharded test pass calls this for the batches
+        other workers test, so each worker's stream stays where one tester's would be."""
+        _, _, self._consumed_state = self._resources.prefetcher.next()
+
+    def close(self):
+        """Stop the prefetch thread and release the files; the layer is done after this."""
+        if hasattr(self, "_finalizer"):
+            self._finalizer()
+
+    # the solver keeps these in a snapshot's side file, so a resumed run reads on from the
+    # batch after the last one trained on, with the same random crops and mirrors
+    def get_resume_state(self):
+        return self._consumed_state
+
+    def set_resume_state(self, state):
+        self._resources.prefetcher.stop()
+        self._loader.restore(state)
+        self._consumed_state = self._loader.state()
+        self._start_prefetch()
+
+    def _shard(self):
+        """(rank, size, partitioned) for this layer: TEST nets read everything, as in Caffe."""
+        rank, size, partitioned = data_pkg.get_worker()
+        if self.phase != TRAIN or size == 1:
+            return 0, 1, False
+        return rank, size, partitioned
