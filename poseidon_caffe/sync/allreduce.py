@@ -7,23 +7,33 @@ to its replica.
 """
 import numpy as np
 
-ITEMSIZE = 4  # float32 on the wire
+from .strategy import ITEMSIZE, Strategy, register
 
 
-class RingAllreduce:
+@register
+class RingAllreduce(Strategy):
     name = "allreduce"
-    remote_update = False
+    preference = 2
+    fuses = True
 
-    @staticmethod
-    def price(M, N, K, P, S):
+    @classmethod
+    def price(cls, M, N, K, P, S, dedicated=False):
         """Off-host bytes sent plus received by one host per iteration: 2 MN (P-1)/P each way."""
         return ITEMSIZE * 4.0 * M * N * (P - 1) / P
 
     def __init__(self, transport, topology, counters):
-        self.transport = transport
-        self.topology = topology
-        self.counters = counters
+        super().__init__(transport, topology, counters)
         self.ring = topology.leaders.Dup() if topology.leaders is not None else None
+
+    def run(self, bucket, payloads, clock, what):
+        """One fused message for the bucket's blobs; each item's sum is a view into it."""
+        flat = payloads[0] if len(payloads) == 1 else np.concatenate(payloads)
+        self.aggregate(flat, bucket.name, what)
+        sums, offset = [], 0
+        for item in bucket.items:
+            sums.append(flat[offset:offset + item.count])
+            offset += item.count
+        return sums
 
     def aggregate(self, flat, key, what):
         """Sum ``flat`` (a private float32 buffer) over every worker of the job, in place."""
@@ -55,7 +65,7 @@ class RingAllreduce:
             self.transport.wait(reqs, what, peers)
             self.counters.add(key, sent=out.nbytes, received=into.nbytes)
 
-    def close(self):
+    def close(self, clock=None):
         if self.ring is not None:
             self.ring.Free()
             self.ring = None

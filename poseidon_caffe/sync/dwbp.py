@@ -30,20 +30,25 @@ class Bucket:
         self.count = sum(item.count for item in items)
 
 
-def make_buckets(items, plan, fuse_bytes):
-    """Group items in backward order; consecutive small allreduce blobs share one bucket."""
+def make_buckets(items, plan, fuse_bytes, fusing):
+    """Group items in backward order; consecutive small blobs of one strategy that fuses
+    (named in ``fusing``) share one bucket."""
     buckets, open_bucket, open_bytes = [], [], 0
+    open_name = None
 
     def close():
         nonlocal open_bucket, open_bytes
         if open_bucket:
-            buckets.append(Bucket(len(buckets), "allreduce", open_bucket))
+            buckets.append(Bucket(len(buckets), open_name, open_bucket))
         open_bucket, open_bytes = [], 0
 
     for item in sorted(items, key=lambda it: (-it.ready_layer, it.index)):
         name = plan[item.index]
         nbytes = item.count * 4
-        if name == "allreduce" and nbytes < fuse_bytes:
+        if name in fusing and nbytes < fuse_bytes:
+            if name != open_name:
+                close()
+                open_name = name
             open_bucket.append(item)
             open_bytes += nbytes
             if open_bytes >= fuse_bytes:

@@ -10,13 +10,10 @@ import time
 import numpy as np
 
 from .. import log
-from .allreduce import RingAllreduce
+from . import strategy as registry
 from .counters import ByteCounters
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
-from .ps import ParameterServer
-from .server import setup_message
-from .sfb import SufficientFactors
 from .transport import Transport
 
 
@@ -46,7 +43,6 @@ class Item:
         self.bucket = None
         self.fresh = 0
         self.passes = 0
-        self.factor_parts = []
 
     @property
     def data_flat(self):
@@ -86,27 +82,15 @@ class SyncEngine:
         for item in self.items:
             item.strategy = self.plan[item.index]
             item.fresh = start_clock
-        used = set(self.plan.values())
-        self.strategies = {}
-        if "allreduce" in used:
-            self.strategies["allreduce"] = RingAllreduce(self.transport, topology, self.counters)
-        if "sfb" in used:
-            self.strategies["sfb"] = SufficientFactors(self.transport, topology, self.counters)
-        ps_items = [item for item in self.items if item.strategy == "ps"]
-        if topology.dedicated and topology.is_leader:
-            # the dedicated servers learn this session's blobs (none: they have nothing to do)
-            setup = (setup_message(rule.solver, ps_items, start_clock, self.staleness, topology,
-                                   update) if topology.rank == 0 else None)
-            topology.ps_comm.bcast(setup, root=0)
-        if ps_items:
-            server = ParameterServer(self.transport, topology, self.counters, rule,
-                                     self.staleness, start_clock, self.workers,
-                                     worker_updates=update == "worker")
-            for item in ps_items:
-                server.add(item, item.data_flat)
-            server.seed_servers()
-            self.strategies["ps"] = server
-        self.buckets = make_buckets(self.items, self.plan, fuse_bytes)
+        self.clock = start_clock
+        self.start_clock = start_clock
+        self.strategies = {}       # name -> the open strategy, for the blobs the plan gave it
+        for cls in registry.registered():
+            opened = cls.open(self, [item for item in self.items if item.strategy == cls.name])
+            if opened is not None:
+                self.strategies[cls.name] = opened
+        fusing = {cls.name for cls in registry.registered() if cls.fuses}
+        self.buckets = make_buckets(self.items, self.plan, fuse_bytes, fusing)
         self.bucket_predicted = {b.name: sum(self.predicted[i.index] for i in b.items)
                                  for b in self.buckets}
         self.by_ready = {}
@@ -114,12 +98,10 @@ class SyncEngine:
         for item in self.items:
             self.by_ready.setdefault(item.ready_layer, []).append(item)
             self.by_first_use.setdefault(item.first_use, []).append(item)
-        self.clock = start_clock
-        self.start_clock = start_clock
         self.payloads = {}
         self.submitted = set()
         self.dwbp = bool(dwbp)
-        self.stale_reads = {}
+        self.closed = False
         self.wait_seconds = 0.0
         self.failure_handler = None
         self.scheduler = Scheduler(self, self.dwbp, timeline)
@@ -143,18 +125,13 @@ class SyncEngine:
             self.timeline.span("wait layer %d" % layer_index, "wait", t0, now, 0)
 
     def _capture(self, item):
-        if item.strategy == "sfb":
-            item.factor_parts.append(item.sfb.read())
+        strategy = self.strategies[item.strategy]
+        strategy.capture(item)
         item.passes += 1
         if item.passes < self.iter_size:
             return
         item.passes = 0
-        if item.strategy == "sfb":
-            parts, item.factor_parts = item.factor_parts, []
-            payload = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-        else:
-            payload = np.array(item.diff_flat, dtype=np.float32, copy=True)
-        self.payloads[item.index] = payload
+        self.payloads[item.index] = strategy.payload(item, self.clock)
         bucket = item.bucket
         if self.dwbp and all(i.index in self.payloads for i in bucket.items):
             self._submit(bucket)
@@ -172,12 +149,10 @@ class SyncEngine:
                 continue
             for item in bucket.items:
                 if item.index not in self.payloads:
-                    if item.strategy == "sfb":
-                        raise SyncError("no sufficient factors were captured for %s in iteration "
-                                        "%d (its layer's backward did not run)"
-                                        % (item.name, self.clock))
+                    # its layer's backward did not run (in every pass): send what there is
                     item.passes = 0
-                    self.payloads[item.index] = np.array(item.diff_flat, np.float32, copy=True)
+                    self.payloads[item.index] = self.strategies[item.strategy].payload(
+                        item, self.clock)
             self._submit(bucket)
         self.submitted.clear()
         clock = self.clock
@@ -209,20 +184,14 @@ class SyncEngine:
     def sync_point(self):
         """Everything sent, every update applied, every replica current (tests, snapshots, end)."""
         self.scheduler.wait_idle("waiting for the exchanges to finish")
-        server = self.strategies.get("ps")
-        if server is not None and self.staleness > 0:
-            clock = self.clock
-            ps_items = [i for i in self.items if i.strategy == "ps"]
+        if self.closed:            # close() left every replica current
+            return
+        clock = self.clock
 
-            def catch_up():
-                server.wait_current(clock, "waiting for the parameter server to apply "
-                                    "iteration %d" % (clock - 1))
-                for item in ps_items:
-                    flat = item.data_flat
-                    if self.topology.is_leader:
-                        flat[...] = server.current_value(item.index)
-                    self.transport.local_broadcast(flat, item.name, "refreshing " + item.name)
-            self.scheduler.call(catch_up)
+        def catch_up():
+            for strategy in self.strategies.values():
+                strategy.wait(clock)
+        self.scheduler.call(catch_up)
 
     # -- communication-thread side ---------------------------------------------------------------
     def run_task(self, task):
@@ -230,35 +199,19 @@ class SyncEngine:
         what = "exchanging %s (iteration %d)" % (bucket.name, clock)
         inv = 1.0 / self.workers
         worker_rule = self.update == "worker"
-        if worker_rule and bucket.strategy != "sfb":
+        if worker_rule:
+            # the planner gave this bucket a strategy that carries update values
             for item, payload in zip(bucket.items, task.payloads):
                 self.rule.compute(item.index, item.data_flat, payload,
                                   self.rule.history(item.index), clock)
-        if bucket.strategy == "allreduce":
-            buf = task.payloads[0] if len(task.payloads) == 1 else np.concatenate(task.payloads)
-            self.strategies["allreduce"].aggregate(buf, bucket.name, what)
-            offset = 0
-            for item in bucket.items:
-                part = buf[offset:offset + item.count]
-                offset += item.count
+        sums = self.strategies[bucket.strategy].run(bucket, task.payloads, clock, what)
+        if sums is not None:       # None: the strategy left the fresh weights in the items
+            for item, total in zip(bucket.items, sums):
                 if worker_rule:
-                    item.data_flat[...] -= part      # the sum of the workers' updates
+                    item.data_flat[...] -= total     # the sum of the workers' updates
                     continue
-                part *= inv
-                self._local_update(item, part, clock)
-        elif bucket.strategy == "sfb":
-            item = bucket.items[0]
-            top_diff, bottom_data = task.payloads[0]
-            grad = self.strategies["sfb"].aggregate(top_diff, bottom_data, item.sfb.transpose,
-                                                    bucket.name, what)
-            grad = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
-            grad *= inv
-            self._local_update(item, grad, clock)
-        else:
-            item = bucket.items[0]
-            read = self.strategies["ps"].exchange(item, task.payloads[0], item.data_flat, clock,
-                                                  what)
-            self.stale_reads[item.index] = max(self.stale_reads.get(item.index, 0), read)
+                total *= inv
+                self._local_update(item, total, clock)
         if self.clip is None:
             self.scheduler.mark_fresh(bucket.items, clock)
 
@@ -299,7 +252,9 @@ class SyncEngine:
             "predicted": {b.name: self.bucket_predicted[b.name] for b in self.buckets},
             "measured": self.counters.per_iteration(window=False),
             "buckets": {b.name: [i.name for i in b.items] for b in self.buckets},
-            "stale_reads": {self.items_by_index()[k].name: v for k, v in self.stale_reads.items()},
+            "stale_reads": {self.items_by_index()[k].name: v
+                            for strategy in self.strategies.values()
+                            for k, v in strategy.stale_reads.items()},
             "staleness": self.staleness,
             "wait_seconds": self.wait_seconds,
             "comm_seconds": self.scheduler.comm_busy,
@@ -310,18 +265,11 @@ class SyncEngine:
 
     def close(self):
         self.sync_point()
-        server = self.strategies.get("ps")
-        if server is not None:
-            clock = self.clock
+        clock = self.clock
 
-            def drain():
-                server.wait_current(clock, "finishing the parameter server")
-                if self.topology.leaders is not None:
-                    req = self.topology.leaders.Ibarrier()
-                    self.transport.wait([req], "finishing the parameter server",
-                                        self.topology.leader_ranks)
-                server.stop_servers(clock)
-            self.scheduler.call(drain)
+        def close_all():
+            for strategy in self.strategies.values():
+                strategy.close(clock)
+        self.scheduler.call(close_all)
         self.scheduler.stop()
-        for strategy in self.strategies.values():
-            strategy.close()
+        self.closed = True

@@ -11,6 +11,8 @@ and a server node moves the P hosts' pushes and pulls of its 1/S of the rows, 2M
 iteration waits for the busier of the two, so ps is priced max(2MN, 2MN P/S) when choosing,
 while the prediction that the byte counters are held to stays the per-host 2MN.
 The cheapest wins; ties go to ps, then sfb, then allreduce (Poseidon's own order).
+The strategies and their prices come from the registry (``strategy.py``): the rules below are
+stated on what each strategy declares (carries factors, bounds staleness, updates locally).
 
 ``svb`` keeps Poseidon's meaning in auto mode: set, every InnerProduct weight travels as
 sufficient factors when the job spans more than one host; false, none does; unset, the price
@@ -19,17 +21,18 @@ training (the server holds the weights) and ``-ps_update=worker`` (the workers e
 values, which are not rank-K): there svb is ignored, with a note in the log.
 """
 from .. import log
-from .allreduce import RingAllreduce
-from .ps import ParameterServer
-from .sfb import SufficientFactors
+from . import strategy as registry
 
-STRATEGIES = {"ps": ParameterServer, "sfb": SufficientFactors, "allreduce": RingAllreduce}
-TIE_ORDER = ("ps", "sfb", "allreduce")
-MODES = ("auto", "ps", "sfb", "allreduce")
+UPDATES = ("server", "worker")
 
 
 class PlanError(ValueError):
     pass
+
+
+def modes():
+    """The values -sync takes: auto, or a registered strategy's name."""
+    return ("auto",) + tuple(cls.name for cls in registry.registered())
 
 
 def blob_dims(item):
@@ -43,71 +46,73 @@ def blob_dims(item):
 def prices(item, K, P, S, dedicated=False):
     """{strategy: the busiest node's bytes per iteration} for one blob."""
     M, N = blob_dims(item)
-    ps = ParameterServer.price(M, N, K, P, S, dedicated)
-    if dedicated:
-        ps = max(ps, ParameterServer.server_load(M, N, P, S))
-    out = {"ps": ps,
-           "allreduce": RingAllreduce.price(M, N, K, P, S)}
-    if item.sfb is not None:
-        out["sfb"] = SufficientFactors.price(M, N, K, P, S)
-    return out
+    return {cls.name: cls.cost(M, N, K, P, S, dedicated)
+            for cls in registry.registered() if cls.carries(item)}
 
 
 def host_price(name, M, N, K, P, S, dedicated=False):
     """Off-host bytes one host sends plus receives per iteration with strategy ``name``."""
-    if name == "ps":
-        return ParameterServer.price(M, N, K, P, S, dedicated)
-    return STRATEGIES[name].price(M, N, K, P, S)
+    return registry.get(name).price(M, N, K, P, S, dedicated)
 
 
-UPDATES = ("server", "worker")
+def _names(classes):
+    return " or ".join(cls.name for cls in classes)
 
 
 def choose(item, mode, K, P, S, staleness=0, svb=None, clip=False, dedicated=False,
            update="server"):
     """The strategy name for one blob."""
-    if mode not in MODES:
-        raise PlanError("-sync=%s is not one of %s" % (mode, "|".join(MODES)))
+    every = registry.registered()
+    if mode not in modes():
+        raise PlanError("-sync=%s is not one of %s" % (mode, "|".join(modes())))
     if update not in UPDATES:
         raise PlanError("-ps_update=%s is not one of %s" % (update, "|".join(UPDATES)))
+    forced = registry.get(mode) if mode != "auto" else None
     if update == "worker":
-        if mode == "sfb":
-            raise PlanError("-sync=sfb sends gradients as sufficient factors, but with "
-                            "-ps_update=worker the workers exchange update values: use -sync=ps, "
-                            "allreduce or auto")
+        if forced is not None and not forced.carries_updates:
+            raise PlanError("-sync=%s cannot carry the update values that -ps_update=worker "
+                            "exchanges: use -sync=%s or auto"
+                            % (mode, _names(c for c in every if c.carries_updates)))
         if clip:
             raise PlanError("-ps_update=worker cannot apply clip_gradients: each worker's update "
                             "is sent as soon as its layer is ready, before a global norm is "
                             "known (use the default -ps_update=server)")
-        svb = False         # update values are not rank-K: no factors
-    if svb and mode == "auto" and item.sfb is not None and P > 1 and staleness == 0:
-        return "sfb"
+        every = [cls for cls in every if cls.carries_updates]
+        svb = False
+    fits = [cls for cls in every if cls.carries(item)]
+    if svb and mode == "auto" and P > 1 and staleness == 0:
+        for cls in fits:
+            if cls.follows_svb:
+                return cls.name
     if staleness > 0:
-        if mode in ("sfb", "allreduce"):
-            raise PlanError("-staleness=%d needs the parameter server: stale-synchronous "
-                            "training is a server consistency model (use -sync=ps or auto)"
-                            % staleness)
+        if forced is not None and not forced.bounded_staleness:
+            raise PlanError("-staleness=%d needs a strategy that bounds staleness: "
+                            "stale-synchronous training is a server consistency model (use "
+                            "-sync=%s or auto)"
+                            % (staleness, _names(c for c in every if c.bounded_staleness)))
         if clip:
             raise PlanError("-staleness=%d cannot be combined with clip_gradients: the global "
                             "gradient norm needs every blob at once" % staleness)
-        return "ps"
-    if mode == "ps":
-        if clip:
-            raise PlanError("-sync=ps cannot apply clip_gradients (a global norm over all "
-                            "blobs); use -sync=allreduce or sfb")
-        return "ps"
-    if mode == "allreduce":
-        return "allreduce"
-    if mode == "sfb":
-        if item.sfb is not None:
-            return "sfb"
-        return "allreduce" if clip else "ps"
-    cost = prices(item, K, P, S, dedicated)
-    if svb is False:
-        cost.pop("sfb", None)
+        fits = [cls for cls in fits if cls.bounded_staleness]
+    if clip and forced is not None and not forced.local_update:
+        raise PlanError("-sync=%s cannot apply clip_gradients (a global norm over all blobs); "
+                        "use -sync=%s" % (mode, _names(c for c in every if c.local_update)))
+    if forced is not None and forced in fits:
+        return forced.name
     if clip:
-        cost.pop("ps", None)
-    return min(cost, key=lambda name: (cost[name], TIE_ORDER.index(name)))
+        fits = [cls for cls in fits if cls.local_update]
+    if forced is not None:
+        # a blob the forced strategy cannot carry goes the preferred way that can
+        fits = fits[:1]
+    elif svb is False:
+        fits = [cls for cls in fits if not cls.follows_svb]
+    if not fits:
+        raise PlanError("no sync strategy can carry %s with -sync=%s under these settings"
+                        % (item.name, mode))
+    M, N = blob_dims(item)
+    cost = {cls.name: cls.cost(M, N, K, P, S, dedicated) for cls in fits}
+    order = {cls.name: cls.preference for cls in fits}
+    return min(cost, key=lambda name: (cost[name], order[name]))
 
 
 def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, clip=False,
@@ -121,7 +126,8 @@ def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, 
     P, S, per_host = topology_shape
     plan, predicted = {}, {}
     server_load = 0.0
-    if svb and announce and any(item.sfb is not None for item in items):
+    if svb and announce and any(cls.follows_svb and cls.carries(item)
+                                for cls in registry.registered() for item in items):
         why = ("-ps_update=worker exchanges update values" if update == "worker" else
                "stale-synchronous training keeps the weights on the server" if staleness > 0
                else "the job runs on one host" if P == 1 else None)
@@ -133,8 +139,8 @@ def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, 
         M, N = blob_dims(item)
         plan[item.index] = name
         predicted[item.index] = host_price(name, M, N, K, P, S, dedicated)
-        if dedicated and name == "ps":
-            server_load += ParameterServer.server_load(M, N, P, S)
+        if dedicated:
+            server_load += registry.get(name).server_load(M, N, P, S)
         if announce:
             cost = prices(item, K, P, S, dedicated)
             log.info("Sync plan: %s (M=%d N=%d K=%d P=%d S=%d): %s -> %s", item.name, M, N, K,

@@ -15,7 +15,8 @@ dedicated servers (gather the history for a snapshot, stop).
 """
 import numpy as np
 
-ITEMSIZE = 4
+from .strategy import ITEMSIZE, Strategy, register
+
 CONTROL_TAG = 1
 SNAPSHOT, STOP = "snapshot", "stop"
 
@@ -153,13 +154,16 @@ def assemble_history(items, parts):
     return out
 
 
-class ParameterServer:
+@register
+class ParameterServer(Strategy):
     """The workers' side of the server (and, co-located, the shards of this host)."""
     name = "ps"
-    remote_update = True
+    preference = 0
+    local_update = False       # the shards apply the update, blob by blob
+    bounded_staleness = True
 
-    @staticmethod
-    def price(M, N, K, P, S, dedicated=False):
+    @classmethod
+    def price(cls, M, N, K, P, S, dedicated=False):
         """Off-host bytes sent plus received by one host per iteration.
 
         Co-located (every host holds a shard): push and pull of the (S-1)/S rows owned
@@ -169,18 +173,42 @@ class ParameterServer:
             return ITEMSIZE * 2.0 * M * N
         return ITEMSIZE * 2.0 * M * N * (P + S - 2) / S
 
-    @staticmethod
-    def server_load(M, N, P, S):
+    @classmethod
+    def server_load(cls, M, N, P, S):
         """Bytes one dedicated server node moves per iteration: the P hosts' pushes and
         pulls of its 1/S of the rows: 2MN P/S."""
         return ITEMSIZE * 2.0 * M * N * P / S
 
+    @classmethod
+    def cost(cls, M, N, K, P, S, dedicated=False):
+        """An iteration waits for the busier of a host and a dedicated server node."""
+        host = cls.price(M, N, K, P, S, dedicated)
+        return max(host, cls.server_load(M, N, P, S)) if dedicated else host
+
+    @classmethod
+    def open(cls, engine, items):
+        from .server import setup_message   # server.py builds its shards from this module
+        topology = engine.topology
+        if topology.dedicated and topology.is_leader:
+            # the dedicated servers learn this session's blobs (none: they have nothing to do)
+            setup = (setup_message(engine.rule.solver, items, engine.start_clock,
+                                   engine.staleness, topology, engine.update)
+                     if topology.rank == 0 else None)
+            topology.ps_comm.bcast(setup, root=0)
+        if not items:
+            return None
+        server = cls(engine.transport, topology, engine.counters, engine.rule, engine.staleness,
+                     engine.start_clock, engine.workers,
+                     worker_updates=engine.update == "worker")
+        for item in items:
+            server.add(item, item.data_flat)
+        server.seed_servers()
+        return server
+
     def __init__(self, transport, topology, counters, rule, staleness, start_clock, workers,
                  worker_updates=False):
+        super().__init__(transport, topology, counters)
         self.worker_updates = bool(worker_updates)
-        self.transport = transport
-        self.topology = topology
-        self.counters = counters
         self.rule = rule
         self.staleness = int(staleness)
         self.start_clock = int(start_clock)
@@ -193,7 +221,6 @@ class ParameterServer:
         self.stages = {}          # (index, shard) -> receive buffer
         self.pull_requests = {}
         self.in_flight = []       # (request, buffer kept alive until sent)
-        self.reads = {}           # index -> worst staleness read (clock - version)
         self.push_comm = self.pull_comm = self.control_comm = None
         self.store = None
         if topology.is_leader:
@@ -219,7 +246,6 @@ class ParameterServer:
         me = None if self.dedicated else topo.host
         self.replicas[item.index] = flat_data.astype(np.float32, copy=True)
         self.versions[item.index] = {shard: self.start_clock for shard, _, _ in parts}
-        self.reads[item.index] = 0
         history = self.rule.initial_history(item.index)
         for shard, lo, hi in parts:
             if shard == me:
@@ -249,6 +275,13 @@ class ParameterServer:
             self.control_comm.send(piece, dest=topo.shard_comm_ranks[shard], tag=CONTROL_TAG)
 
     # -- worker side --------------------------------------------------------------------------
+    def run(self, bucket, payloads, clock, what):
+        """Push the gradients, pull the shards' weights into the items (one blob a bucket)."""
+        for item, flat_grad in zip(bucket.items, payloads):
+            read = self.exchange(item, flat_grad, item.data_flat, clock, what)
+            self.stale_reads[item.index] = max(self.stale_reads.get(item.index, 0), read)
+        return None
+
     def exchange(self, item, flat_grad, data_out, clock, what):
         """Push this worker's gradient for ``clock``; leave in ``data_out`` the blob's value
         from the shards, at most ``staleness`` clocks behind. Returns the staleness read."""
@@ -271,10 +304,22 @@ class ParameterServer:
             owners = [topo.shard_job_ranks[s] for s in versions]
             self.transport.wait_until(lambda: min(versions.values()) >= needed, what, owners)
             staleness_read = clock + 1 - min(versions.values())
-            self.reads[item.index] = max(self.reads[item.index], staleness_read)
             data_out[...] = self.replicas[item.index]
         self.transport.local_broadcast(data_out, key, what)
         return staleness_read
+
+    def wait(self, clock):
+        """With a staleness bound the replicas may lag: bring them to every clock before
+        ``clock``."""
+        if self.staleness == 0:
+            return
+        self.wait_current(clock, "waiting for the parameter server to apply iteration %d"
+                          % (clock - 1))
+        for item in self.items.values():
+            flat = item.data_flat
+            if self.topology.is_leader:
+                flat[...] = self.current_value(item.index)
+            self.transport.local_broadcast(flat, item.name, "refreshing " + item.name)
 
     def wait_current(self, clock, what):
         """Wait until every shard has applied every clock before ``clock`` (for snapshots and
@@ -316,8 +361,11 @@ class ParameterServer:
     # -- snapshots and the end -----------------------------------------------------------------
     def gather_history(self, clock):
         """Rank 0 gets {index: [full history arrays]} assembled from every shard, as they stand
-        once clock - 1 is applied (None on the other ranks)."""
+        once clock - 1 is applied (None on the other ranks, and with -ps_update=worker, where
+        each worker keeps its own history)."""
         topo = self.topology
+        if self.worker_updates:
+            return None
         if self.dedicated:
             if topo.rank != 0:
                 return None
@@ -350,7 +398,16 @@ class ParameterServer:
                 self.control_comm.send((STOP, clock), dest=topo.shard_comm_ranks[shard],
                                        tag=CONTROL_TAG)
 
-    def close(self):
+    def close(self, clock=None):
+        """With ``clock``: first let the shards apply every clock before it, and tell dedicated
+        servers that the session is over."""
+        if clock is not None:
+            what = "finishing the parameter server"
+            self.wait_current(clock, what)
+            if self.topology.leaders is not None:
+                req = self.topology.leaders.Ibarrier()
+                self.transport.wait([req], what, self.topology.leader_ranks)
+            self.stop_servers(clock)
         for req in self.pull_requests.values():
             req.Cancel()
             req.Wait()

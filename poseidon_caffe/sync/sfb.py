@@ -9,23 +9,54 @@ again gives every device the stacked factors.
 """
 import numpy as np
 
-ITEMSIZE = 4
+from .dwbp import SyncError
+from .strategy import ITEMSIZE, Strategy, register
 
 
-class SufficientFactors:
+@register
+class SufficientFactors(Strategy):
     name = "sfb"
-    remote_update = False
+    preference = 1
+    carries_updates = False    # update values are not rank-K: no factors
+    follows_svb = True
 
     @staticmethod
-    def price(M, N, K, P, S):
+    def carries(item):
+        return item.sfb is not None
+
+    @classmethod
+    def price(cls, M, N, K, P, S, dedicated=False):
         """Off-host bytes sent plus received by one host: K (M+N) to and from each of P-1 peers."""
         return ITEMSIZE * 2.0 * K * (P - 1) * (M + N)
 
-    def __init__(self, transport, topology, counters):
-        self.transport = transport
-        self.topology = topology
-        self.counters = counters
+    @classmethod
+    def open(cls, engine, items):
+        if not items:
+            return None
+        return cls(engine.transport, engine.topology, engine.counters, engine.iter_size)
+
+    def __init__(self, transport, topology, counters, iter_size=1):
+        super().__init__(transport, topology, counters)
+        self.iter_size = int(iter_size)
+        self.parts = {}            # item index -> [(top diff, bottom data)] of this iteration
         self.peers = topology.leaders.Dup() if topology.leaders is not None else None
+
+    def capture(self, item):
+        # the layer's top diff and bottom data change with the next pass: read them now
+        self.parts.setdefault(item.index, []).append(item.sfb.read())
+
+    def payload(self, item, clock):
+        parts = self.parts.pop(item.index, [])
+        if len(parts) < self.iter_size:
+            raise SyncError("no sufficient factors were captured for %s in iteration %d (its "
+                            "layer's backward did not run)" % (item.name, clock))
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+    def run(self, bucket, payloads, clock, what):
+        item = bucket.items[0]
+        top_diff, bottom_data = payloads[0]
+        grad = self.aggregate(top_diff, bottom_data, item.sfb.transpose, bucket.name, what)
+        return [np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)]
 
     def aggregate(self, top_diff, bottom_data, transpose, key, what):
         """Summed weight gradient over every worker from this worker's factors.
@@ -62,7 +93,7 @@ class SufficientFactors:
         others = [r for i, r in enumerate(self.topology.leader_ranks) if i != comm.rank]
         self.transport.wait(reqs, what, others)
 
-    def close(self):
+    def close(self, clock=None):
         if self.peers is not None:
             self.peers.Free()
             self.peers = None
