@@ -1,6 +1,6 @@
 """``import caffe`` as a name for this package, opt-in and never over a real Caffe.
 
-``poseidon-caffe alias install`` writes a tiny ``caffe`` package into the active environment's
+``poseidon-caffe alias install`` (tools/alias.py) writes a tiny ``caffe`` package into the active environment's
 site-packages (or ``--target DIR``). Its ``__init__`` calls ``activate()``, which puts
 ``poseidon_caffe`` in ``sys.modules`` under the name ``caffe`` and adds a finder that answers
 ``caffe.X`` with ``poseidon_caffe.X``: ``import caffe.io``, ``from caffe.proto import
@@ -12,7 +12,6 @@ on ``sys.path`` that is not this alias) and ``remove`` deletes only a package it
 (recognised by its marker line), so a Caffe installed beside this project is never shadowed or
 touched.
 """
-import argparse
 import importlib
 import importlib.abc
 import importlib.util
@@ -178,33 +177,3 @@ def status(target=None, search_path=None):
     if target not in [os.path.abspath(p or os.getcwd()) for p in search]:
         search.append(target)
     return installed, real_caffe_locations(search)
-
-
-def alias_main(argv):
-    parser = argparse.ArgumentParser(
-        prog="poseidon-caffe alias",
-        description="Make `import caffe` load poseidon-caffe in this environment (opt-in). "
-                    "Refuses where a real Caffe is importable.")
-    parser.add_argument("action", choices=("install", "remove", "status"))
-    parser.add_argument("--target", default="",
-                        help="directory to write the alias package into (default: this "
-                             "environment's site-packages, %s)" % default_target())
-    args = parser.parse_args(argv)
-    target = args.target or None
-    try:
-        if args.action == "install":
-            path = install(target)
-            print("installed: `import caffe` now loads poseidon_caffe (%s)" % path)
-        elif args.action == "remove":
-            path = remove(target)
-            print("removed %s" % path if path else "no alias installed in %s"
-                  % os.path.abspath(target or default_target()))
-        else:
-            installed, real = status(target)
-            print("alias: %s" % (installed or "not installed in %s"
-                                 % os.path.abspath(target or default_target())))
-            print("real Caffe: %s" % (", ".join(real) if real else "none importable"))
-    except (AliasError, OSError) as exc:
-        sys.stderr.write("poseidon-caffe alias %s: %s\n" % (args.action, exc))
-        return 1
-    return 0

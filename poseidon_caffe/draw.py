@@ -4,12 +4,11 @@ as PNG, SVG, PDF ...
 
 The graph is built with pydot (``pip install 'poseidon-caffe[draw]'``); DOT text needs nothing
 more, every rendered format needs graphviz installed.  ``poseidon-caffe draw_net`` is the
-command-line face (``draw_net_main``).
+command-line face (``tools/draw_net.py``).
 """
 import os
 import shutil
 import subprocess
-import sys
 
 try:
     import pydot
@@ -17,14 +16,11 @@ except ImportError:                  # pragma: no cover - depends on the install
     raise ImportError("poseidon_caffe.draw needs pydot: pip install 'poseidon-caffe[draw]'") \
         from None
 
-from . import flags as flagmod
-from . import log
 from .proto import caffe_pb2
 
 __all__ = ["LAYER_STYLE_DEFAULT", "NEURON_LAYER_STYLE", "BLOB_STYLE", "GraphvizError",
            "get_pooling_types_dict", "get_edge_label", "get_layer_lr_mult", "get_layer_label",
-           "choose_color_by_layertype", "get_pydot_graph", "render", "draw_net", "draw_net_to_file",
-           "draw_net_main"]
+           "choose_color_by_layertype", "get_pydot_graph", "render", "draw_net", "draw_net_to_file"]
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
 NEURON_LAYER_STYLE = {"shape": "record", "fillcolor": "#90EE90", "style": "filled"}
@@ -207,51 +203,3 @@ def draw_net_to_file(caffe_net, filename, rankdir="LR", phase=None, display_lrm=
     from .io import atomic_write
     ext = os.path.splitext(filename)[1][1:] or "png"
     atomic_write(filename, draw_net(caffe_net, rankdir, ext, phase, display_lrm))
-
-
-DRAW_FLAGS = [
-    flagmod.Flag("rankdir", "LR", "Direction of the layout: LR (left to right), TB (top to "
-                 "bottom), RL or BT"),
-    flagmod.Flag("phase", "ALL", "Which layers to draw: TRAIN, TEST, or ALL (every layer, "
-                 "whatever its phase)"),
-    flagmod.Flag("display_lrm", False, "Show the learning rate multipliers of Convolution, "
-                 "Deconvolution and InnerProduct layers"),
-]
-
-DRAW_USAGE = """Draw a net's graph.
-Usage:
-    draw_net [FLAGS] NET.prototxt OUTPUT.{png,svg,pdf,dot}
-The format follows the output's extension; .dot (DOT text) needs no graphviz, the others need
-graphviz's dot program.
-"""
-
-
-def draw_net_main(argv):
-    from .io import ProtoFileError, read_net_param
-    if any(a in ("-h", "-help", "--help") for a in argv):
-        sys.stdout.write("%s\nFlags:\n%s\n" % (DRAW_USAGE, flagmod.usage(DRAW_FLAGS)))
-        return 0
-    try:
-        values, args = flagmod.parse(argv, DRAW_FLAGS)
-        if len(args) != 2:
-            raise flagmod.FlagError("draw_net takes NET.prototxt OUTPUT_FILE, got %d argument(s)"
-                                    % len(args))
-        phases = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST, "ALL": None}
-        if values["phase"] not in phases:
-            raise flagmod.FlagError("-phase takes TRAIN, TEST or ALL, not %r" % values["phase"])
-        if values["rankdir"] not in ("LR", "RL", "TB", "BT"):
-            raise flagmod.FlagError("-rankdir takes LR, RL, TB or BT, not %r" % values["rankdir"])
-    except flagmod.FlagError as exc:
-        log.error("draw_net: %s", exc)
-        return 1
-    net_path, out_path = args
-    try:
-        net = read_net_param(net_path)
-        log.info("Drawing net to %s", out_path)
-        draw_net_to_file(net, out_path, values["rankdir"], phases[values["phase"]],
-                         values["display_lrm"])
-    except (ProtoFileError, GraphvizError, ValueError, OSError) as exc:
-        log.error("draw_net: %s", exc)
-        return 1
-    return 0
-

@@ -6,27 +6,17 @@ blobs, one Datum per item, in new LMDB databases.
 
 Each Datum holds one item of the batch: channels, height and width from the blob's legacy
 (num, channels, height, width) shape, the values as float_data.  Keys count the items from 0,
-zero-padded to ten digits ("0000000000"), as Caffe's format_int(i, 10).
+zero-padded to ten digits ("0000000000"), as Caffe's format_int(i, 10). The command is
+``tools/extract_features.py``.
 """
 import os
 import shutil
-import sys
 
 import numpy as np
 
 from . import log
 
-__all__ = ["ExtractError", "extract_features", "feature_datum", "extract_features_main"]
-
-USAGE = """This program takes in a trained network and an input data layer, and then extracts
-features of the input data produced by the net.
-Usage: extract_features  pretrained_net_param  feature_extraction_proto_file
-    extract_feature_blob_name1[,name2,...]  save_feature_dataset_name1[,name2,...]
-    num_mini_batches  db_type  [CPU/GPU] [DEVICE_ID=0]
-Note: you can extract multiple features in one pass by specifying multiple feature blob names
-and dataset names separated by ','. The names cannot contain white space characters and the
-number of blobs and datasets must be equal.
-"""
+__all__ = ["ExtractError", "extract_features", "feature_datum"]
 
 KEY_DIGITS = 10
 
@@ -110,47 +100,3 @@ def extract_features(weights, net_path, blob_names, db_paths, num_mini_batches):
         raise
     log.info("Successfully extracted the features!")
     return counts
-
-
-def _select_mode(args):
-    from . import backend
-    if args and args[0] not in ("CPU", "GPU"):
-        raise ExtractError("the mode must be CPU or GPU, not %r" % args[0])
-    if args and args[0] == "GPU":
-        text = args[1] if len(args) > 1 else "0"
-        if not text.isdigit():
-            raise ExtractError("DEVICE_ID must be a whole number, 0 or more, not %r" % text)
-        device = int(text)
-        log.info("Using GPU, device id %d", device)
-        backend.set_device(device)
-        backend.set_mode_gpu()
-    else:
-        log.info("Using CPU")
-        backend.set_mode_cpu()
-
-
-def extract_features_main(argv):
-    if any(a in ("-h", "-help", "--help") for a in argv):
-        sys.stdout.write(USAGE)
-        return 0
-    if len(argv) < 6 or len(argv) > 8:
-        sys.stderr.write("extract_features: expected 6 to 8 arguments, got %d\n%s"
-                         % (len(argv), USAGE))
-        return 1
-    from .data.db import DataError
-    from .io import ProtoFileError
-    weights, net_path, blobs, dbs, batches, db_type = argv[:6]
-    try:
-        if db_type.lower() != "lmdb":
-            raise ExtractError("db_type %r is not supported; only lmdb is" % db_type)
-        try:
-            num_mini_batches = int(batches)
-        except ValueError:
-            raise ExtractError("num_mini_batches must be a whole number, not %r" % batches) \
-                from None
-        _select_mode(argv[6:])
-        extract_features(weights, net_path, blobs.split(","), dbs.split(","), num_mini_batches)
-    except (ExtractError, DataError, ProtoFileError, ValueError, RuntimeError, OSError) as exc:
-        log.error("extract_features: %s", exc)
-        return 1
-    return 0

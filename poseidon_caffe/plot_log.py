@@ -9,13 +9,10 @@ no display and no global backend change.
 import io as _io
 import math
 import os
-import sys
 
-from . import flags as flagmod
-from . import log
-from .training_log import LogParseError, columns, parse_log
+from .training_log import columns, parse_log
 
-__all__ = ["PlotError", "plot_logs", "plot_main"]
+__all__ = ["PlotError", "plot_logs"]
 
 _FIXED_COLUMNS = ("NumIters", "Seconds", "LearningRate")
 _X_AXES = (("NumIters", "iterations"), ("Seconds", "seconds"))
@@ -118,45 +115,3 @@ def plot_logs(log_paths, output_path, width=1200, height=900, dpi=100):
 def _spans_decades(curves):
     values = [y for _, _, _, _, ys in curves for y in ys]
     return max(values) >= 10 * min(values)
-
-
-PLOT_FLAGS = [
-    flagmod.Flag("o", "curves.png", "The picture to write (.png, .svg or .pdf)"),
-    flagmod.Flag("size", "1200x900", "The picture's size in pixels, WIDTHxHEIGHT"),
-    flagmod.Flag("dpi", 100, "Dots per inch (text and lines scale with it)"),
-]
-
-PLOT_USAGE = """Plot loss, accuracy and learning rate of training logs against iterations and
-seconds, train and test, several logs in one picture.
-Usage:
-    plot [FLAGS] LOGFILE [LOGFILE ...] -o curves.png
-"""
-
-
-def plot_main(argv):
-    if any(a in ("-h", "-help", "--help") for a in argv):
-        sys.stdout.write("%s\nFlags:\n%s\n" % (PLOT_USAGE, flagmod.usage(PLOT_FLAGS)))
-        return 0
-    try:
-        values, logs = flagmod.parse(argv, PLOT_FLAGS)
-        if not logs:
-            raise flagmod.FlagError("plot needs at least one LOGFILE")
-        width, _, height = values["size"].lower().partition("x")
-        try:
-            width, height = int(width), int(height)
-        except ValueError:
-            raise flagmod.FlagError("-size takes WIDTHxHEIGHT in pixels (1200x900), not %r"
-                                    % values["size"]) from None
-        if width < 100 or height < 100 or values["dpi"] <= 0:
-            raise flagmod.FlagError("-size needs at least 100x100 pixels and -dpi a positive "
-                                    "number")
-    except flagmod.FlagError as exc:
-        log.error("plot: %s", exc)
-        return 1
-    try:
-        titles = plot_logs(logs, values["o"], width, height, values["dpi"])
-    except (PlotError, LogParseError, OSError) as exc:
-        log.error("plot: %s", exc)
-        return 1
-    log.info("Plotted %s of %d log(s) to %s", ", ".join(titles), len(logs), values["o"])
-    return 0

@@ -10,15 +10,14 @@ Nets, oldest first:
 Solvers: the enum `solver_type` -> the string `type`.
 
 Each step logs as Caffe logs it.  Upgrades happen in place; the functions return whether anything
-changed.  Problems Caffe treats as fatal raise UpgradeError.
+changed.  Problems Caffe treats as fatal raise UpgradeError.  The io readers call these; the
+``upgrade-net`` / ``upgrade-solver`` commands (tools/upgrade.py) read files as written through
+io and upgrade them here, so this module needs nothing of io.
 """
-import sys
-
-from . import flags, log
+from . import log
 from .proto import caffe_pb2
 
-__all__ = ["UpgradeError", "upgrade_net", "upgrade_solver", "net_needs_upgrade",
-           "upgrade_net_main", "upgrade_net_proto_binary_main", "upgrade_solver_main"]
+__all__ = ["UpgradeError", "upgrade_net", "upgrade_solver", "net_needs_upgrade"]
 
 V1 = caffe_pb2.V1LayerParameter
 
@@ -432,100 +431,3 @@ def upgrade_solver(solver, source="<solver>"):
     log.warning("Note that future Caffe releases might remove 'solver_type' field (enum) and "
                 "only support 'type' field (string) in protobuf text.")
     return True
-
-
-# ---------------------------------------------------------------------------
-# Command-line tools: poseidon-caffe upgrade-net / upgrade-solver
-# ---------------------------------------------------------------------------
-
-_BINARY_SUFFIXES = (".caffemodel", ".binaryproto", ".pb")
-
-
-_USAGE = ("usage: poseidon-caffe %s IN OUT\n"
-          "  Reads %s in any legacy format and writes it in the current one.\n")
-NET_USAGE = _USAGE % ("upgrade-net", "a net prototxt or a binary .caffemodel")
-SOLVER_USAGE = _USAGE % ("upgrade-solver", "a solver prototxt")
-BINARY_USAGE = _USAGE % ("upgrade_net_proto_binary", "a binary NetParameter (.caffemodel)")
-
-
-def _usage(text):
-    sys.stderr.write(text)
-    return 2
-
-
-@flags.documented(NET_USAGE)
-def upgrade_net_main(argv):
-    """``upgrade-net IN OUT``: text prototxt in, text out; a binary .caffemodel in, binary out."""
-    from . import io
-    if len(argv) != 2 or any(a in ("-h", "--help") for a in argv):
-        return _usage(NET_USAGE)
-    src, dst = argv
-    binary = src.endswith(_BINARY_SUFFIXES)
-    try:
-        if binary:
-            raw = io._parse_binary(io._read_bytes(src, "a binary .caffemodel"),
-                                   caffe_pb2.NetParameter(), src, ".caffemodel")
-        else:
-            text = io._decode_text(io._read_bytes(src, "a net prototxt"), src, "net")
-            raw = io._parse_text(text, caffe_pb2.NetParameter(), src, "net", "solver",
-                                 io._SOLVER_FIELDS - io._NET_FIELDS)
-        if not net_needs_upgrade(raw):
-            log.error("File already in latest proto format: %s", src)
-        else:
-            upgrade_net(raw, src)
-        if binary:
-            io.write_net_binary(raw, dst)
-        else:
-            io.write_text_proto(raw, dst)
-    except (io.ProtoFileError, UpgradeError) as e:
-        sys.stderr.write("upgrade-net: %s\n" % e)
-        return 1
-    log.info("Wrote upgraded NetParameter %s proto to %s", "binary" if binary else "text", dst)
-    return 0
-
-
-@flags.documented(BINARY_USAGE)
-def upgrade_net_proto_binary_main(argv):
-    """``upgrade_net_proto_binary IN OUT``, as Caffe's tool: a binary NetParameter (a
-    .caffemodel of any age, whatever its file name) in, the upgraded binary out."""
-    from . import io
-    if len(argv) != 2 or any(a in ("-h", "-help", "--help") for a in argv):
-        return _usage(BINARY_USAGE)
-    src, dst = argv
-    try:
-        raw = io._parse_binary(io._read_bytes(src, "a binary .caffemodel"),
-                               caffe_pb2.NetParameter(), src, ".caffemodel")
-        if not net_needs_upgrade(raw):
-            log.error("File already in latest proto format: %s", src)
-        else:
-            upgrade_net(raw, src)
-        io.write_net_binary(raw, dst)
-    except (io.ProtoFileError, UpgradeError) as e:
-        sys.stderr.write("upgrade_net_proto_binary: %s\n" % e)
-        return 1
-    log.info("Wrote upgraded NetParameter binary proto to %s", dst)
-    return 0
-
-
-@flags.documented(SOLVER_USAGE)
-def upgrade_solver_main(argv):
-    """``upgrade-solver IN OUT``: a solver prototxt with solver_type -> one with type."""
-    from . import io
-    if len(argv) != 2 or any(a in ("-h", "--help") for a in argv):
-        return _usage(SOLVER_USAGE)
-    src, dst = argv
-    try:
-        text = io._decode_text(io._read_bytes(src, "a solver prototxt"), src, "solver")
-        solver = io._parse_text(text, caffe_pb2.SolverParameter(), src, "solver", "net",
-                                (io._NET_FIELDS | io._LAYER_FIELDS) - io._SOLVER_FIELDS)
-        if not solver.HasField("solver_type"):
-            log.error("File already in latest proto format: %s", src)
-        else:
-            upgrade_solver(solver, src)
-        io.write_text_proto(solver, dst)
-    except (io.ProtoFileError, UpgradeError) as e:
-        sys.stderr.write("upgrade-solver: %s\n" % e)
-        return 1
-    log.info("Wrote upgraded SolverParameter text proto to %s", dst)
-    return 0
-

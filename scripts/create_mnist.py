@@ -10,7 +10,7 @@ of 1 x rows x cols raw bytes per image, keys %08d, in file order.
 Every input is read and checked before anything is written, and databases already there are
 replaced only once both new ones are complete: a failed run leaves them as they were.
 Without the idx files, the quick start uses the embedded digits instead
-(python -m poseidon_caffe.data.mnist_embedded).
+(python -m poseidon_caffe.tools.mnist).
 """
 import contextlib
 import gzip

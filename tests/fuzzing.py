@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 from hypothesis import strategies as st
 
-from poseidon_caffe import flags as flagmod
+from poseidon_caffe.tools import flags as flagmod
 from poseidon_caffe import io as pio
 from poseidon_caffe.cli import ALL_FLAGS
 from poseidon_caffe.data import db as dbmod

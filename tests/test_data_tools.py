@@ -11,6 +11,8 @@ import pytest
 from PIL import Image
 
 from poseidon_caffe.data import tools
+from poseidon_caffe.tools.data import (compute_image_mean_main, convert_imageset_main,
+                                       make_partitions_main)
 from poseidon_caffe.io import read_blobproto
 from poseidon_caffe.proto import caffe_pb2
 
@@ -45,7 +47,7 @@ def read_db(path):
 def test_raw_colour_conversion_holds_bgr_pixels_and_labels(tmp_path, image_folder):
     root, listfile, names, arrays = image_folder
     db = str(tmp_path / "raw_lmdb")
-    assert tools.convert_imageset_main([root, listfile, db]) == 0
+    assert convert_imageset_main([root, listfile, db]) == 0
     items = read_db(db)
     assert [k for k, _ in items] == ["%08d_%s" % (i, n) for i, n in enumerate(names)]
     for i, (key, datum) in enumerate(items):
@@ -60,7 +62,7 @@ def test_gray_resize_and_shuffle_flags(tmp_path, image_folder):
     db = str(tmp_path / "gray_lmdb")
     argv = ["-gray", "--shuffle", "-resize_width=6", "-resize_height", "5", "-check_size",
             root, listfile, db]
-    assert tools.convert_imageset_main(argv) == 0
+    assert convert_imageset_main(argv) == 0
     items = read_db(db)
     assert sorted(k.split("_", 1)[1] for k, _ in items) == sorted(names)
     for key, datum in items:
@@ -76,13 +78,13 @@ def test_gray_resize_and_shuffle_flags(tmp_path, image_folder):
 def test_encoded_conversion_keeps_or_reencodes_the_files(tmp_path, image_folder):
     root, listfile, names, arrays = image_folder
     db = str(tmp_path / "enc_lmdb")
-    assert tools.convert_imageset_main(["-encoded", root, listfile, db]) == 0
+    assert convert_imageset_main(["-encoded", root, listfile, db]) == 0
     for (key, datum), name in zip(read_db(db), names):
         assert datum.encoded
         with open(root + name, "rb") as f:
             assert datum.data == f.read()          # same extension, no resize: the file itself
     db2 = str(tmp_path / "png_lmdb")
-    assert tools.convert_imageset_main(["-encode_type=png", root, listfile, db2]) == 0
+    assert convert_imageset_main(["-encode_type=png", root, listfile, db2]) == 0
     for (key, datum), name in zip(read_db(db2), names):
         assert datum.encoded
         decoded = np.asarray(Image.open(__import__("io").BytesIO(datum.data)).convert("RGB"))
@@ -98,7 +100,7 @@ def test_list_naming_a_missing_image_is_reported_and_skipped(tmp_path, image_fol
     logger = logging.getLogger("poseidon_caffe")
     logger.addHandler(caplog.handler)
     try:
-        assert tools.convert_imageset_main([root, listfile, db]) == 0
+        assert convert_imageset_main([root, listfile, db]) == 0
     finally:
         logger.removeHandler(caplog.handler)
     assert "sub/ghost.png" in caplog.text and "list.txt" in caplog.text
@@ -109,18 +111,18 @@ def test_bad_list_line_and_leveldb_backend_fail(tmp_path, image_folder):
     root, listfile, names, arrays = image_folder
     bad = tmp_path / "bad.txt"
     bad.write_text("sub/img0.png\n")
-    assert tools.convert_imageset_main([root, str(bad), str(tmp_path / "a")]) == 1
-    assert tools.convert_imageset_main(["-backend=leveldb", root, listfile,
-                                        str(tmp_path / "b")]) == 1
-    assert tools.convert_imageset_main([root, listfile]) == 1
+    assert convert_imageset_main([root, str(bad), str(tmp_path / "a")]) == 1
+    assert convert_imageset_main(["-backend=leveldb", root, listfile,
+                                  str(tmp_path / "b")]) == 1
+    assert convert_imageset_main([root, listfile]) == 1
 
 
 def test_compute_image_mean_matches_the_mean_computed_here(tmp_path, image_folder):
     root, listfile, names, arrays = image_folder
     db = str(tmp_path / "raw_lmdb")
-    assert tools.convert_imageset_main([root, listfile, db]) == 0
+    assert convert_imageset_main([root, listfile, db]) == 0
     out = str(tmp_path / "mean.binaryproto")
-    assert tools.compute_image_mean_main([db, out]) == 0
+    assert compute_image_mean_main([db, out]) == 0
     blob = read_blobproto(out)
     assert (blob.num, blob.channels, blob.height, blob.width) == (1, 3, 10, 12)
     stack = np.stack([arrays[n][:, :, ::-1].transpose(2, 0, 1) for n in names]).astype(np.float64)
@@ -129,7 +131,7 @@ def test_compute_image_mean_matches_the_mean_computed_here(tmp_path, image_folde
 
 
 def test_compute_image_mean_of_a_missing_database_fails(tmp_path):
-    assert tools.compute_image_mean_main([str(tmp_path / "none_lmdb"), "m.binaryproto"]) == 1
+    assert compute_image_mean_main([str(tmp_path / "none_lmdb"), "m.binaryproto"]) == 1
 
 
 def test_command_line_subprocess(tmp_path, image_folder):
@@ -212,10 +214,10 @@ def hidden(directory):
 def test_convert_imageset_never_overwrites_and_writes_nothing_on_failure(tmp_path, image_folder):
     root, listfile, names, arrays = image_folder
     db = str(tmp_path / "lmdb")
-    assert tools.convert_imageset_main([root, listfile, db]) == 0
+    assert convert_imageset_main([root, listfile, db]) == 0
     before = read_db(db)
     # an existing database is refused before any image is read
-    assert tools.convert_imageset_main(["-gray", root, listfile, db]) == 1
+    assert convert_imageset_main(["-gray", root, listfile, db]) == 1
     # a wrong root folder: no image can be read, and nothing is written
     other = str(tmp_path / "other_lmdb")
     with pytest.raises(tools.DataError, match="none of the 6 images"):
@@ -256,10 +258,10 @@ def test_failed_compute_image_mean_keeps_the_old_mean_file(tmp_path):
     write_datums(good, [(1, 2, 2)] * 3)
     write_datums(mixed, [(1, 2, 2), (1, 3, 3)])
     out = str(tmp_path / "mean.binaryproto")
-    assert tools.compute_image_mean_main([good, out]) == 0
+    assert compute_image_mean_main([good, out]) == 0
     before = open(out, "rb").read()
     assert list(read_blobproto(out).data) == [0.0, 1.0, 2.0, 3.0]
-    assert tools.compute_image_mean_main([mixed, out]) == 1
+    assert compute_image_mean_main([mixed, out]) == 1
     assert open(out, "rb").read() == before
     assert hidden(tmp_path) == []
 
@@ -274,12 +276,12 @@ def test_make_partitions_writes_all_or_nothing(tmp_path):
     with env.begin(write=True) as txn:
         txn.put(b"001x", b"not a datum")
     env.close()
-    assert tools.make_partitions_main([bad, "2"]) == 1
+    assert make_partitions_main([bad, "2"]) == 1
     assert sorted(os.listdir(tmp_path)) == ["bad_lmdb", "src_lmdb"]
     # an existing partition is refused before any other is written
     os.makedirs(tmp_path / "src_lmdb_1")
     (tmp_path / "src_lmdb_1" / "keep.txt").write_text("mine")
-    assert tools.make_partitions_main([source, "3"]) == 1
+    assert make_partitions_main([source, "3"]) == 1
     assert sorted(os.listdir(tmp_path)) == ["bad_lmdb", "src_lmdb", "src_lmdb_1"]
     assert os.listdir(tmp_path / "src_lmdb_1") == ["keep.txt"]
     shutil.rmtree(tmp_path / "src_lmdb_1")

@@ -8,6 +8,7 @@ import lmdb
 import numpy as np
 
 from poseidon_caffe import extract_features as ef
+from poseidon_caffe.tools.extract_features import extract_features_main
 from poseidon_caffe.net import TRAIN, Net
 from poseidon_caffe.proto import caffe_pb2
 from test_training_log import errors_of
@@ -121,7 +122,7 @@ def test_bad_requests_are_one_clear_line_and_touch_nothing(tmp_path):
          "none.caffemodel"),
     )
     for argv, message in cases:
-        code, errors = errors_of(ef.extract_features_main, argv)
+        code, errors = errors_of(extract_features_main, argv)
         assert code == 1 and len(errors) == 1 and message in errors[0], (argv, errors)
     assert (tmp_path / "taken_db" / "keep.txt").read_text() == "mine"
     assert not (tmp_path / "new_db").exists()

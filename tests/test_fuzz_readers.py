@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fuzzing
-from poseidon_caffe import flags as flagmod
+from poseidon_caffe.tools import flags as flagmod
 from poseidon_caffe import io as pio
 from poseidon_caffe.cli import ALL_FLAGS
 from poseidon_caffe.data.db import DataError, DatumDB, DatumWriter

@@ -7,6 +7,7 @@ pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
 from poseidon_caffe import cli, plot_log  # noqa: E402
+from poseidon_caffe.tools.plot import plot_main  # noqa: E402
 from test_training_log import caffe_log, errors_of, train_log  # noqa: E402
 
 FIRST_LOG_RGB = (0x1F, 0x77, 0xB4)      # the palette's first two colours
@@ -51,6 +52,6 @@ def test_what_cannot_be_plotted_is_one_clear_line(tmp_path):
                           ([str(tmp_path / "quiet.log")], "holds no 'Train net output'"),
                           ([str(caffe), "-size", "big"], "-size takes WIDTHxHEIGHT"),
                           ([], "at least one LOGFILE")):
-        code, errors = errors_of(plot_log.plot_main, argv)
+        code, errors = errors_of(plot_main, argv)
         assert code == 1 and len(errors) == 1 and message in errors[0], errors
     assert not list(tmp_path.glob("c.*")) and not (tmp_path / "curves.png").exists()

@@ -226,7 +226,7 @@ def test_clients_on_one_address_share_its_proxy():
 
 
 def flag_values(*argv):
-    from poseidon_caffe import flags
+    from poseidon_caffe.tools import flags
     values, _ = flags.parse(list(argv), cli.ALL_FLAGS)
     return values
 

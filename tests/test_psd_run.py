@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from poseidon_caffe.sync import psd_run
+from poseidon_caffe.tools.poseidon_run import main as poseidon_run_main
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,7 @@ def main_here(args, cwd, monkeypatch, capsys, ssh=None):
     monkeypatch.chdir(cwd)
     if ssh:
         monkeypatch.setenv(psd_run.SSH_OVERRIDE_ENV, ssh)
-    code = psd_run.main(args)
+    code = poseidon_run_main(args)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -89,7 +90,7 @@ def stand_in_ssh(tmp_path, dead=(), namespaces=None):
 # -- the config -----------------------------------------------------------------------------------
 def test_help_names_the_options_and_keys(capsys):
     with pytest.raises(SystemExit) as exit_:
-        psd_run.main(["-h"])
+        poseidon_run_main(["-h"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "usage: poseidon-run" in text and "-c CLUSTER_CONFIG" in text
@@ -239,7 +240,7 @@ def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tm
         "%s -launcher ssh -launcher-exec %s/remote_shell -f %s/machinefile "
         "-localhost 192.168.1.10 -wdir %s -outfile-pattern %s/rank%%r.log "
         "-errfile-pattern %s/rank%%r.log -genv VIRTUAL_ENV /home/ubuntu/venv "
-        "-genv PATH %s -n 4 /home/ubuntu/venv/bin/python -m poseidon_caffe.sync.supervise -- "
+        "-genv PATH %s -n 4 /home/ubuntu/venv/bin/python -m poseidon_caffe.tools.supervise -- "
         "poseidon-caffe train --solver=lenet_solver.prototxt -sync=ps -server_ranks=2 "
         "-output_dir=%s" % (MPIEXEC, out, out, tmp_path, out, out,
                             shlex.quote("/home/ubuntu/venv/bin:" + os.environ["PATH"]), out),
@@ -267,7 +268,7 @@ def test_dry_run_without_key_user_or_virtualenv_leaves_them_to_ssh(tmp_path, mon
         "# the job",
         "%s -launcher ssh -launcher-exec %s/remote_shell -f %s/machinefile -wdir %s "
         "-outfile-pattern %s/rank%%r.log -errfile-pattern %s/rank%%r.log -n 1 %s -m "
-        "poseidon_caffe.sync.supervise -- python train.py --lr 0.1"
+        "poseidon_caffe.tools.supervise -- python train.py --lr 0.1"
         % (MPIEXEC, out, out, tmp_path, out, out, PY)]
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from poseidon_caffe.sync import launcher
+from poseidon_caffe.tools import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -41,7 +42,7 @@ def test_localserver_errors_name_file_line_and_problem(tmp_path, text, message):
 
 
 def rank_command(solver, extra=()):
-    return [PY, "-m", "poseidon_caffe.sync.supervise", "--", PY, "-m", "poseidon_caffe.cli",
+    return [PY, "-m", "poseidon_caffe.tools.supervise", "--", PY, "-m", "poseidon_caffe.cli",
             "train", "-solver=%s" % solver, "-sync=auto", "-svb=true", "-dwbp=true",
             "-staleness=2", "-ranks_per_host=2", "-output_dir=out"] + list(extra)
 
@@ -146,11 +147,11 @@ def test_mnist_trains_on_two_local_workers(tmp_path):
 
 def test_num_app_threads_must_match_the_device_list(tmp_path, capsys):
     path = hostfile(tmp_path, "0 127.0.0.1 9999\n")
-    code = launcher.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
+    code = launch.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
                           "--num_app_threads", "1", "--dry-run"])
     assert code == 2
     assert "--devices lists 2 devices but --num_app_threads is 1" in capsys.readouterr().err
-    assert launcher.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
+    assert launch.main(["--solver", "s.prototxt", "--hostfile", path, "--devices", "0,1",
                           "--num_app_threads", "2", "--dry-run"]) == 0
 
 

@@ -56,7 +56,7 @@ def command(tmp_path, solver, snapshot="", out="out", staleness=0):
 def plain_run(args):
     """Run the launcher's command to its end, without the rank supervisor (its start-up costs
     a second per rank and changes nothing in the training)."""
-    supervise = [PY, "-m", "poseidon_caffe.sync.supervise", "--"]
+    supervise = [PY, "-m", "poseidon_caffe.tools.supervise", "--"]
     plain = []
     while args:
         if args[:4] == supervise:

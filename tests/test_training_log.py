@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from poseidon_caffe import log, training_log
+from poseidon_caffe.tools.parse_log import parse_log_main
 
 NET = """
 name: "tiny"
@@ -184,7 +185,7 @@ def test_not_a_training_log_is_one_clear_line(tmp_path):
     for name, message in (("notes.txt", "not a Caffe training log"),
                           ("quiet.log", "holds no 'Train net output'"),
                           ("absent.log", "cannot read training log")):
-        code, errors = errors_of(training_log.parse_log_main, [str(tmp_path / name)])
+        code, errors = errors_of(parse_log_main, [str(tmp_path / name)])
         assert code == 1
         assert len(errors) == 1 and "\n" not in errors[0]
         assert message in errors[0] and name in errors[0]

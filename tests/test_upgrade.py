@@ -6,6 +6,7 @@ import pytest
 from google.protobuf import text_format
 
 from poseidon_caffe import io, upgrade
+from poseidon_caffe.tools import upgrade as upgrade_tools
 from poseidon_caffe.proto import caffe_pb2
 
 
@@ -279,7 +280,7 @@ def test_cli_functions_write_files_that_parse(tmp_path, capsys):
     src = tmp_path / "v1.prototxt"
     src.write_text(LENET_V1)
     dst = tmp_path / "new.prototxt"
-    assert upgrade.upgrade_net_main([str(src), str(dst)]) == 0
+    assert upgrade_tools.upgrade_net_main([str(src), str(dst)]) == 0
     assert io.read_net_param(str(dst)) == net(LENET)
     assert "layers" not in dst.read_text()
 
@@ -288,18 +289,18 @@ def test_cli_functions_write_files_that_parse(tmp_path, capsys):
     src_bin = tmp_path / "v1.caffemodel"
     src_bin.write_bytes(model.SerializeToString())
     dst_bin = tmp_path / "new.caffemodel"
-    assert upgrade.upgrade_net_main([str(src_bin), str(dst_bin)]) == 0
+    assert upgrade_tools.upgrade_net_main([str(src_bin), str(dst_bin)]) == 0
     raw = caffe_pb2.NetParameter.FromString(dst_bin.read_bytes())
     assert not raw.layers and raw.layer[1].type == "Convolution" and len(raw.layer[1].blobs) == 1
 
     solver = tmp_path / "solver.prototxt"
     solver.write_text('net: "n.prototxt" base_lr: 0.01 solver_type: NESTEROV\n')
     out = tmp_path / "solver_new.prototxt"
-    assert upgrade.upgrade_solver_main([str(solver), str(out)]) == 0
+    assert upgrade_tools.upgrade_solver_main([str(solver), str(out)]) == 0
     assert 'type: "Nesterov"' in out.read_text() and "solver_type" not in out.read_text()
     assert io.read_solver_param(str(out)).type == "Nesterov"
 
-    assert upgrade.upgrade_net_main([str(src)]) == 2
+    assert upgrade_tools.upgrade_net_main([str(src)]) == 2
     assert "usage: poseidon-caffe upgrade-net IN OUT" in capsys.readouterr().err
-    assert upgrade.upgrade_solver_main([str(tmp_path / "missing"), str(out)]) == 1
+    assert upgrade_tools.upgrade_solver_main([str(tmp_path / "missing"), str(out)]) == 1
     assert "missing: no such file" in capsys.readouterr().err

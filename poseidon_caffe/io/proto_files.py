@@ -76,16 +76,25 @@ def parse_solver_text(text, source="<string>"):
     return solver
 
 
-def read_net_param(path):
-    """NetParameter from a text prototxt file (legacy formats upgraded)."""
+def read_net_param(path, upgrade=True):
+    """NetParameter from a text prototxt file (legacy formats upgraded; ``upgrade=False``
+    keeps them as written, for the upgrade command)."""
     path = os.fspath(path)
-    return parse_net_text(_decode_text(_read_bytes(path, "a net prototxt"), path, "net"), path)
+    text = _decode_text(_read_bytes(path, "a net prototxt"), path, "net")
+    if not upgrade:
+        return _parse_text(text, caffe_pb2.NetParameter(), path, "net", "solver",
+                           _SOLVER_FIELDS - _NET_FIELDS)
+    return parse_net_text(text, path)
 
 
-def read_solver_param(path):
-    """SolverParameter from a text prototxt file (legacy solver_type upgraded)."""
+def read_solver_param(path, upgrade=True):
+    """SolverParameter from a text prototxt file (legacy solver_type upgraded unless
+    ``upgrade=False``)."""
     path = os.fspath(path)
     text = _decode_text(_read_bytes(path, "a solver prototxt"), path, "solver")
+    if not upgrade:
+        return _parse_text(text, caffe_pb2.SolverParameter(), path, "solver", "net",
+                           (_NET_FIELDS | _LAYER_FIELDS) - _SOLVER_FIELDS)
     return parse_solver_text(text, path)
 
 
@@ -186,13 +195,15 @@ def _undecodable_string(message, where=""):
     return None
 
 
-def read_net_binary(path):
-    """NetParameter from a binary .caffemodel (legacy V0/V1 models upgraded)."""
+def read_net_binary(path, upgrade=True):
+    """NetParameter from a binary .caffemodel (legacy V0/V1 models upgraded unless
+    ``upgrade=False``)."""
     path = os.fspath(path)
     data = _read_bytes(path, "a binary .caffemodel")
     net = _parse_binary(data, caffe_pb2.NetParameter(), path, ".caffemodel")
     del data
-    _upgrade_net(net, path)
+    if upgrade:
+        _upgrade_net(net, path)
     return net
 
 

@@ -8,10 +8,10 @@ before it runs, with every rank under ``supervise`` so that a rank killed outrig
 SIGINT, SIGTERM and SIGHUP sent to the launcher (or a Ctrl-C) are passed on to mpiexec, which
 delivers them to every rank; the launcher waits and exits with mpiexec's status.
 
-``python -m poseidon_caffe.sync.launcher --solver S [--hostfile F] [--devices 0,1] ...`` is the
-command-line face that the ``train_*.sh`` scripts and ``run_local.py`` files use.
+Its command-line faces live in ``tools/launch.py``: ``python -m poseidon_caffe.tools.launch
+--solver S [--hostfile F] [--devices 0,1] ...`` (the ``train_*.sh`` scripts) and ``run_local``
+(the ``run_local.py`` files).
 """
-import argparse
 import os
 import shutil
 import signal
@@ -120,7 +120,7 @@ def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto"
     places = ["%s:%d" % (ip, len(devices)) for _, ip, _ in hosts]
     places += ["%s:1" % hosts[s % len(hosts)][1] for s in range(num_servers)]
     args = [mpiexec, "-hosts", ",".join(places)]
-    rank_command = [python, "-m", "poseidon_caffe.sync.supervise", "--",
+    rank_command = [python, "-m", "poseidon_caffe.tools.supervise", "--",
                     python, "-m", "poseidon_caffe.cli"] + train
     first = True
     for cid, _, _ in hosts:
@@ -181,68 +181,6 @@ def run(args, dry_run=False, stream=None):
     return 128 - code if code < 0 else code
 
 
-def parse_devices(text):
-    try:
-        return [int(d) for d in str(text).split(",") if d.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError("devices are integers separated by ',', not %r"
-                                         % text) from None
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m poseidon_caffe.sync.launcher",
-                                     description="Start a distributed poseidon-caffe job.")
-    parser.add_argument("--solver", required=True)
-    parser.add_argument("--hostfile", default="localserver")
-    parser.add_argument("--devices", type=parse_devices, default=[0])
-    parser.add_argument("--staleness", type=int, default=0)
-    parser.add_argument("--svb", default="false", choices=("true", "false"))
-    parser.add_argument("--sync", default="auto", choices=("auto", "ps", "sfb", "allreduce"))
-    parser.add_argument("--dwbp", default="true", choices=("true", "false"))
-    parser.add_argument("--ps_update", default="server", choices=("server", "worker"),
-                        help="server: one update of the averaged gradient; worker: Poseidon's "
-                             "rule, the workers' own updates added")
-    parser.add_argument("--num_servers", type=int, default=0,
-                        help="dedicated parameter-server ranks (0: one shard per host)")
-    parser.add_argument("--num_app_threads", type=int, default=0,
-                        help="devices per host, as Poseidon's scripts name it; when given it "
-                             "must match the number of --devices")
-    parser.add_argument("--snapshot", default="")
-    parser.add_argument("--weights", default="")
-    parser.add_argument("--dataset", default="data")
-    parser.add_argument("--output_root", default="output")
-    parser.add_argument("--dry-run", action="store_true")
-    a = parser.parse_args(argv)
-    if a.num_app_threads and a.num_app_threads != len(a.devices):
-        sys.stderr.write("--devices lists %d devices but --num_app_threads is %d\n"
-                         % (len(a.devices), a.num_app_threads))
-        return 2
-    try:
-        hosts = read_localserver(a.hostfile)
-    except HostFileError as exc:
-        sys.stderr.write("%s\n" % exc)
-        return 2
-    out = output_dir(a.dataset, a.staleness, len(hosts), len(a.devices), a.output_root)
-    if not a.dry_run:
-        os.makedirs(out, exist_ok=True)
-    extra = ["-net_outputs=%s" % os.path.join(out, a.dataset),
-             "-stats_path=%s" % os.path.join(out, "caffe_stats.yaml")]
-    if a.ps_update != "server":
-        extra.append("-ps_update=%s" % a.ps_update)
-    args = build_command(hosts, a.devices, a.solver, staleness=a.staleness,
-                         svb=a.svb == "true", sync=a.sync, dwbp=a.dwbp == "true",
-                         snapshot=a.snapshot, weights=a.weights, out_dir=out,
-                         num_servers=a.num_servers, client_ids=True, extra=extra)
-    return run(args, a.dry_run)
-
-
-
-RUN_LOCAL_USAGE = """usage: run_local.py [HOSTFILE] [--dry-run]
-       run_local.py <client_id> <hostfile> [use-yarn] [--dry-run]
-The first form starts the whole job from here; the second is Poseidon's, run once on every
-host of the host file (client 0 first or last, in any order).
-"""
-
 # Poseidon's flags that the settings block may carry and that go to every rank unchanged
 PASSED_SETTINGS = ("consistency_model", "num_table_threads", "num_rows_per_table",
                    "num_comm_channels_per_client", "svb_timeout_ms", "init_thread_access_table",
@@ -256,56 +194,29 @@ def _setting_text(value):
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def parse_run_local_args(argv):
-    """(client_id or None, hostfile or None, dry_run) from run_local.py's arguments; raises
-    ValueError with the usage for anything else."""
-    dry_run = "--dry-run" in argv
-    rest = [a for a in argv if a != "--dry-run"]
-    if any(a.startswith("-") for a in rest) or len(rest) > 3:
-        raise ValueError(RUN_LOCAL_USAGE)
-    if len(rest) >= 2:
-        try:
-            client_id = int(rest[0])
-        except ValueError:
-            raise ValueError(RUN_LOCAL_USAGE + "client id %r is not an integer\n"
-                             % rest[0]) from None
-        if len(rest) == 3 and rest[2] not in ("true", "false"):
-            raise ValueError(RUN_LOCAL_USAGE + "use-yarn is true or false, not %r\n" % rest[2])
-        return client_id, rest[1], dry_run
-    return None, (rest[0] if rest else None), dry_run
-
-
-def run_local(settings, argv=None, repo_root=None, stream=None):
+def launch_from_settings(settings, client_id=None, hostfile=None, dry_run=False,
+                         repo_root=None, stream=None):
     """What every ``examples/*/run_local.py`` does with the settings at its top (Poseidon's
     names: solver, snapshot, devices, table_staleness, svb, net_outputs, stats_path,
     consistency_model, num_table_threads, ... ; and this project's sync, dwbp, num_servers,
-    ps_update, dataset).
+    ps_update, dataset); returns the exit status.
 
-    ``run_local.py [HOSTFILE]`` starts the whole job from here with one mpiexec (the host
-    file defaults to ``localserver``); ``run_local.py <client_id> <hostfile>`` is Poseidon's
-    form, run once per host: the invocations join one MPI job (``join.py``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    Without ``client_id`` the whole job starts from here with one mpiexec (``hostfile``
+    defaults to ``localserver`` in ``repo_root``); with it this is client ``client_id`` of
+    Poseidon's per-host form, run once per host: the invocations join one MPI job
+    (``join.py``). HostFileError names a host file that cannot be used or a client it lacks;
+    JoinError a join that failed."""
     stream = stream or sys.stdout
-    try:
-        client_id, hostfile, dry_run = parse_run_local_args(argv)
-    except ValueError as exc:
-        sys.stderr.write(str(exc))
-        return 2
     settings = dict(settings)
     for old, new in OLD_SETTING_NAMES.items():
         if old in settings and new not in settings:
             settings[new] = settings.pop(old)
     root = repo_root or os.getcwd()
     hostfile = hostfile or os.path.join(root, "localserver")
-    try:
-        hosts = read_localserver(hostfile)
-    except HostFileError as exc:
-        sys.stderr.write("%s\n" % exc)
-        return 2
+    hosts = read_localserver(hostfile)
     if client_id is not None and client_id not in [cid for cid, _, _ in hosts]:
-        sys.stderr.write("client id %d is not in %s (its clients are %s)\n"
-                         % (client_id, hostfile, ", ".join(str(c) for c, _, _ in hosts)))
-        return 2
+        raise HostFileError("client id %d is not in %s (its clients are %s)"
+                            % (client_id, hostfile, ", ".join(str(c) for c, _, _ in hosts)))
     devices = list(settings.get("devices", [0]))
     staleness = int(settings.get("table_staleness", 0))
     dataset = settings.get("dataset", "data")
@@ -340,12 +251,18 @@ def run_local(settings, argv=None, repo_root=None, stream=None):
         else:
             stream.write("client %d joins client %d at %s:%d\n" % ((client_id,) + lead))
         return 0
-    try:
-        return join.run_client(client_id, hosts, args, stream)
-    except join.JoinError as exc:
-        sys.stderr.write("%s\n" % exc)
-        return 1
+    return join.run_client(client_id, hosts, args, stream)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run_local(settings, argv=None, repo_root=None, stream=None):
+    """``run_local.py [HOSTFILE] [--dry-run]`` or ``run_local.py <client_id> <hostfile>
+    [use-yarn] [--dry-run]`` with these settings (``argv``: the script's arguments, by
+    default the process's). The command lives in ``tools/launch.py``; the name stays here,
+    where every run_local.py imports it from."""
+    from ..tools.launch import run_local as command
+    return command(settings, argv, repo_root, stream)
+
+
+if __name__ == "__main__":       # the command's old name, kept for scripts that use it
+    from poseidon_caffe.tools.launch import main as command
+    sys.exit(command())

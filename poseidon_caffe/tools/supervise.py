@@ -1,7 +1,7 @@
 """Run one rank's command and report how it ended, so that a rank that is killed outright
 (a signal, the out-of-memory killer) is named in the job's output: rank, host and cause.
 
-``python -m poseidon_caffe.sync.supervise -- poseidon-caffe train ...`` is what the launcher
+``python -m poseidon_caffe.tools.supervise -- poseidon-caffe train ...`` is what the launcher
 puts in front of every rank. The worker inherits the MPI launcher's environment (and its PMI
 descriptor); it dies with its supervisor, so no orphan is left when the job is torn down.
 """
@@ -33,7 +33,7 @@ def main(argv=None):
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        sys.stderr.write("usage: python -m poseidon_caffe.sync.supervise -- COMMAND [ARGS]\n")
+        sys.stderr.write("usage: python -m poseidon_caffe.tools.supervise -- COMMAND [ARGS]\n")
         return 2
     keep = [int(os.environ["PMI_FD"])] if os.environ.get("PMI_FD", "").isdigit() else []
     try:
