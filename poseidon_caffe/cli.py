@@ -5,7 +5,7 @@ use. The commands live in ``poseidon_caffe/tools/``: ``tools/main.py`` finds the
 import sys
 
 from .tools.brew import (ALL_FLAGS, BOSEN_KNOBS, CAFFE_FLAGS, COMMAND_USAGE,  # noqa: F401
-                         COMMANDS, CONSISTENCY_MODELS, POSEIDON_FLAGS, SYNC_FLAGS, SYNC_MODES,
+                         COMMANDS, CONSISTENCY_MODELS, POSEIDON_FLAGS, SYNC_FLAGS,
                          CommandError, device_query, poseidon_flags, test, time_model, train,
                          world_size)
 from .tools.main import TOOLS, USAGE, _load_tool, command_help, main  # noqa: F401

@@ -154,8 +154,9 @@ def test_sync_flag_hands_the_solver_to_the_engine(tmp_path, monkeypatch):
     def prepare(options):
         seen["prepared"] = options.sync
 
-    monkeypatch.setitem(sys.modules, "poseidon_caffe.sync",
-                        types.SimpleNamespace(attach=attach, prepare=prepare))
+    import poseidon_caffe.sync as sync
+    monkeypatch.setattr(sync, "attach", attach)
+    monkeypatch.setattr(sync, "prepare", prepare)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "-solver=solver.prototxt", "--sync=sfb", "-staleness", "2",
                      "-nodwbp"]) == 0

@@ -67,8 +67,8 @@ class FullGradientAllgather(Strategy):
 @pytest.fixture
 def with_allgather(monkeypatch):
     """The toy strategy registered for one test only."""
+    strategy.registered()          # the built-ins register once, on first import
     monkeypatch.setattr(strategy, "_REGISTRY", dict(strategy._REGISTRY))
-    strategy.registered()
     register(FullGradientAllgather)
 
 
@@ -192,3 +192,19 @@ def test_a_fourth_strategy_trains_like_allreduce_on_two_hosts(tmp_path):
             row = s["measured"][name]
             # every byte the plan predicts, no more: sent and received alike
             assert row["sent"] == row["received"] == predicted / 2
+
+
+def test_the_command_line_takes_a_registered_strategy_by_name(with_allgather, monkeypatch):
+    from poseidon_caffe.tools import brew
+    monkeypatch.setattr(brew, "world_size", lambda: 1)
+    assert brew._is_distributed({"sync": "allgather"})
+    with pytest.raises(brew.CommandError, match="-sync takes one of auto, .*allgather"):
+        brew._is_distributed({"sync": "gossip"})
+
+
+def test_every_module_of_the_strategies_package_registers_a_strategy():
+    import pkgutil
+    from poseidon_caffe.sync import strategies
+    names = {m.name for m in pkgutil.iter_modules(strategies.__path__)}
+    assert names == {"ps", "sfb", "allreduce"}
+    assert {cls.name for cls in strategy.registered()} >= names

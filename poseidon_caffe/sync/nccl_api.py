@@ -71,7 +71,7 @@ class NCCL:
     def _join(self):
         from mpi4py import MPI
 
-        from .allreduce import RingAllreduce
+        from .strategies.allreduce import RingAllreduce
         from .counters import ByteCounters
         from .topology import Topology
         from .transport import Transport

@@ -17,7 +17,7 @@ import time
 from .. import log
 from ..proto import caffe_pb2
 from .counters import ByteCounters
-from .ps import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, row_layout
+from .strategies.ps import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, row_layout
 from .rule import ScheduledRates, UpdateRule
 
 

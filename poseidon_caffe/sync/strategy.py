@@ -115,9 +115,18 @@ def register(cls):
     return cls
 
 
+def _import_builtins():
+    """Import every module of sync/strategies/: each registers its strategy on import."""
+    import importlib
+    import pkgutil
+    from . import strategies
+    for module in pkgutil.iter_modules(strategies.__path__):
+        importlib.import_module("%s.%s" % (strategies.__name__, module.name))
+
+
 def registered():
     """Every known strategy class, in order of preference."""
-    from . import allreduce, ps, sfb  # noqa: F401  (the built-ins register on import)
+    _import_builtins()
     return sorted(_REGISTRY.values(), key=lambda cls: (cls.preference, cls.name))
 
 

@@ -7,6 +7,7 @@ import time
 import types
 
 from .. import log
+from ..sync import planner as sync_planner      # light: the strategy registry, no MPI
 from . import flags as gflags
 
 CAFFE_FLAGS = [
@@ -78,7 +79,6 @@ BOSEN_KNOBS = ("num_table_threads", "num_rows_per_table", "num_comm_channels_per
                "svb_timeout_ms", "init_thread_access_table")
 CONSISTENCY_MODELS = ("SSPPush", "SSP", "SSPAggr", "BSP")
 
-SYNC_MODES = ("auto", "ps", "sfb", "allreduce")
 ALL_FLAGS = CAFFE_FLAGS + SYNC_FLAGS + POSEIDON_FLAGS
 
 class CommandError(ValueError):
@@ -197,8 +197,9 @@ def _joins_by_hostfile(values):
 
 
 def _is_distributed(values):
-    if values["sync"] and values["sync"] not in SYNC_MODES:
-        raise CommandError("-sync takes one of %s, not %r" % (", ".join(SYNC_MODES), values["sync"]))
+    modes = sync_planner.modes()      # auto, or any registered strategy's name
+    if values["sync"] and values["sync"] not in modes:
+        raise CommandError("-sync takes one of %s, not %r" % (", ".join(modes), values["sync"]))
     return world_size() > 1 or bool(values["sync"])
 
 

@@ -7,7 +7,7 @@ to its replica.
 """
 import numpy as np
 
-from .strategy import ITEMSIZE, Strategy, register
+from ..strategy import ITEMSIZE, Strategy, register
 
 
 @register

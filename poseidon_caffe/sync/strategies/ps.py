@@ -15,7 +15,7 @@ dedicated servers (gather the history for a snapshot, stop).
 """
 import numpy as np
 
-from .strategy import ITEMSIZE, Strategy, register
+from ..strategy import ITEMSIZE, Strategy, register
 
 CONTROL_TAG = 1
 SNAPSHOT, STOP = "snapshot", "stop"
@@ -187,7 +187,7 @@ class ParameterServer(Strategy):
 
     @classmethod
     def open(cls, engine, items):
-        from .server import setup_message   # server.py builds its shards from this module
+        from ..server import setup_message   # server.py builds its shards from this module
         topology = engine.topology
         if topology.dedicated and topology.is_leader:
             # the dedicated servers learn this session's blobs (none: they have nothing to do)

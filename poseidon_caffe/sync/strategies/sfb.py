@@ -9,8 +9,8 @@ again gives every device the stacked factors.
 """
 import numpy as np
 
-from .dwbp import SyncError
-from .strategy import ITEMSIZE, Strategy, register
+from ..dwbp import SyncError
+from ..strategy import ITEMSIZE, Strategy, register
 
 
 @register
