@@ -93,6 +93,11 @@ class _PrefetchingDataLayer(Layer):
     def prefetcher(self):
         return self._resources.prefetcher
 
+    def skip_batch(self):
+        """Advance the record stream by one batch without producing it (a worker passes over
+        the test batches another worker runs)."""
+        self._resources.prefetcher.next()
+
     def reshape(self, bottom, top):
         top[0].reshape(self._shape)
         if self.output_labels:
