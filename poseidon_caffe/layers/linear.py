@@ -80,6 +80,16 @@ class InnerProductLayer(Layer):
         return (top[0].diff.reshape(self.m, self.num_output),
                 bottom[0].data.reshape(self.m, self.k))
 
+    def sufficient_factor_source(self, bottom, top):
+        """How the weight gradient can travel as sufficient factors, for the sync engine:
+        {"inputs": K, "outputs": N, "transpose": the weight layout, "rows_per_pass": M,
+        "read": fn() -> ``sufficient_factors(bottom, top)``}; None when the weight blob is not
+        this layer's own K x N matrix."""
+        if len(bottom) != 1 or self.blobs[0].count != self.k * self.num_output:
+            return None
+        return {"inputs": self.k, "outputs": self.num_output, "transpose": bool(self.transpose),
+                "rows_per_pass": self.m, "read": lambda: self.sufficient_factors(bottom, top)}
+
     def backward(self, top, propagate_down, bottom):
         be = self.backend
         dy = top[0].diff.reshape(self.m, self.num_output)

@@ -1,10 +1,11 @@
 """The training loop, as Caffe's Solver: nets, step, test, display, snapshot, restore.
 
 One iteration (``step``): clear parameter diffs, test when due, forward/backward ``iter_size``
-times, display, hand over to ``self.exchange`` (the distributed engine's seam), then snapshot
-when due. The local exchange simply calls ``apply_update()``: learning rate, clip, then per
-parameter ``update_param`` (normalise, regularise, compute the update value, apply it).
-A subclass supplies the update rule (``compute_update_value``) and its history layout.
+times, display, hand over to ``self.job`` (the seam to the job the solver belongs to, see
+``job.py``), then snapshot when due. A job of one process simply calls ``apply_update()``:
+learning rate, clip, then per parameter ``update_param`` (normalise, regularise, compute the
+update value with the rule of the solver's type, apply it). A subclass names its rule
+(``type``), checks its fields and says how many history arrays it keeps.
 """
 import math
 import os
@@ -23,6 +24,7 @@ from ..proto import caffe_pb2
 from . import signals
 from . import snapshot as snap
 from . import updates
+from .job import LocalJob
 from .lr_policy import learning_rate
 from .param_check import solver_param_problems
 
@@ -43,16 +45,8 @@ class TrainingDiverged(RuntimeError):
         self.last_snapshot = last_snapshot
 
 
-class LocalExchange:
-    """A single process: the gradients are complete, so the solver updates its own net.
-
-    A distributed engine replaces ``solver.exchange`` with an object of the same shape; its
-    ``after_gradients`` may aggregate the diffs and then call ``solver.apply_update()``, or
-    send them to a parameter server and copy fresh weights back instead.
-    """
-
-    def after_gradients(self, solver):
-        solver.apply_update()
+# the name the job of one process had when its only question was the exchange
+LocalExchange = LocalJob
 
 
 def fmt(value):
@@ -65,7 +59,7 @@ class Solver:
     # how many history arrays per learnable parameter the update rule keeps
     history_sets = 1
 
-    def __init__(self, param, exchange=None, solver_file=None):
+    def __init__(self, param, job=None, solver_file=None):
         self.solver_file = solver_file
         if isinstance(param, (str, os.PathLike)):
             self.solver_file = os.fspath(param)
@@ -74,7 +68,7 @@ class Solver:
             raise SolverError("a solver is built from a SolverParameter or a solver prototxt "
                               "path, not %r" % type(param).__name__)
         self.param = param
-        self.exchange = exchange or LocalExchange()
+        self.job = job or LocalJob()
         self.action_function = None
         self.requested_early_exit = False
         self.last_snapshot = None
@@ -217,8 +211,18 @@ class Solver:
         """``fn()`` -> "stop" | "snapshot" | "none", asked after every iteration (signals)."""
         self.action_function = fn
 
-    def requested_action(self):
+    def local_action(self):
+        """This process's own request (its signals): "stop" | "snapshot" | "none"."""
         return self.action_function() if self.action_function else signals.NONE
+
+    def requested_action(self):
+        """The request to act on at this iteration boundary, as the job answers it."""
+        return self.job.requested_action(self)
+
+    def set_job(self, job):
+        """Make ``job`` the solver's seam to the job it belongs to (see ``job.LocalJob`` for
+        the methods it offers); the distributed runner gives the solver its own this way."""
+        self.job = job
 
     def solve(self, resume_file=None):
         log.info("Solving %s", self.net.name)
@@ -284,7 +288,7 @@ class Solver:
                     self._display()
                 for callback in self.callbacks:
                     callback.on_gradients_ready()
-                self.exchange.after_gradients(self)
+                self.job.after_gradients(self)
                 self.iter += 1
                 if p.display and self.iter < stop_iter:
                     if bar is None:
@@ -340,33 +344,48 @@ class Solver:
         for test_net_id in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
-            self.test(test_net_id)
+            self.job.test(self, test_net_id)
 
-    def test(self, test_net_id=0):
+    def test(self, test_net_id=0, shard=(0, 1), reduce=None):
+        """One test pass: ``test_iter`` batches, the outputs averaged and logged.
+
+        ``shard`` = (index, count) shares the batches between ``count`` workers: batch ``i``
+        runs on worker ``i % count``, and the others skip it in their data layers, so every
+        worker's record stream stays where a single worker's would be. Stop and snapshot
+        requests are asked for once per round of ``count`` batches (the same batches on every
+        worker). ``reduce(sums, names, weights)`` -> the same three for the whole job: the sums
+        (the loss, then every output value) over the workers, and the names and loss weights
+        of the outputs (a worker that ran no batch has none of its own).
+        """
         p = self.param
+        index, count = shard
         log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
         test_net = self.test_nets[test_net_id]
         test_net.share_trained_layers_with(self.net)
         test_iter = p.test_iter[test_net_id]
+        feeders = [layer for layer in test_net.layers if hasattr(layer, "skip_batch")]
         scores, names, weights = [], [], []
         loss = 0.0
         with ProgressBar(test_iter, "Testing net (#%d)" % test_net_id) as bar:
             for i in range(test_iter):
-                request = self.requested_action()
-                while request != signals.NONE:
-                    if request == signals.SNAPSHOT:
-                        self.snapshot()
-                    elif request == signals.STOP:
-                        self.requested_early_exit = True
-                    request = self.requested_action()
-                if self.requested_early_exit:
-                    break
+                if i % count == 0:
+                    for request in self.job.pending_requests(self):
+                        if request == signals.SNAPSHOT:
+                            self.snapshot()
+                        elif request == signals.STOP:
+                            self.requested_early_exit = True
+                    if self.requested_early_exit:
+                        break
+                if i % count != index:
+                    for layer in feeders:
+                        layer.skip_batch()
+                    continue
                 iter_loss, outputs = forward_outputs(test_net)
                 if p.test_compute_loss:
                     loss += iter_loss
                 flat = [(name, weight, value) for name, values, weight in outputs
                         for value in values]
-                if i == 0:
+                if not names:
                     scores = [value for _, _, value in flat]
                     names = [name for name, _, _ in flat]
                     weights = [weight for _, weight, _ in flat]
@@ -377,6 +396,9 @@ class Solver:
         if self.requested_early_exit:
             log.info("Test interrupted.")
             return
+        if reduce is not None:
+            sums, names, weights = reduce([loss] + scores, names, weights)
+            loss, scores = sums[0], list(sums[1:])
         if p.test_compute_loss and test_iter:
             log.info("Test loss: %s", fmt(loss / test_iter))
         for k, score in enumerate(scores):
@@ -407,11 +429,8 @@ class Solver:
                                                   self._param_layer(param_id))) from None
 
     def _param_layer(self, param_id):
-        net = self.net
-        for pid, learnable in enumerate(net.learnable_param_ids):
-            if learnable == param_id:
-                return net.layer_names[net.param_layer_indices[pid][0]]
-        return "?"
+        uses = self.net.param_uses()[param_id]
+        return self.net.layer_names[uses[0][0]] if uses else "?"
 
     def clip_gradients(self):
         clip = self.param.clip_gradients
@@ -419,10 +438,8 @@ class Solver:
             return
         params = self.net.learnable_params
         sumsq = sum(float(blob.backend.sumsq(blob.diff)) for blob in params)
-        l2norm, scale = updates.clip_scale(sumsq, clip)
+        scale = updates.clip_scale(sumsq, clip)
         if scale is not None:
-            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale "
-                     "factor %s", fmt(l2norm), fmt(clip), fmt(scale))
             for blob in params:
                 blob.diff *= scale
 
@@ -436,11 +453,24 @@ class Solver:
         self.compute_update_value(param_id, rate)
         blob.update()
 
+    def local_rate(self, param_id, rate):
+        return rate * self.net.params_lr[param_id]
+
     def compute_update_value(self, param_id, rate):
-        raise SolverError("%s defines no update rule" % type(self).__name__)
+        """The rule of the solver's type turns the parameter's diff into its update value."""
+        if self.type not in updates.UPDATE_RULES:
+            raise SolverError("%s defines no update rule" % type(self).__name__)
+        blob = self.net.learnable_params[param_id]
+        updates.update_value(self.type, self.param, blob.diff, self.param_history(param_id),
+                             self.local_rate(param_id, rate), self.iter)
+
+    def param_history(self, param_id):
+        """The history arrays of learnable parameter ``param_id``, in the order its rule
+        takes them (history[i], then history[i + N] for the rules that keep two)."""
+        return self.history[param_id::len(self.net.learnable_params)]
 
     # -- snapshots ------------------------------------------------------------------------
-    def _snapshot_prefix(self):
+    def snapshot_prefix(self):
         if self.param.HasField("snapshot_prefix"):
             return self.param.snapshot_prefix
         if self.solver_file:
@@ -455,14 +485,14 @@ class Solver:
         if not self.param.HasField("snapshot_prefix") and not self.solver_file:
             raise SolverError("In solver params, snapshot is specified but snapshot_prefix is not")
         # the process id keeps the probes of several workers sharing a folder apart
-        probe = "%s_iter_%d.tempfile.%d" % (self._snapshot_prefix(), self.iter, os.getpid())
+        probe = "%s_iter_%d.tempfile.%d" % (self.snapshot_prefix(), self.iter, os.getpid())
         try:
             with open(probe, "w"):
                 pass
             os.remove(probe)
         except OSError:
             raise SolverError("Cannot write to snapshot prefix '%s'.  Make sure that the "
-                              "directory exists and is writable." % self._snapshot_prefix()) from None
+                              "directory exists and is writable." % self.snapshot_prefix()) from None
 
     def _check_params_finite(self):
         for i, blob in enumerate(self.net.learnable_params):
@@ -474,13 +504,27 @@ class Solver:
                 log.error(message)
                 raise TrainingDiverged(message, self.iter, self.last_snapshot)
 
+    def snapshot_filenames(self):
+        """(model path, solver state path) of a snapshot taken at this iteration."""
+        prefix = self.snapshot_prefix()
+        fmt_ = self.param.snapshot_format
+        return (snap.model_filename(prefix, self.iter, fmt_),
+                snap.state_filename(prefix, self.iter, fmt_))
+
+    def record_snapshot(self, state):
+        """Remember ``state`` as the latest snapshot (named when training diverges)."""
+        self.last_snapshot = state
+        self.last_snapshot_iter = self.iter
+
     def snapshot(self):
+        """A snapshot of this iteration, as the job takes it; returns the solver state path."""
+        return self.job.snapshot(self)
+
+    def write_snapshot(self):
         """Write ``<prefix>_iter_N`` model and solver state; returns the solver state path."""
         self._check_params_finite()
-        prefix = self._snapshot_prefix()
         fmt_ = self.param.snapshot_format
-        model = snap.model_filename(prefix, self.iter, fmt_)
-        state = snap.state_filename(prefix, self.iter, fmt_)
+        model, state = self.snapshot_filenames()
         kind = "HDF5 file" if fmt_ == snap.HDF5 else "binary proto file"
         log.info("Snapshotting to %s %s", kind, model)
         snap.write_model(self.net, model, fmt_, self.param.snapshot_diff)
@@ -488,9 +532,8 @@ class Solver:
         snap.write_state(state, self.iter, model, self.current_step,
                          [blob.backend.to_host(h) for blob, h in
                           zip(self.net.learnable_params * self.history_sets, self.history)], fmt_)
-        snap.write_rngstate(state, self._layer_resume_states())
-        self.last_snapshot = state
-        self.last_snapshot_iter = self.iter
+        snap.write_rngstate(state, self.layer_resume_states())
+        self.record_snapshot(state)
         return state
 
     def restore(self, state_file):
@@ -518,16 +561,17 @@ class Solver:
                      os.path.basename(snap.rngstate_filename(state_file)), state_file)
         else:
             rng.set_state(extra["rng"])
-            self._set_layer_resume_states(extra.get("layers", {}))
-        self.last_snapshot = state_file
-        self.last_snapshot_iter = self.iter
+            self.set_layer_resume_states(extra.get("layers", {}))
+        self.record_snapshot(state_file)
 
     def _all_nets(self):
         yield "train", self.net
         for i, net in enumerate(self.test_nets):
             yield "test%d" % i, net
 
-    def _layer_resume_states(self):
+    def layer_resume_states(self):
+        """{"train/<layer>" or "test<i>/<layer>": state} of every layer that keeps one (the
+        data layers' record cursors), as a snapshot's side file holds them."""
         states = {}
         for tag, net in self._all_nets():
             for name, layer in zip(net.layer_names, net.layers):
@@ -536,7 +580,8 @@ class Solver:
                     states["%s/%s" % (tag, name)] = getter()
         return states
 
-    def _set_layer_resume_states(self, states):
+    def set_layer_resume_states(self, states):
+        """Give each layer its state from ``layer_resume_states`` of a saved run."""
         for tag, net in self._all_nets():
             for name, layer in zip(net.layer_names, net.layers):
                 key = "%s/%s" % (tag, name)

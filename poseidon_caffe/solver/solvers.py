@@ -1,9 +1,12 @@
-"""The six update rules of Caffe as Solver subclasses, and the registry ``get_solver`` uses."""
+"""The six solvers of Caffe by name, and the registry ``get_solver`` uses.
+
+Each class names its rule (``type``: the update value is ``updates.UPDATE_RULES[type]``), checks
+the fields the rule forbids and says how many history arrays per parameter the rule keeps.
+"""
 import os
 
 from .. import io as pio
 from ..proto import caffe_pb2
-from . import updates
 from .solver import Solver, SolverError  # noqa: F401
 
 
@@ -11,22 +14,9 @@ class SGDSolver(Solver):
     """Stochastic gradient descent with momentum (history = the momentum buffer)."""
     type = "SGD"
 
-    def local_rate(self, param_id, rate):
-        return rate * self.net.params_lr[param_id]
-
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        updates.sgd(blob.diff, self.history[param_id], self.local_rate(param_id, rate),
-                    self.param.momentum)
-
 
 class NesterovSolver(SGDSolver):
     type = "Nesterov"
-
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        updates.nesterov(blob.diff, self.history[param_id], self.local_rate(param_id, rate),
-                         self.param.momentum)
 
 
 class AdaGradSolver(SGDSolver):
@@ -36,11 +26,6 @@ class AdaGradSolver(SGDSolver):
         if self.param.momentum != 0:
             raise SolverError("Momentum cannot be used with AdaGrad (momentum: %g)"
                               % self.param.momentum)
-
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        updates.adagrad(blob.diff, self.history[param_id], self.local_rate(param_id, rate),
-                        self.param.delta)
 
 
 class RMSPropSolver(SGDSolver):
@@ -55,35 +40,17 @@ class RMSPropSolver(SGDSolver):
             raise SolverError("rms_decay should lie in [0, 1) (got %g)"
                               % self.param.rms_decay)
 
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        updates.rmsprop(blob.diff, self.history[param_id], self.local_rate(param_id, rate),
-                        self.param.rms_decay, self.param.delta)
-
 
 class AdaDeltaSolver(SGDSolver):
     """history[i]: decayed squared gradients; history[i + N]: decayed squared updates."""
     type = "AdaDelta"
     history_sets = 2
 
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        n = len(self.net.learnable_params)
-        updates.adadelta(blob.diff, self.history[param_id], self.history[param_id + n],
-                         self.local_rate(param_id, rate), self.param.momentum, self.param.delta)
-
 
 class AdamSolver(SGDSolver):
     """history[i]: first moment m; history[i + N]: second moment v."""
     type = "Adam"
     history_sets = 2
-
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        n = len(self.net.learnable_params)
-        updates.adam(blob.diff, self.history[param_id], self.history[param_id + n],
-                     self.local_rate(param_id, rate), self.param.momentum,
-                     self.param.momentum2, self.param.delta, self.iter + 1)
 
 
 SOLVERS = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
@@ -104,7 +71,7 @@ def solver_type(param):
     return param.type
 
 
-def get_solver(param, exchange=None, solver_file=None):
+def get_solver(param, job=None, solver_file=None):
     """A solver of the type the parameters name (pycaffe's ``caffe.get_solver``)."""
     if isinstance(param, (str, os.PathLike)):
         solver_file = os.fspath(param)
@@ -113,4 +80,4 @@ def get_solver(param, exchange=None, solver_file=None):
     if name not in SOLVERS:
         raise SolverError("Unknown solver type: %r (known types: %s)"
                           % (name, ", ".join(SOLVERS)))
-    return SOLVERS[name](param, exchange=exchange, solver_file=solver_file)
+    return SOLVERS[name](param, job=job, solver_file=solver_file)

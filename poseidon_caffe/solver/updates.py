@@ -5,11 +5,15 @@ solver, or the rows a parameter-server shard owns -- so both apply exactly the s
 arrays are modified in place; ``diff`` ends holding the value that ``data -= diff`` subtracts.
 
 Order per parameter, as Caffe's SGDSolver::ApplyUpdate: (global clip) -> normalise by
-iter_size -> regularise -> compute update value -> data -= diff.
+iter_size -> regularise -> compute update value -> data -= diff. ``clip_scale`` and
+``update_value`` are the two steps the solver and the sync engine share: the engine calls them
+on gradients that went through the network, so both apply the same rule the same way.
 """
 import math
 
 import numpy as np
+
+from .. import log
 
 REGULARIZATION_TYPES = ("L2", "L1")
 
@@ -22,16 +26,18 @@ def _xp(array):
 
 
 def clip_scale(sumsq_diff, clip_gradients):
-    """Scale factor for Caffe's clip_gradients (global L2 norm over all learnable params).
-
-    Returns (l2norm, scale); scale is None when no clipping applies.
-    """
-    if clip_gradients < 0:
-        return None, None
+    """The factor Caffe's clip_gradients scales every gradient by, given the sum of squares of
+    all learnable parameters' diffs; None when no clipping applies (a negative
+    ``clip_gradients`` turns it off). Logs Caffe's line when it scales."""
+    if clip_gradients is None or clip_gradients < 0:
+        return None
     l2norm = math.sqrt(sumsq_diff)
-    if l2norm > clip_gradients:
-        return l2norm, clip_gradients / l2norm
-    return l2norm, None
+    if l2norm <= clip_gradients:
+        return None
+    scale = clip_gradients / l2norm
+    log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g",
+             l2norm, clip_gradients, scale)
+    return scale
 
 
 def normalize(diff, iter_size):
@@ -108,3 +114,46 @@ def adam(diff, m, v, local_rate, beta1, beta2, eps_hat, t):
     v *= beta2
     v += (1.0 - beta2) * (diff * diff)
     diff[...] = (local_rate * correction) * m / (xp.sqrt(v) + eps_hat)
+
+
+# -- the update value of each rule, by solver type ---------------------------------------------
+# Each takes the SolverParameter, the diff (turned into the update value in place), the
+# parameter's history arrays (one or two), its local rate and the iteration.
+
+def _sgd_value(param, diff, history, local_rate, iteration):
+    sgd(diff, history[0], local_rate, param.momentum)
+
+
+def _nesterov_value(param, diff, history, local_rate, iteration):
+    nesterov(diff, history[0], local_rate, param.momentum)
+
+
+def _adagrad_value(param, diff, history, local_rate, iteration):
+    adagrad(diff, history[0], local_rate, param.delta)
+
+
+def _rmsprop_value(param, diff, history, local_rate, iteration):
+    rmsprop(diff, history[0], local_rate, param.rms_decay, param.delta)
+
+
+def _adadelta_value(param, diff, history, local_rate, iteration):
+    adadelta(diff, history[0], history[1], local_rate, param.momentum, param.delta)
+
+
+def _adam_value(param, diff, history, local_rate, iteration):
+    adam(diff, history[0], history[1], local_rate, param.momentum, param.momentum2, param.delta,
+         iteration + 1)
+
+
+UPDATE_RULES = {"SGD": _sgd_value, "Nesterov": _nesterov_value, "AdaGrad": _adagrad_value,
+                "RMSProp": _rmsprop_value, "AdaDelta": _adadelta_value, "Adam": _adam_value}
+
+
+def update_value(kind, param, diff, history, local_rate, iteration):
+    """Turn ``diff`` into the update value of the rule of solver type ``kind``, in place
+    (``history`` advances); ``iteration`` is the one being computed (Adam counts from it)."""
+    rule = UPDATE_RULES.get(kind)
+    if rule is None:
+        raise ValueError("no update rule for solver type %r (known types: %s)"
+                         % (kind, ", ".join(UPDATE_RULES)))
+    rule(param, diff, history, local_rate, iteration)

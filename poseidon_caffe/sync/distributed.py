@@ -3,12 +3,16 @@
 What it does on every rank: find the topology, give the data layers this worker's shard, write
 this rank's log in the output folder (rank 0 also on the console), broadcast rank 0's weights,
 build the sync engine over the train net's learnable blobs and hook it to the net (grad-ready,
-before-forward) and to the solver (``solver.exchange``). It also takes over the solver's
-``test`` (each worker runs its share of ``test_iter``; outputs are averaged over the job and
-logged once), ``snapshot`` (rank 0 writes the model and a solver state that includes the
-parameter server's history; every rank keeps its own random and data-cursor state beside it,
-written before the solver state that a resume names) and ``requested_action`` (a stop or
-snapshot signal on any rank becomes the same action on every rank at the same iteration).
+before-forward), and become the solver's job (``Solver.set_job``, see ``solver/job.py``): it
+exchanges the gradients after backward, shares each test pass between the workers
+(``Solver.test`` with this worker's shard; outputs summed over the job and averaged), takes
+the snapshots (rank 0 writes the model and a solver state that includes the parameter server's
+history; every rank keeps its own random and data-cursor state beside it, written before the
+solver state that a resume names) and answers the stop and snapshot requests (a signal on any
+rank becomes the same action on every rank at the same iteration).
+
+It reads the solver, the net and the layers only through their public methods (the list is in
+docs/DEVELOPING.md).
 """
 import json
 import logging
@@ -19,6 +23,7 @@ import numpy as np
 
 from .. import log
 from .. import rng
+from ..solver import signals
 from .engine import FactorSource, Item, SyncEngine
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
@@ -121,28 +126,25 @@ def _client_of(topology, options):
     return cid, given >= 0 or hosts is not None
 
 
-def _ip_factor_source(net, layer_index):
-    """Sufficient factors of an InnerProduct layer (the layer offers them): None when the layer
-    cannot use them."""
-    layer = net.layers[layer_index]
-    bottom, top = net.bottom_vecs[layer_index], net.top_vecs[layer_index]
-    if not hasattr(layer, "sufficient_factors") or len(bottom) != 1:
+def _factor_source(net, layer_index):
+    """Where the sufficient factors of a layer's weight gradient are read, when the layer
+    offers them (an InnerProduct); None otherwise."""
+    offer = getattr(net.layers[layer_index], "sufficient_factor_source", None)
+    source = offer(*net.layer_blobs(layer_index)) if offer is not None else None
+    if source is None:
         return None
-    M, N = layer.k, layer.num_output
-    if layer.blobs[0].count != M * N:
-        return None
+    read_factors = source["read"]
 
     def read():
-        diff, data = layer.sufficient_factors(bottom, top)
+        diff, data = read_factors()
         return np.array(diff, dtype=np.float32), np.array(data, dtype=np.float32)
-    return FactorSource(M, N, read, transpose=layer.transpose, rows_per_pass=layer.m)
+    return FactorSource(source["inputs"], source["outputs"], read,
+                        transpose=source["transpose"], rows_per_pass=source["rows_per_pass"])
 
 
 def build_items(net):
     """One Item per learnable blob of ``net``, with its ready and first-use layers."""
-    uses = {}
-    for pid, (layer_index, j) in enumerate(net.param_layer_indices):
-        uses.setdefault(net.learnable_param_ids[pid], []).append((layer_index, j))
+    uses = net.param_uses()
     items = []
     for index, blob in enumerate(net.learnable_params):
         if net.params_lr[index] == 0:
@@ -151,13 +153,15 @@ def build_items(net):
         first = min(layer for layer, _ in where)
         layer_index, j = where[0]
         name = "%s[%d]" % (net.layer_names[layer_index], j)
-        sfb = _ip_factor_source(net, layer_index) if (len(where) == 1 and j == 0) else None
+        sfb = _factor_source(net, layer_index) if (len(where) == 1 and j == 0) else None
         items.append(Item(index, name, blob, ready_layer=first, first_use=first, sfb=sfb))
     return items
 
 
 class DistributedRunner:
-    """What ``attach`` returns: ``solve()`` trains, then finishes the job's exchanges."""
+    """What ``attach`` returns: ``solve()`` trains, then finishes the job's exchanges. It is
+    also the solver's job (``after_gradients``, ``requested_action``, ``pending_requests``,
+    ``test``, ``snapshot``: the methods of ``solver.job.LocalJob``)."""
 
     def __init__(self, solver, options, topology):
         self.solver = solver
@@ -199,15 +203,11 @@ class DistributedRunner:
             timeline, names = self.timeline, net.layer_names
             net.set_layer_timing_hook(lambda kind, i, start, end: timeline.span_at(
                 "%s %s" % (kind, names[i]), "compute", start, end, 0))
-        solver.exchange = self
-        solver.test = self.test
-        self._solver_snapshot = solver.snapshot
-        solver.snapshot = self.snapshot
-        # this rank's signals (solver.requested_action) feed the job's agreed answer
-        self.stop = StopAgreement(topology.world, solver.requested_action,
+        # this rank's signals (solver.local_action) feed the job's agreed answer
+        self.stop = StopAgreement(topology.world, solver.local_action,
                                   self.engine.scheduler, self.engine.transport,
                                   lag=staleness + 1)
-        solver.requested_action = self.stop.requested_action
+        solver.set_job(self)
         self._netoutputs = None
         self._started = time.perf_counter()
         self.stats_path = _opt(options, "stats_path", "")
@@ -243,7 +243,7 @@ class DistributedRunner:
         extra = snap.read_rngstate(state_file if rank == 0 else self._rank_state_path(state_file))
         if extra is not None:
             rng.set_state(extra["rng"])
-            self.solver._set_layer_resume_states(extra.get("layers", {}))
+            self.solver.set_layer_resume_states(extra.get("layers", {}))
             log.info("Rank %d: restored its random and data-cursor state", self.topology.rank)
         if self.update == "worker" and rank != 0:
             self._restore_worker_history(self._history_path(state_file))
@@ -324,38 +324,26 @@ class DistributedRunner:
             f.write(",".join([str(solver.iter), "%.3f" % (time.perf_counter() - self._started)]
                              + ["%g" % v for v in mean]) + "\n")
 
-    def test(self, test_net_id=0):
-        from ..solver.solver import forward_outputs, loss_note, fmt
-        solver, topo = self.solver, self.topology
+    def requested_action(self, solver):
+        """The job's agreed answer at this iteration boundary (see ``stop.py``)."""
+        return self.stop.requested_action()
+
+    def pending_requests(self, solver):
+        """Between test batches: one agreed answer (every ask is a round of the whole job)."""
+        action = self.stop.requested_action()
+        if action != signals.NONE:
+            yield action
+
+    def test(self, solver, test_net_id):
+        """Each worker runs its share of the test batches; the outputs are summed over the
+        job, so every worker logs the job's averages."""
         self.engine.sync_point()
-        p = solver.param
-        log.info("Iteration %d, Testing net (#%d)", solver.iter, test_net_id)
-        test_net = solver.test_nets[test_net_id]
-        test_net.share_trained_layers_with(solver.net)
-        test_iter = p.test_iter[test_net_id]
-        feeders = [layer for layer in test_net.layers if hasattr(layer, "prefetcher")]
-        sums, names, weights, loss, runs = None, [], [], 0.0, 0
-        for i in range(test_iter):
-            # once per round of P batches (the same batches on every rank), as Caffe's loop
-            # asks between test batches: a long test pass need not end before a stop
-            if i % topo.size == 0 and self._test_interrupted():
-                log.info("Test interrupted.")
-                return
-            if i % topo.size != topo.rank:
-                for layer in feeders:      # keep the record stream where one worker has it
-                    layer.prefetcher.next()
-                continue
-            iter_loss, outputs = forward_outputs(test_net)
-            loss += iter_loss
-            flat = [(n, w, v) for n, values, w in outputs for v in values]
-            if sums is None:
-                sums = np.zeros(len(flat))
-                names = [n for n, _, _ in flat]
-                weights = [w for _, w, _ in flat]
-            sums += [v for _, _, v in flat]
-            runs += 1
-        local = np.concatenate([[loss], sums if sums is not None else []])
-        world = topo.world
+        topo = self.topology
+        solver.test(test_net_id, shard=(topo.rank, topo.size), reduce=self._reduce_test)
+
+    def _reduce_test(self, sums, names, weights):
+        local = np.asarray(sums, dtype=np.float64)
+        world = self.topology.world
 
         def combine():
             width = max(world.allgather(local.size))
@@ -364,26 +352,11 @@ class DistributedRunner:
             # rank 0 always runs batch 0, so it knows the output names and loss weights
             return world.allreduce(padded), world.bcast((names, weights), root=0)
         total, (names, weights) = self.engine.scheduler.call(combine)
-        width = total.size
-        if p.test_compute_loss:
-            log.info("Test loss: %s", fmt(total[0] / test_iter))
-        for k in range(width - 1):
-            mean = total[1 + k] / test_iter
-            log.info("    Test net output #%d: %s = %s%s", k, names[k], fmt(mean),
-                     loss_note(weights[k], mean))
+        return list(total), names, weights
 
-    def _test_interrupted(self):
-        """The job's agreed request between test batches: a snapshot is written, a stop ends
-        the test pass and then the run."""
-        from ..solver import signals
-        action = self.solver.requested_action()
-        if action == signals.SNAPSHOT:
-            self.snapshot()
-        elif action == signals.STOP:
-            self.solver.requested_early_exit = True
-        return self.solver.requested_early_exit
-
-    def snapshot(self):
+    def snapshot(self, solver=None):
+        """The job's snapshot of this iteration (the solver's job hook; callable directly);
+        returns the solver state path."""
         from ..solver import snapshot as snap
         solver, topo = self.solver, self.topology
         self.engine.sync_point()
@@ -397,11 +370,10 @@ class DistributedRunner:
                 for index, arrays in histories.items():
                     for target, full in zip(self.rule.history(index), arrays):
                         target[...] = full
-        fmt_ = solver.param.snapshot_format
-        state = snap.state_filename(solver._snapshot_prefix(), solver.iter, fmt_)
+        model, state = solver.snapshot_filenames()
         if topo.rank != 0:
             side = self._rank_state_path(state)
-            self._write_or_fail(lambda: snap.write_rngstate(side, solver._layer_resume_states()),
+            self._write_or_fail(lambda: snap.write_rngstate(side, solver.layer_resume_states()),
                                 snap.rngstate_filename(side))
             if self.update == "worker":     # rank 0's history is in the solver state
                 self._write_or_fail(
@@ -411,12 +383,9 @@ class DistributedRunner:
         # names, so a solver state on disk always has its whole set beside it
         self._barrier("waiting for every rank's snapshot files of iteration %d" % solver.iter)
         if topo.rank == 0:
-            state = self._write_or_fail(
-                self._solver_snapshot,
-                snap.model_filename(solver._snapshot_prefix(), solver.iter, fmt_))
+            state = self._write_or_fail(solver.write_snapshot, model)
         else:
-            solver.last_snapshot = state
-            solver.last_snapshot_iter = solver.iter
+            solver.record_snapshot(state)
         self._barrier("waiting for rank 0's snapshot of iteration %d" % solver.iter)
         return state
 

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from .. import log
+from ..solver import updates
 from . import strategy as registry
 from .counters import ByteCounters
 from .dwbp import Scheduler, SyncError, make_buckets
@@ -167,12 +168,9 @@ class SyncEngine:
         self.clock = clock + 1
 
     def _clip_and_update(self, clock):
+        # the solver's global clipping, over the aggregated gradients
         sumsq = sum(float(np.dot(item.result, item.result)) for item in self.items)
-        norm = float(np.sqrt(sumsq))
-        scale = self.clip / norm if norm > self.clip else None
-        if scale is not None:
-            log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale "
-                     "factor %g", norm, self.clip, scale)
+        scale = updates.clip_scale(sumsq, self.clip)
         for item in self.items:
             diff = item.result
             if scale is not None:

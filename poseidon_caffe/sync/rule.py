@@ -1,5 +1,6 @@
-"""The solver's update math (Caffe's ApplyUpdate per parameter) over array slices, so that a
-parameter-server shard applies to its rows exactly what a local solver applies.
+"""Caffe's ApplyUpdate per parameter over array slices (normalise, regularise, then the update
+value of the solver's rule from ``solver.updates``), so that a parameter-server shard applies
+to its rows exactly what a local solver applies.
 
 ``UpdateRule`` needs only the solver's parameters, each blob's lr and decay multipliers and the
 learning rate of every clock; a worker builds it from its solver (``SolverRule``), a dedicated
@@ -31,22 +32,7 @@ class UpdateRule:
         u.normalize(diff, p.iter_size)
         u.regularize(data, diff, p.weight_decay * self.decay_mult[index], p.regularization_type)
         rate = self.rate_of(clock) * self.lr_mult[index]
-        kind = self.kind
-        if kind == "SGD":
-            u.sgd(diff, history[0], rate, p.momentum)
-        elif kind == "Nesterov":
-            u.nesterov(diff, history[0], rate, p.momentum)
-        elif kind == "AdaGrad":
-            u.adagrad(diff, history[0], rate, p.delta)
-        elif kind == "RMSProp":
-            u.rmsprop(diff, history[0], rate, p.rms_decay, p.delta)
-        elif kind == "AdaDelta":
-            u.adadelta(diff, history[0], history[1], rate, p.momentum, p.delta)
-        elif kind == "Adam":
-            u.adam(diff, history[0], history[1], rate, p.momentum, p.momentum2, p.delta,
-                   clock + 1)
-        else:
-            raise ValueError("the sync engine has no update rule for solver type %r" % kind)
+        u.update_value(self.kind, p, diff, history, rate, clock)
 
 
 class SolverRule(UpdateRule):
@@ -56,13 +42,12 @@ class SolverRule(UpdateRule):
     def __init__(self, solver):
         self.solver = solver
         self.net = solver.net
-        self.count = len(solver.net.learnable_params)
         self.rates = {}
         super().__init__(solver.param, solver.type, self.net.params_lr,
                          self.net.params_weight_decay, self.rates.__getitem__)
 
     def history(self, index):
-        return [h.reshape(-1) for h in self.solver.history[index::self.count]]
+        return [h.reshape(-1) for h in self.solver.param_history(index)]
 
     def initial_history(self, index):
         return [np.asarray(h, dtype=np.float32) for h in self.history(index)]

@@ -1,0 +1,75 @@
+"""Memory footprint: the bytes a net's blobs, diffs and workspaces need, counted before
+anything is allocated, and the check that stops a net that cannot fit."""
+from collections import OrderedDict
+
+from .. import log, memory
+from ..proto import caffe_pb2
+from .errors import NetMemoryError
+
+
+class MemoryFootprint:
+    """Part of ``Net``: the memory its blobs need."""
+
+    def memory_estimate(self):
+        """Bytes the net's blobs need once running: {"data", "diff", "workspace", "total",
+        "layers": {layer name: bytes}}. Each storage counts once (in-place tops, shared data,
+        shared parameters), under the layer that makes it; a blob gets a diff where backward
+        writes one; parameters have diffs in a TRAIN net; workspaces are those the layers'
+        plans report (im2col columns and padded inputs)."""
+        needs_diff = set()
+        for i in range(len(self.layers)):
+            if self.layer_need_backward[i]:
+                needs_diff.update(self.top_ids[i])
+            needs_diff.update(bid for j, bid in enumerate(self.bottom_ids[i])
+                              if self.bottom_need_backward[i][j])
+        per_layer = OrderedDict((name, 0) for name in self.layer_names)
+        totals = {"data": 0, "diff": 0, "workspace": 0}
+        counted = set()
+
+        def count(layer_name, blob, with_diff):
+            if id(blob) in counted:
+                return
+            counted.add(id(blob))
+            data = 0 if blob.shares_data else blob.nbytes
+            diff = blob.nbytes if with_diff and not blob.shares_diff else 0
+            totals["data"] += data
+            totals["diff"] += diff
+            per_layer[layer_name] += data + diff
+
+        for i, name in enumerate(self.layer_names):
+            for bid in self.top_ids[i]:
+                count(name, self._blobs[bid], bid in needs_diff)
+            for blob in self.layers[i].blobs:
+                count(name, blob, self.phase == caffe_pb2.TRAIN)
+            workspace = getattr(self.layers[i], "workspace_bytes", None)
+            if workspace is not None:
+                nbytes = int(workspace())
+                totals["workspace"] += nbytes
+                per_layer[name] += nbytes
+        totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
+        totals["layers"] = per_layer
+        return totals
+
+    def memory_summary(self, estimate=None):
+        """One line: the total, its parts and the largest layer."""
+        est = estimate or self.memory_estimate()
+        line = "%s (data %s, diff %s, workspaces %s)" % (
+            memory.format_bytes(est["total"]), memory.format_bytes(est["data"]),
+            memory.format_bytes(est["diff"]), memory.format_bytes(est["workspace"]))
+        if est["layers"]:
+            name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
+            line += "; largest: layer %s, %s" % (name, memory.format_bytes(nbytes))
+        return line
+
+    def _check_memory(self):
+        """Stop before allocating a net that cannot fit (see poseidon_caffe.memory)."""
+        est = self.memory_estimate()
+        self.memory_needed = est["total"]
+        log.info("Memory required for blobs: %s", self.memory_summary(est))
+        limit, has = memory.available_memory()
+        if limit is None or est["total"] <= limit:
+            return
+        name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
+        raise NetMemoryError("net %s needs %s for blobs (largest: layer %s, %s); %s"
+                             % (self.name or "(unnamed)", memory.format_bytes(est["total"]),
+                                name, memory.format_bytes(nbytes), has))
