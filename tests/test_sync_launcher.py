@@ -15,6 +15,8 @@ import pytest
 
 from poseidon_caffe.sync import launcher
 
+from jobs import SMALL_CONV_NET
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 
@@ -161,6 +163,7 @@ def test_ctrl_c_while_run_local_starts_exits_quietly(tmp_path, example):
     assert (proc.returncode, out, err) == (130, "", "")
 
 
+@pytest.mark.mpi
 def test_mnist_trains_on_two_local_workers(tmp_path):
     from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
     mnist = os.path.join(ROOT, "examples", "mnist")
@@ -206,21 +209,10 @@ def test_num_app_threads_must_match_the_device_list(tmp_path, capsys):
                           "--num_app_threads", "2", "--dry-run"]) == 0
 
 
-TIMELINE_NET = """name: "small"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 8 dim: 1 dim: 8 dim: 8 } shape { dim: 8 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
-layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
-  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
-  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-"""
-
-
+@pytest.mark.mpi
 def test_timeline_is_chrome_trace_json_with_layers_and_exchanges(tmp_path):
     import json
-    (tmp_path / "net.prototxt").write_text(TIMELINE_NET)
+    (tmp_path / "net.prototxt").write_text(SMALL_CONV_NET)
     solver = tmp_path / "solver.prototxt"
     solver.write_text('net: "%s"\nbase_lr: 0.01 lr_policy: "fixed" display: 0 max_iter: 3\n'
                       % (tmp_path / "net.prototxt"))
