@@ -350,8 +350,9 @@ def run_local(settings, argv=None, repo_root=None, stream=None):
 def run_local_script(script_globals, repo_root, argv=None, stream=None):
     """All that an ``examples/*/run_local.py`` does below its settings block: ``run_local``
     with the settings its globals assign (the names run_local reads; others are passed over),
-    from ``repo_root``, the working folder of the job. A Ctrl-C before mpiexec has started ends
-    it quietly with status 130 (128 + SIGINT), as the script does while the library loads."""
+    from ``repo_root``, the working folder of the job. A Ctrl-C that is not passed on to mpiexec
+    (one before it starts) ends it quietly with status 130 (128 + SIGINT), as the script does
+    while the library loads."""
     known = ("solver", "snapshot", "devices", "table_staleness", "svb", "net_outputs",
              "stats_path", "sync", "dwbp", "num_servers", "dataset", "use_gpu") + \
         PASSED_SETTINGS + tuple(OLD_SETTING_NAMES)
