@@ -19,11 +19,9 @@ class Blob:
         self._shape = ()
         self._data = None
         self._diff = None
-        # a blob sharing another's storage before that storage exists takes it on first use
+        # a blob sharing another's data before that data exists takes it on first use
         self._data_source = None
-        self._diff_source = None
         self._data_shared = False
-        self._diff_shared = False
         # run once before the data is first read (a deferred filler, see fillers.deferred)
         self.before_first_use = None
         self.reshape(shape)
@@ -53,8 +51,8 @@ class Blob:
                 self._diff = self._diff.reshape(shape)
         else:
             self._data = self._diff = None
-            self._data_source = self._diff_source = None
-            self._data_shared = self._diff_shared = False
+            self._data_source = None
+            self._data_shared = False
 
     @property
     def shape(self):
@@ -104,15 +102,11 @@ class Blob:
         """Whether data is another blob's storage (counts once, under that blob)."""
         return self._data_shared
 
-    @property
-    def shares_diff(self):
-        return self._diff_shared
-
     # -- storage ---------------------------------------------------------------------------
     @property
     def data(self):
         if self._data is None:
-            self._data = self._storage(self._data_source, "data")
+            self._data = self._shared_or_new_data()
             self._data_source = None
             hook, self.before_first_use = self.before_first_use, None
             if hook is not None:
@@ -126,25 +120,25 @@ class Blob:
     @property
     def diff(self):
         if self._diff is None:
-            self._diff = self._storage(self._diff_source, "diff")
-            self._diff_source = None
+            self._diff = self._backend.zeros(self._shape, self._dtype)
         return self._diff
 
     @diff.setter
     def diff(self, value):
         self.diff[...] = value
 
-    def _storage(self, source, kind):
+    def _shared_or_new_data(self):
+        source = self._data_source
         if source is None:
             return self._backend.zeros(self._shape, self._dtype)
         if source.count != self.count:
-            raise ValueError("blob of shape %s shares the %s of a blob that now has shape %s"
-                             % (self._shape, kind, source.shape))
-        return getattr(source, kind).reshape(self._shape)
+            raise ValueError("blob of shape %s shares the data of a blob that now has shape %s"
+                             % (self._shape, source.shape))
+        return source.data.reshape(self._shape)
 
     @property
     def has_diff(self):
-        return self._diff is not None or self._diff_source is not None
+        return self._diff is not None
 
     @property
     def allocated(self):
@@ -163,20 +157,6 @@ class Blob:
         else:
             self._data, self._data_source = other._data.reshape(self._shape), None
         self._data_shared = True
-
-    def share_diff(self, other):
-        if other.count != self.count:
-            raise ValueError("cannot share diff of %d values with a blob of %d"
-                             % (other.count, self.count))
-        if other._diff is None:
-            self._diff, self._diff_source = None, other
-        else:
-            self._diff, self._diff_source = other._diff.reshape(self._shape), None
-        self._diff_shared = True
-
-    def zero_diff(self):
-        if self._diff is not None:
-            self._diff[...] = 0
 
     def update(self):
         """data -= diff, the last step of Caffe's solver update."""

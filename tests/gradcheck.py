@@ -92,3 +92,14 @@ def make_layer(prototxt):
     from poseidon_caffe.proto import caffe_pb2
     param = text_format.Parse(prototxt, caffe_pb2.LayerParameter())
     return create_layer(param, caffe_pb2.TRAIN if not param.HasField("phase") else param.phase)
+
+
+def run_layer(layer, bottom, ntops=1):
+    """Blob counts checked, then setup, reshape and forward as a net runs them; the tops."""
+    from poseidon_caffe.blob import Blob
+    top = [Blob() for _ in range(ntops)]
+    layer.check_blob_counts(bottom, top)
+    layer.setup(bottom, top)
+    layer.reshape(bottom, top)
+    layer.forward(bottom, top)
+    return top

@@ -4,13 +4,14 @@ the crop size, 3 colour channels) so no database is needed; TRAIN and TEST phase
 key shapes follow Caffe's output-size rules (worked out here by hand), GoogLeNet's three losses
 carry their weights, and one TRAIN forward/backward gives a finite loss. The solvers parse and
 name their net by its path from the repository root, as Caffe's examples do."""
+import importlib.util
 import math
 import os
 
 import numpy as np
 import pytest
 
-from poseidon_caffe.io import read_net_param, read_solver_param
+from poseidon_caffe.io import read_net_param, read_solver_param, write_text_proto
 from poseidon_caffe.net import Net
 from poseidon_caffe.proto import caffe_pb2
 
@@ -150,3 +151,16 @@ def test_example_solver_names_its_net_from_the_repository_root(example):
     assert os.path.isfile(os.path.join(ROOT, solver.net))
     assert os.path.isdir(os.path.dirname(os.path.join(ROOT, solver.snapshot_prefix)))
     assert solver.max_iter > 0 and solver.base_lr > 0 and solver.test_iter
+
+
+@pytest.mark.parametrize("example", ["alexnet", "googlenet"])
+def test_make_prototxt_writes_the_committed_train_val(example, tmp_path):
+    """The committed train_val.prototxt is what make_prototxt.py writes, to the byte."""
+    spec = importlib.util.spec_from_file_location(
+        "make_%s_prototxt" % example, os.path.join(ROOT, "examples", example, "make_prototxt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = tmp_path / "train_val.prototxt"
+    write_text_proto(getattr(module, example)(), str(written))
+    with open(os.path.join(ROOT, "examples", example, "train_val.prototxt"), "rb") as f:
+        assert written.read_bytes() == f.read()

@@ -9,14 +9,14 @@ import socket
 import subprocess
 import sys
 
-import lmdb
 import numpy as np
 import pytest
 
 from poseidon_caffe import cli
 from poseidon_caffe.io import read_net_weights
-from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.sync import join, launcher
+
+from jobs import write_float_db
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,16 +37,6 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
 """
 
 
-def write_db(path, labels):
-    env = lmdb.open(str(path), map_size=1 << 22)
-    with env.begin(write=True) as txn:
-        for i, (x, y) in enumerate(zip(X, labels)):
-            datum = caffe_pb2.Datum(channels=1, height=1, width=3, label=int(y))
-            datum.float_data.extend(x.tolist())
-            txn.put(b"%08d" % i, datum.SerializeToString())
-    env.close()
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("", 0))
@@ -57,9 +47,9 @@ def free_port():
 def job(tmp_path):
     """A tiny job whose two clients have their own partitions (labels 0.. and 10.., so the
     weights tell which partition each client read) and a two-client loopback host file."""
-    write_db(tmp_path / "db", [0, 0, 0, 0])
-    write_db(tmp_path / "db_0", [1, 2, 3, 4])
-    write_db(tmp_path / "db_1", [5, 6, 7, 8])
+    write_float_db(tmp_path / "db", X, [0, 0, 0, 0])
+    write_float_db(tmp_path / "db_0", X, [1, 2, 3, 4])
+    write_float_db(tmp_path / "db_1", X, [5, 6, 7, 8])
     (tmp_path / "net.prototxt").write_text(NET % (tmp_path / "db"))
     (tmp_path / "solver.prototxt").write_text(
         'net: "%s"\nbase_lr: %g lr_policy: "fixed"\nmax_iter: %d display: 1\n'
@@ -124,6 +114,7 @@ sys.exit(run_local(dict(solver=solver, snapshot=snapshot, devices=devices,
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("second", ["localhost", "127.0.0.1"])
 def test_run_local_once_per_host_joins_one_job(job, second):
     script = job / "run_local.py"
@@ -157,6 +148,7 @@ def test_run_local_once_per_host_joins_one_job(job, second):
     assert all(w["iterations"] == ITERS for w in stats["workers"])
 
 
+@pytest.mark.mpi
 def test_train_with_hostfile_and_client_id_joins_like_caffe_main(job):
     base = [PY, "-m", "poseidon_caffe.cli", "train", "--solver", str(job / "solver.prototxt"),
             "--hostfile", str(job / "hosts"), "--num_clients", "2", "--table_staleness", "0",
@@ -266,6 +258,7 @@ def test_caffe_main_flag_errors_are_one_line(argv, message, tmp_path, caplog):
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
 
 
+@pytest.mark.mpi
 def test_table_staleness_and_outputs_act_under_mpiexec(job):
     proc = subprocess.run(
         [MPIEXEC, "-n", "2", PY, "-m", "poseidon_caffe.cli", "train",

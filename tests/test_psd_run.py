@@ -354,6 +354,7 @@ MPI_PROGRAM = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
                "print('rank %d of %d: sum %d' % (c.rank, c.size, c.allreduce(c.rank + 1)))")
 
 
+@pytest.mark.mpi
 def test_a_run_writes_poseidon_run_log_and_one_log_per_rank(tmp_path):
     ssh, calls = stand_in_ssh(tmp_path)
     keys = dict(worker_nodes=["nodeA", "nodeB"], server_nodes=[])
@@ -390,6 +391,7 @@ def test_a_run_writes_poseidon_run_log_and_one_log_per_rank(tmp_path):
     assert run_log in (tmp_path / "poseidon_run.log").read_text()   # appended, not replaced
 
 
+@pytest.mark.mpi
 def test_a_failing_rank_fails_the_run(tmp_path):
     ssh, _ = stand_in_ssh(tmp_path)
     config = write_config(tmp_path, worker_nodes=["nodeA", "nodeB"], server_nodes=[])
@@ -443,32 +445,19 @@ def cluster():
             _ip("netns", "del", ns)
 
 
-def _lenet_job(tmp_path, name, batch, train_db, test_db):
-    net = (open(os.path.join(ROOT, "examples", "mnist", "lenet_train_test.prototxt")).read()
-           .replace("examples/mnist/mnist_train_lmdb", train_db)
-           .replace("examples/mnist/mnist_test_lmdb", test_db)
-           .replace("batch_size: 64", "batch_size: %d" % batch))
-    (tmp_path / (name + ".prototxt")).write_text(net)
-    solver = tmp_path / (name + "_solver.prototxt")
-    solver.write_text('net: "%s"\nbase_lr: 0.05 momentum: 0.9 weight_decay: 0.0005\n'
-                      'lr_policy: "inv" gamma: 0.0001 power: 0.75 display: 1 max_iter: 3\n'
-                      'test_interval: 1000 test_iter: 1 test_initialization: false\n'
-                      'random_seed: 7 snapshot: 0 snapshot_prefix: "%s"\n'
-                      % (tmp_path / (name + ".prototxt"), tmp_path / name))
-    return str(solver)
-
-
+@pytest.mark.mpi
 def test_two_workers_and_a_server_on_namespaced_nodes_train_as_one_worker(tmp_path, cluster):
     from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
     from poseidon_caffe.io import read_net_weights
+    from jobs import write_lenet_job
     master, nodes = cluster
     train_db, test_db = ensure_mnist_lmdbs(str(tmp_path / "digits"))
-    one = _lenet_job(tmp_path, "one", 16, train_db, test_db)
+    one = write_lenet_job(tmp_path, "one", 16, train_db, test_db, display=1, max_iter=3)
     proc = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "-solver=%s" % one],
                           capture_output=True, text=True, timeout=120, env=env())
     assert proc.returncode == 0, proc.stderr[-2000:]
 
-    two = _lenet_job(tmp_path, "two", 8, train_db, test_db)
+    two = write_lenet_job(tmp_path, "two", 8, train_db, test_db, display=1, max_iter=3)
     ssh, calls = stand_in_ssh(tmp_path, namespaces=nodes)
     keys = dict(username="root", pem_file=key_file(tmp_path), master_node="10.213.7.1",
                 worker_nodes=["10.213.7.11", "10.213.7.12"], server_nodes=["10.213.7.12"])

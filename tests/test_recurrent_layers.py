@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from gradcheck import blob_from, check_gradient, make_layer
+from gradcheck import blob_from, check_gradient, make_layer, run_layer
 from poseidon_caffe import rng
 from poseidon_caffe.blob import Blob
 from poseidon_caffe.layers import LayerError
@@ -39,15 +39,6 @@ def bottoms(cont=CONT_RESET_MID, static=False, hidden_states=0):
     for j in range(hidden_states):
         blobs.append(blob_from(uniform((1, N, H), 3 + j, 0.8)))
     return blobs
-
-
-def run(layer, bottom, n_tops=1):
-    top = [Blob() for _ in range(n_tops)]
-    layer.check_blob_counts(bottom, top)
-    layer.setup(bottom, top)
-    layer.reshape(bottom, top)
-    layer.forward(bottom, top)
-    return top
 
 
 def sigmoid(z):
@@ -101,21 +92,21 @@ def params_of(layer):
 
 def test_rnn_blobs_in_caffe_order_and_shapes():
     layer = recurrent("RNN")
-    top = run(layer, bottoms())
+    top = run_layer(layer, bottoms())
     assert [b.shape for b in layer.blobs] == [(H, K), (H,), (H, H), (H, H), (H,)]
     assert top[0].shape == (T, N, H)
     layer = recurrent("RNN")
-    run(layer, bottoms(static=True))
+    run_layer(layer, bottoms(static=True))
     assert [b.shape for b in layer.blobs] == [(H, K), (H,), (H, KS), (H, H), (H, H), (H,)]
 
 
 def test_lstm_blobs_in_caffe_order_and_shapes():
     layer = recurrent("LSTM")
-    top = run(layer, bottoms())
+    top = run_layer(layer, bottoms())
     assert [b.shape for b in layer.blobs] == [(4 * H, K), (4 * H,), (4 * H, H)]
     assert top[0].shape == (T, N, H)
     layer = recurrent("LSTM", "expose_hidden: true")
-    top = run(layer, bottoms(static=True, hidden_states=2), n_tops=3)
+    top = run_layer(layer, bottoms(static=True, hidden_states=2), ntops=3)
     assert [b.shape for b in layer.blobs] == [(4 * H, K), (4 * H,), (4 * H, KS), (4 * H, H)]
     assert [t.shape for t in top] == [(T, N, H), (1, N, H), (1, N, H)]
 
@@ -123,7 +114,7 @@ def test_lstm_blobs_in_caffe_order_and_shapes():
 def test_features_beyond_axis_two_are_flattened():
     layer = recurrent("LSTM")
     x = blob_from(uniform((T, N, 2, 3), 4))
-    top = run(layer, [x, blob_from(CONT_RESET_MID)])
+    top = run_layer(layer, [x, blob_from(CONT_RESET_MID)])
     assert layer.blobs[0].shape == (4 * H, 6)
     want, _, _ = reference_lstm(params_of(layer), x.data.reshape(T, N, 6), CONT_RESET_MID,
                                 np.zeros((N, H)), np.zeros((N, H)))
@@ -134,7 +125,7 @@ def test_fillers_apply_to_weights_and_biases():
     layer = make_layer('name: "r" type: "RNN" recurrent_param { num_output: 4 '
                        'weight_filler { type: "constant" value: 0.25 } '
                        'bias_filler { type: "constant" value: -1 } }')
-    run(layer, bottoms())
+    run_layer(layer, bottoms())
     for blob in (layer.blobs[0], layer.blobs[2], layer.blobs[3]):
         assert np.all(blob.data == 0.25)
     for blob in (layer.blobs[1], layer.blobs[4]):
@@ -146,7 +137,7 @@ def test_fillers_apply_to_weights_and_biases():
 def test_one_rnn_step_by_hand():
     layer = make_layer('name: "r" type: "RNN" recurrent_param { num_output: 2 }')
     x = blob_from([[[1.0, -2.0]]])          # T = 1, N = 1, two features
-    run(layer, [x, blob_from([[0]])])
+    run_layer(layer, [x, blob_from([[0]])])
     w_xh, b_h, w_hh, w_ho, b_o = layer.blobs
     w_xh.data[...] = [[0.5, 0.25], [-1.0, 0.0]]
     b_h.data[...] = [0.1, 0.2]
@@ -164,7 +155,7 @@ def test_one_rnn_step_by_hand():
 def test_rnn_forward_matches_reference_with_resets_and_static_input():
     layer = recurrent("RNN")
     bottom = bottoms(static=True)
-    top = run(layer, bottom)
+    top = run_layer(layer, bottom)
     want, _ = reference_rnn(params_of(layer), bottom[0].data, CONT_RESET_MID,
                             np.zeros((N, H)), bottom[2].data)
     np.testing.assert_allclose(top[0].data, want, rtol=1e-5, atol=1e-6)
@@ -173,7 +164,7 @@ def test_rnn_forward_matches_reference_with_resets_and_static_input():
 def test_lstm_forward_matches_reference_with_resets_and_static_input():
     layer = recurrent("LSTM")
     bottom = bottoms(static=True)
-    top = run(layer, bottom)
+    top = run_layer(layer, bottom)
     want, _, _ = reference_lstm(params_of(layer), bottom[0].data, CONT_RESET_MID,
                                 np.zeros((N, H)), np.zeros((N, H)), bottom[2].data)
     np.testing.assert_allclose(top[0].data, want, rtol=1e-5, atol=1e-6)
@@ -183,7 +174,7 @@ def test_exposed_hidden_state_is_used_and_returned():
     cont = [[1, 1], [1, 0], [1, 1]]
     layer = recurrent("LSTM", "expose_hidden: true")
     bottom = bottoms(cont=cont, hidden_states=2)
-    top = run(layer, bottom, n_tops=3)
+    top = run_layer(layer, bottom, ntops=3)
     want, h_T, c_T = reference_lstm(params_of(layer), bottom[0].data, cont,
                                     bottom[2].data[0], bottom[3].data[0])
     np.testing.assert_allclose(top[0].data, want, rtol=1e-5, atol=1e-6)
@@ -192,7 +183,7 @@ def test_exposed_hidden_state_is_used_and_returned():
 
     layer = recurrent("RNN", "expose_hidden: true")
     bottom = bottoms(cont=cont, static=True, hidden_states=1)
-    top = run(layer, bottom, n_tops=2)
+    top = run_layer(layer, bottom, ntops=2)
     want, h_T = reference_rnn(params_of(layer), bottom[0].data, cont, bottom[3].data[0],
                               bottom[2].data)
     np.testing.assert_allclose(top[0].data, want, rtol=1e-5, atol=1e-6)
@@ -204,7 +195,7 @@ def test_state_carries_to_the_next_forward_until_a_reset(kind):
     cont = [[1, 1], [1, 1], [1, 1]]
     layer = recurrent(kind)
     bottom = bottoms(cont=cont)
-    first = run(layer, bottom)[0].data.copy()
+    first = run_layer(layer, bottom)[0].data.copy()
     top = [Blob()]
     layer.reshape(bottom, top)
     layer.forward(bottom, top)
@@ -226,7 +217,7 @@ def test_state_carries_to_the_next_forward_until_a_reset(kind):
 def test_cont_zero_at_the_start_forgets_the_carried_state():
     layer = recurrent("LSTM")
     bottom = bottoms()                      # cont[0] = 0 for every stream
-    first = run(layer, bottom)[0].data.copy()
+    first = run_layer(layer, bottom)[0].data.copy()
     top = [Blob()]
     layer.reshape(bottom, top)
     layer.forward(bottom, top)
@@ -238,7 +229,7 @@ def test_lstm_unit_forward_by_hand():
     c_prev = np.array([[[0.5, -1.0], [2.0, 0.3]]])
     gates = uniform((1, 2, 8), 7, 2.0)
     cont = np.array([[1.0, 0.0]])
-    top = run(layer, [blob_from(c_prev), blob_from(gates), blob_from(cont)], n_tops=2)
+    top = run_layer(layer, [blob_from(c_prev), blob_from(gates), blob_from(cont)], ntops=2)
     for n in range(2):
         z = gates[0, n]
         i, f, o, g = sigmoid(z[0:2]), sigmoid(z[2:4]), sigmoid(z[4:6]), np.tanh(z[6:8])
@@ -287,7 +278,7 @@ def test_lstm_unit_gradient():
 def test_parameter_gradients_accumulate():
     layer = recurrent("LSTM")
     bottom = bottoms()
-    top = run(layer, bottom)
+    top = run_layer(layer, bottom)
     top[0].diff[...] = uniform(top[0].shape, 5)
     for blob in layer.blobs:
         blob.diff[...] = 0
@@ -305,7 +296,7 @@ def test_layer_built_with_model_blobs_uses_them():
     from poseidon_caffe.io import array_to_blobproto
     trained = recurrent("LSTM")
     bottom = bottoms()
-    want = run(trained, bottom)[0].data.copy()
+    want = run_layer(trained, bottom)[0].data.copy()
     param = trained.param.__class__()
     param.CopyFrom(trained.param)
     for blob in trained.blobs:
@@ -313,20 +304,21 @@ def test_layer_built_with_model_blobs_uses_them():
     rng.set_random_seed(99)                 # a refill would draw different weights
     from poseidon_caffe.layers import create_layer
     loaded = create_layer(param)
-    np.testing.assert_array_equal(run(loaded, bottoms())[0].data, want)
+    np.testing.assert_array_equal(run_layer(loaded, bottoms())[0].data, want)
 
     param.blobs[2].CopyFrom(array_to_blobproto(np.zeros((4 * H, H + 1), np.float32)))
     with pytest.raises(LayerError, match="W_hc"):
-        run(create_layer(param), bottoms())
+        run_layer(create_layer(param), bottoms())
 
 
 def test_bad_inputs_name_the_layer_and_the_problem():
     with pytest.raises(LayerError, match="num_output"):
-        run(make_layer('name: "r" type: "RNN" recurrent_param { }'), bottoms())
+        run_layer(make_layer('name: "r" type: "RNN" recurrent_param { }'), bottoms())
     with pytest.raises(LayerError, match="cont"):
-        run(recurrent("LSTM"), [blob_from(uniform((T, N, K), 1)), blob_from(np.ones((T, N + 1)))])
+        run_layer(recurrent("LSTM"),
+                  [blob_from(uniform((T, N, K), 1)), blob_from(np.ones((T, N + 1)))])
     layer = recurrent("LSTM")
-    run(layer, bottoms())
+    run_layer(layer, bottoms())
     with pytest.raises(LayerError, match="timesteps changed"):
         layer.reshape([blob_from(uniform((T + 1, N, K), 1)), blob_from(np.ones((T + 1, N)))],
                       [Blob()])
@@ -337,11 +329,11 @@ def test_bad_inputs_name_the_layer_and_the_problem():
     with pytest.raises(LayerError, match="hidden state input shape"):
         bad = bottoms(hidden_states=2)
         bad[3] = blob_from(np.zeros((1, N, H + 1)))
-        run(recurrent("LSTM", "expose_hidden: true"), bad, n_tops=3)
+        run_layer(recurrent("LSTM", "expose_hidden: true"), bad, ntops=3)
     with pytest.raises(LayerError, match="4 x 2 = 8"):
-        run(make_layer('name: "u" type: "LSTMUnit"'),
-            [blob_from(np.zeros((1, 2, 2))), blob_from(np.zeros((1, 2, 6))),
-             blob_from(np.zeros((1, 2)))], n_tops=2)
+        run_layer(make_layer('name: "u" type: "LSTMUnit"'),
+                  [blob_from(np.zeros((1, 2, 2))), blob_from(np.zeros((1, 2, 6))),
+                   blob_from(np.zeros((1, 2)))], ntops=2)
 
 
 def test_cont_takes_no_forced_gradient():
@@ -361,7 +353,7 @@ def test_debug_info_logs_the_unrolled_blobs():
     try:
         layer = recurrent("LSTM", "debug_info: true")
         bottom = bottoms()
-        top = run(layer, bottom)
+        top = run_layer(layer, bottom)
         top[0].diff[...] = 1
         layer.backward(top, [True, False], bottom)
     finally:

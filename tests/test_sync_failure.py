@@ -8,22 +8,17 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from poseidon_caffe.sync import launcher
 
-NET = """name: "dummy"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 8 dim: 1 dim: 8 dim: 8 } shape { dim: 8 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
-layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
-  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
-  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-"""
+from jobs import SMALL_CONV_NET
+
+pytestmark = pytest.mark.mpi          # every test here runs mpiexec
 
 
 def write_job(tmp_path, max_iter):
-    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "net.prototxt").write_text(SMALL_CONV_NET)
     solver = tmp_path / "solver.prototxt"
     solver.write_text('net: "%s"\nbase_lr: 0.01 momentum: 0.9 lr_policy: "fixed" display: 0\n'
                       'max_iter: %d snapshot: 5 snapshot_prefix: "%s" random_seed: 3\n'
@@ -96,7 +91,7 @@ solver.step(100)
 
 
 def test_rank_that_raises_ends_the_job_naming_rank_host_and_cause(tmp_path):
-    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "net.prototxt").write_text(SMALL_CONV_NET)
     script = tmp_path / "raiser.py"
     script.write_text(RAISER)
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")

@@ -14,6 +14,8 @@ from google.protobuf import text_format
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import get_solver
 
+pytestmark = pytest.mark.mpi          # every test here runs mpiexec
+
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ITERS = 3
 

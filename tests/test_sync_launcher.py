@@ -1,16 +1,22 @@
 """The launcher: Poseidon's localserver host files parse (with clear errors), run_local.py and
 the train_*.sh scripts build the expected mpiexec argument lists (dry run), and one real run
 trains the MNIST example on two local workers."""
+import io
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from poseidon_caffe.sync import launcher
 from poseidon_caffe.tools import launch
+
+from jobs import SMALL_CONV_NET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -110,6 +116,55 @@ def test_bad_host_file_is_reported_by_run_local(tmp_path):
     assert "localserver:1: expected '<client_id> <ip> <port>' (3 fields), got 4" in proc.stderr
 
 
+def test_run_local_script_takes_the_settings_from_the_script_globals(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)            # run_local_script moves into the repository root
+    path = hostfile(tmp_path, "0 127.0.0.1 9999\n")
+    script_globals = dict(solver="s.prototxt", devices=[0, 1], table_staleness=3, svb=True,
+                          num_rows_per_table=7, dataset="mnist", os=os, ROOT="elsewhere",
+                          __name__="__main__", not_a_setting=5)
+    out = io.StringIO()
+    assert launch.run_local_script(script_globals, str(tmp_path), [path, "--dry-run"],
+                                     out) == 0
+    args = shlex.split(out.getvalue())
+    assert "-solver=s.prototxt" in args and args.count("-staleness=3") == 2
+    assert args.count("-svb=true") == 2 and args.count("-num_rows_per_table=7") == 2
+    assert "-output_dir=%s" % (tmp_path / "output" / "caffe.mnist.S3.M1.T2") in args
+    assert not any("not_a_setting" in a or "ROOT" in a for a in args)
+
+    def interrupted(path):                 # a Ctrl-C while the host names resolve
+        raise KeyboardInterrupt
+    monkeypatch.setattr(launcher, "read_localserver", interrupted)
+    assert launch.run_local_script(script_globals, str(tmp_path), [path], out) == 130
+
+
+@pytest.mark.parametrize("example", ["googlenet", "alexnet", "mnist"])
+def test_ctrl_c_while_run_local_starts_exits_quietly(tmp_path, example):
+    """A SIGINT while run_local.py still loads the library: status 130, no traceback."""
+    script = tmp_path / "examples" / example / "run_local.py"
+    script.parent.mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "examples", example, "run_local.py"), script)
+    # the package the script loads from its repository root says it has begun, then hangs
+    loading = tmp_path / "loading"
+    (tmp_path / "poseidon_caffe").mkdir()
+    (tmp_path / "poseidon_caffe" / "__init__.py").write_text(
+        "import time\nopen(%r, 'w').close()\ntime.sleep(60)\n" % str(loading))
+    proc = subprocess.Popen([PY, str(script), "--dry-run"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not loading.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out, err) == (130, "", "")
+
+
+@pytest.mark.mpi
 def test_mnist_trains_on_two_local_workers(tmp_path):
     from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
     mnist = os.path.join(ROOT, "examples", "mnist")
@@ -155,21 +210,10 @@ def test_num_app_threads_must_match_the_device_list(tmp_path, capsys):
                           "--num_app_threads", "2", "--dry-run"]) == 0
 
 
-TIMELINE_NET = """name: "small"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 8 dim: 1 dim: 8 dim: 8 } shape { dim: 8 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
-layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
-  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
-  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-"""
-
-
+@pytest.mark.mpi
 def test_timeline_is_chrome_trace_json_with_layers_and_exchanges(tmp_path):
     import json
-    (tmp_path / "net.prototxt").write_text(TIMELINE_NET)
+    (tmp_path / "net.prototxt").write_text(SMALL_CONV_NET)
     solver = tmp_path / "solver.prototxt"
     solver.write_text('net: "%s"\nbase_lr: 0.01 lr_policy: "fixed" display: 0 max_iter: 3\n'
                       % (tmp_path / "net.prototxt"))

@@ -10,6 +10,8 @@ import pytest
 
 from poseidon_caffe.io import read_net_weights
 
+pytestmark = pytest.mark.mpi          # every test here runs mpiexec
+
 PY = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
 

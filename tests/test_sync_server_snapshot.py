@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
 from poseidon_caffe.io import read_net_weights, read_solverstate
-from test_sync_data_shards import write_job
+
+from jobs import write_lenet_job
+
+pytestmark = pytest.mark.mpi          # every test here runs mpiexec
 
 PY = sys.executable
 
@@ -17,11 +21,11 @@ PY = sys.executable
 def test_snapshot_gathers_a_large_history_from_a_dedicated_server(tmp_path):
     train_db, test_db = ensure_mnist_lmdbs(str(tmp_path / "digits"))
     env = dict(os.environ, POSEIDON_NO_PROGRESS="1")
-    one = write_job(tmp_path, "one", 16, train_db, test_db)
+    one = write_lenet_job(tmp_path, "one", 16, train_db, test_db)
     proc = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "-solver=%s" % one],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    two = write_job(tmp_path, "two", 8, train_db, test_db)
+    two = write_lenet_job(tmp_path, "two", 8, train_db, test_db)
     mpiexec = os.path.join(os.path.dirname(PY), "mpiexec")
     proc = subprocess.run([mpiexec, "-n", "3", PY, "-m", "poseidon_caffe.cli", "train",
                            "-solver=%s" % two, "-sync=ps", "-server_ranks=1"],

@@ -115,6 +115,7 @@ def check_bytes(ranks, workers, servers, key):
     assert np.mean(load) == pytest.approx(4 * 2.0 * total_mn * workers / servers, rel=0.01)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("servers", [1, 2])
 def test_two_workers_with_dedicated_servers_equal_one_worker(tmp_path, servers):
     workers, batch = 2, 3
@@ -182,6 +183,7 @@ if job.rank == 0:
 '''
 
 
+@pytest.mark.mpi
 def test_stale_synchronous_run_with_a_dedicated_server_respects_the_bound(tmp_path):
     staleness, iters = 2, 80
     script = tmp_path / "stale.py"
@@ -233,6 +235,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 """
 
 
+@pytest.mark.mpi
 def test_worker_that_raises_ends_the_job_and_its_servers(tmp_path):
     (tmp_path / "net.prototxt").write_text(NET)
     script = tmp_path / "raiser.py"

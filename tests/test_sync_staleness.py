@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.mpi          # every test here runs mpiexec
+
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 WORKER = r'''

@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from poseidon_caffe.io import read_net_weights
 from poseidon_caffe.solver.snapshot import read_state
@@ -177,6 +178,7 @@ def start(tmp_path, through_launcher=False):
     return Job(tmp_path, command(tmp_path, solver))
 
 
+@pytest.mark.mpi
 def test_sigint_to_one_rank_stops_both_at_the_same_iteration(tmp_path):
     job = start(tmp_path)
     job.training()
@@ -184,6 +186,7 @@ def test_sigint_to_one_rank_stops_both_at_the_same_iteration(tmp_path):
     stopped_and_resumed(tmp_path, job, job.finish())
 
 
+@pytest.mark.mpi
 def test_with_staleness_both_ranks_still_stop_after_the_same_iteration(tmp_path):
     # the answer is read staleness + 1 boundaries later; weights of a stale-synchronous run
     # depend on timing, so only the stop itself is compared
@@ -197,6 +200,7 @@ def test_with_staleness_both_ranks_still_stop_after_the_same_iteration(tmp_path)
     assert_consistent(tmp_path, it)
 
 
+@pytest.mark.mpi
 def test_a_stop_during_a_long_test_pass_ends_it(tmp_path):
     solver = write_solver(tmp_path, "job", 10 ** 6)
     with open(solver, "a") as f:
@@ -213,6 +217,7 @@ def test_a_stop_during_a_long_test_pass_ends_it(tmp_path):
     assert_consistent(tmp_path, 0)
 
 
+@pytest.mark.mpi
 def test_sigint_to_mpiexec_stops_the_job_with_one_snapshot(tmp_path):
     job = start(tmp_path)
     job.training()
@@ -220,6 +225,7 @@ def test_sigint_to_mpiexec_stops_the_job_with_one_snapshot(tmp_path):
     stopped_and_resumed(tmp_path, job, job.finish())
 
 
+@pytest.mark.mpi
 def test_sighup_then_sigint_to_the_launcher_snapshot_then_stop(tmp_path):
     job = start(tmp_path, through_launcher=True)
     job.training()
@@ -233,6 +239,7 @@ def test_sighup_then_sigint_to_the_launcher_snapshot_then_stop(tmp_path):
     assert "KeyboardInterrupt" not in job.err()
 
 
+@pytest.mark.mpi
 def test_ctrl_c_to_the_launchers_process_group(tmp_path):
     job = start(tmp_path, through_launcher=True)
     job.training()
@@ -240,6 +247,7 @@ def test_ctrl_c_to_the_launchers_process_group(tmp_path):
     stopped_and_resumed(tmp_path, job, job.finish())
 
 
+@pytest.mark.mpi
 def test_signals_half_a_second_apart_on_different_ranks(tmp_path):
     job = start(tmp_path)
     job.training()
@@ -249,6 +257,7 @@ def test_signals_half_a_second_apart_on_different_ranks(tmp_path):
     stopped_and_resumed(tmp_path, job, job.finish(), snapshots=2)
 
 
+@pytest.mark.mpi
 def test_a_second_sigint_after_the_stop_changes_nothing(tmp_path):
     job = start(tmp_path)
     job.training()
@@ -311,6 +320,7 @@ def test_launcher_forwards_signals_and_exits_with_the_commands_status(tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.mpi
 def test_rank_that_cannot_write_its_snapshot_file_ends_the_job_naming_itself(tmp_path):
     job = start(tmp_path)
     job.training()

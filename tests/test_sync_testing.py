@@ -5,7 +5,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
+
+pytestmark = pytest.mark.mpi          # every test here runs mpiexec
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,12 +10,12 @@ import os
 import subprocess
 import sys
 
-import lmdb
 import numpy as np
 import pytest
 
 from poseidon_caffe.io import read_net_weights
-from poseidon_caffe.proto import caffe_pb2
+
+from jobs import write_float_db
 
 PY = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
@@ -33,16 +33,6 @@ layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p"
           bias_filler { type: "constant" value: -0.1 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
 """
-
-
-def write_db(path):
-    env = lmdb.open(str(path), map_size=1 << 22)
-    with env.begin(write=True) as txn:
-        for i, (x, y) in enumerate(zip(X, Y)):
-            datum = caffe_pb2.Datum(channels=1, height=1, width=3, label=int(y))
-            datum.float_data.extend(x.tolist())
-            txn.put(b"%08d" % i, datum.SerializeToString())
-    env.close()
 
 
 def gradient(w, b, r, it):
@@ -80,11 +70,12 @@ def test_the_two_rules_differ_by_hand():
     assert np.abs(ws - ww).max() > 1e-2
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("rule, sync, servers", [
     ("server", "ps", 0), ("worker", "ps", 0), ("worker", "allreduce", 0),
     ("worker", "ps", 1)])       # a dedicated server rank adds the updates
 def test_update_rule_matches_numpy(tmp_path, rule, sync, servers):
-    write_db(tmp_path / "db")
+    write_float_db(tmp_path / "db", X, Y)
     (tmp_path / "net.prototxt").write_text(NET % (tmp_path / "db"))
     solver = tmp_path / "solver.prototxt"
     solver.write_text('net: "%s"\nbase_lr: %g momentum: %g weight_decay: %g lr_policy: "fixed"\n'
@@ -102,10 +93,11 @@ def test_update_rule_matches_numpy(tmp_path, rule, sync, servers):
     np.testing.assert_allclose(weights["ip"][1].ravel(), [b], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.mpi
 def test_worker_rule_resumes_every_workers_own_history(tmp_path):
     """Each worker's momentum is its own under -ps_update=worker: a run resumed from the
     snapshot at iteration 2 ends where the uninterrupted run does."""
-    write_db(tmp_path / "db")
+    write_float_db(tmp_path / "db", X, Y)
     (tmp_path / "net.prototxt").write_text(NET % (tmp_path / "db"))
 
     def train(name, extra=()):

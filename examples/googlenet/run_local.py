@@ -41,13 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
-    os.chdir(ROOT)
-    from poseidon_caffe.sync.launcher import run_local
-    sys.exit(run_local(dict(
-        solver=solver, snapshot=snapshot, devices=devices, table_staleness=table_staleness,
-        svb=svb, net_outputs=net_outputs, stats_path=stats_path,
-        consistency_model=consistency_model, num_table_threads=num_table_threads,
-        num_rows_per_table=num_rows_per_table,
-        num_comm_channels_per_client=num_comm_channels_per_client,
-        init_thread_access_table=init_thread_access_table, sync=sync, dwbp=dwbp,
-        ps_update=ps_update, num_servers=num_servers, dataset=dataset), repo_root=ROOT))
+    try:
+        from poseidon_caffe.tools.launch import run_local_script
+    except KeyboardInterrupt:                 # Ctrl-C while the library loads: no traceback
+        sys.exit(130)
+    sys.exit(run_local_script(globals(), ROOT))

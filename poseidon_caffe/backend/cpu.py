@@ -68,9 +68,6 @@ class CPUBackend:
     def zeros(self, shape, dtype=None):
         return np.zeros(shape, dtype=dtype or self.dtype)
 
-    def empty(self, shape, dtype=None):
-        return np.empty(shape, dtype=dtype or self.dtype)
-
     def to_device(self, array, dtype=None):
         return np.ascontiguousarray(array, dtype=dtype or self.dtype)
 
@@ -127,20 +124,6 @@ class CPUBackend:
             out *= beta
         out += (a @ b) * alpha if alpha != 1.0 else a @ b
         return out
-
-    def axpy(self, alpha, x, y):
-        """y += alpha * x."""
-        if alpha == 1.0:
-            y += x
-        else:
-            y += alpha * x
-        return y
-
-    def dot(self, x, y):
-        return float(np.dot(x.ravel(), y.ravel()))
-
-    def asum(self, x):
-        return float(np.abs(x).sum(dtype=np.float64))
 
     def sumsq(self, x):
         x = x.ravel()

@@ -37,10 +37,6 @@ class DataTransformer:
         elif len(param.mean_value):
             self.mean_values = np.asarray(param.mean_value, dtype=np.float32)
 
-    @property
-    def needs_rng(self):
-        return self.mirror or (self.train and self.crop_size > 0)
-
     def output_shape(self, channels, height, width):
         """C x H x W of a transformed image, after checking the input fits the parameters."""
         self.check_input(channels, height, width)

@@ -4,6 +4,8 @@ Layers receive lists of Blob objects. ``forward`` writes top data; ``backward`` 
 diffs (never accumulates into them) and *adds* into parameter diffs, exactly as in Caffe, so that
 the net can accumulate gradients over iter_size and shared parameters.
 """
+import math
+
 from ..backend import get_backend
 from ..blob import Blob
 from ..proto import caffe_pb2
@@ -45,6 +47,34 @@ class Layer:
         blob = Blob(arr.shape)
         blob.data[...] = arr
         return blob
+
+    def check_loaded_blobs(self, shapes, names=None, legacy_padding_only=False,
+                           count_text="expected {want} parameter blob(s), the model gives {got}",
+                           shape_text="parameter blob {which} has shape {got}, expected {want}"):
+        """Check the blobs that came with the LayerParameter against the shapes setup computed.
+
+        A blob stored in another shape with the same values (a legacy model's 4-d storage, as
+        (1, 1, N, K)) takes the computed shape; with ``legacy_padding_only`` only leading 1s
+        are accepted, else any shape of the same count. Errors name a blob by its entry in
+        ``names``, else its index; the texts' fields are {want}, {got}, {names}, {which}.
+        """
+        if len(self.blobs) != len(shapes):
+            raise self.error(count_text.format(want=len(shapes), got=len(self.blobs),
+                                               names=", ".join(names or ())))
+        for i, (blob, shape) in enumerate(zip(self.blobs, shapes)):
+            shape = tuple(shape)
+            if blob.shape == shape:
+                continue
+            if legacy_padding_only:
+                lead = blob.num_axes - len(shape)
+                legacy = lead >= 0 and blob.shape[lead:] == shape and \
+                    all(s == 1 for s in blob.shape[:lead])
+            else:
+                legacy = blob.count == math.prod(shape)
+            if not legacy:
+                raise self.error(shape_text.format(which=names[i] if names else i,
+                                                   got=blob.shape, want=shape))
+            blob.reshape(shape)
 
     # -- the four calls ----------------------------------------------------------------------
     def setup(self, bottom, top):

@@ -7,20 +7,6 @@ from .base import Layer
 from .registry import register
 
 
-def _check_loaded(layer, expected_shapes):
-    """Parameters that came with the LayerParameter must have the shapes the layer computes."""
-    if len(layer.blobs) != len(expected_shapes):
-        raise layer.error("expected %d parameter blob(s), the model gives %d"
-                          % (len(expected_shapes), len(layer.blobs)))
-    for i, (blob, shape) in enumerate(zip(layer.blobs, expected_shapes)):
-        if tuple(blob.shape) != tuple(shape):
-            if blob.count == int(np.prod(shape, dtype=np.int64)):
-                blob.reshape(shape)        # legacy 4-d (1, 1, N, K) storage of the same values
-            else:
-                raise layer.error("parameter blob %d has shape %s, expected %s"
-                                  % (i, blob.shape, tuple(shape)))
-
-
 @register("InnerProduct")
 class InnerProductLayer(Layer):
     """top = bottom (flattened from ``axis``) x W^T + b; W is (N, K), or (K, N) with transpose."""
@@ -40,7 +26,7 @@ class InnerProductLayer(Layer):
                         else (self.num_output, self.k))
         shapes = [weight_shape] + ([(self.num_output,)] if self.bias_term else [])
         if self.blobs:
-            _check_loaded(self, shapes)
+            self.check_loaded_blobs(shapes)
         else:
             self.blobs = [Blob(weight_shape)]
             fill(self.blobs[0], p.weight_filler)
@@ -125,7 +111,7 @@ class EmbedLayer(Layer):
         shapes = [(self.input_dim, self.num_output)] + ([(self.num_output,)]
                                                          if self.bias_term else [])
         if self.blobs:
-            _check_loaded(self, shapes)
+            self.check_loaded_blobs(shapes)
         else:
             self.blobs = [Blob(shapes[0])]
             fill(self.blobs[0], p.weight_filler)

@@ -34,14 +34,10 @@ class BatchNormLayer(Layer):
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
         shapes = [(self.channels,), (self.channels,), (1,)]
         if self.blobs:
-            if len(self.blobs) != 3:
-                raise self.error("expected 3 statistics blobs (mean, variance, scale factor), "
-                                 "the model gives %d" % len(self.blobs))
-            for i, (blob, shape) in enumerate(zip(self.blobs, shapes)):
-                if blob.count != shape[0]:
-                    raise self.error("statistics blob %d has shape %s, expected %s"
-                                     % (i, blob.shape, shape))
-                blob.reshape(shape)
+            self.check_loaded_blobs(
+                shapes, count_text="expected {want} statistics blobs (mean, variance, scale "
+                                   "factor), the model gives {got}",
+                shape_text="statistics blob {which} has shape {got}, expected {want}")
         else:
             self.blobs = [Blob(shape) for shape in shapes]      # zeros, as Caffe starts them
         self._freeze_statistics()
@@ -146,17 +142,6 @@ class _BroadcastLayer(Layer):
                              % (what, operand.shape, bottom0.shape, start))
         return bottom0.count_axes(0, start), operand.count, bottom0.count_axes(end)
 
-    def _check_loaded(self, shapes):
-        if len(self.blobs) != len(shapes):
-            raise self.error("expected %d parameter blob(s), the model gives %d"
-                             % (len(shapes), len(self.blobs)))
-        for i, (blob, shape) in enumerate(zip(self.blobs, shapes)):
-            if blob.shape != tuple(shape):
-                if blob.count != int(np.prod(shape, dtype=np.int64)):
-                    raise self.error("parameter blob %d has shape %s, expected %s"
-                                     % (i, blob.shape, tuple(shape)))
-                blob.reshape(shape)
-
     def _sum_outer_inner(self, array):
         return array.reshape(self.outer, self.dim, self.inner).sum(axis=(0, 2), dtype=np.float64)
 
@@ -175,7 +160,7 @@ class ScaleLayer(_BroadcastLayer):
         shapes = ([scale_shape] if len(bottom) == 1 else []) + ([scale_shape]
                                                                 if self.bias_term else [])
         if self.blobs:
-            self._check_loaded(shapes)
+            self.check_loaded_blobs(shapes)
         else:
             self.blobs = [Blob(shape) for shape in shapes]
             if len(bottom) == 1:
@@ -232,7 +217,7 @@ class BiasLayer(_BroadcastLayer):
         if len(bottom) == 1:
             shape = self._learned_shape(bottom[0], p.axis, p.num_axes, "bias_param")
             if self.blobs:
-                self._check_loaded([shape])
+                self.check_loaded_blobs([shape])
             else:
                 self.blobs = [Blob(shape)]
                 fill(self.blobs[0], p.filler)

@@ -119,7 +119,9 @@ class _RecurrentLayer(Layer):
                  "of %d independent streams.", self.T, self.N)
         shapes = self._blob_shapes()
         if self.blobs:
-            self._check_loaded(shapes)
+            self.check_loaded_blobs(
+                [shape for _, shape in shapes], names=[name for name, _ in shapes],
+                count_text="expected {want} parameter blobs ({names}), the model gives {got}")
         else:
             self.blobs = []
             for name, shape in shapes:
@@ -136,18 +138,6 @@ class _RecurrentLayer(Layer):
             shapes.append((self.x_weight_name + "_static", (rows, self.static_dim)))
         shapes.extend(self._recurrent_blob_shapes())
         return shapes
-
-    def _check_loaded(self, shapes):
-        if len(self.blobs) != len(shapes):
-            raise self.error("expected %d parameter blobs (%s), the model gives %d"
-                             % (len(shapes), ", ".join(n for n, _ in shapes), len(self.blobs)))
-        for blob, (name, shape) in zip(self.blobs, shapes):
-            if tuple(blob.shape) != shape:
-                if blob.count == int(np.prod(shape)):
-                    blob.reshape(shape)          # legacy 4-d storage of the same values
-                else:
-                    raise self.error("parameter blob %s has shape %s, expected %s"
-                                     % (name, blob.shape, shape))
 
     def _check_sequence_bottoms(self, bottom):
         if bottom[0].num_axes < 2:

@@ -103,19 +103,12 @@ class _ConvolutionBase(Layer):
         weight_shape = (conv_out, conv_in // self.group) + tuple(self.kernel)
         shapes = [weight_shape] + ([(self.num_output,)] if self.bias_term else [])
         if self.blobs:
-            if len(self.blobs) != len(shapes):
-                raise self.error("incorrect number of weight blobs: expected %d, got %d"
-                                 % (len(shapes), len(self.blobs)))
-            for blob, want in zip(self.blobs, shapes):
-                if blob.shape != want:
-                    # a legacy model stores the bias as (1, 1, 1, M): same values, same order
-                    if blob.count == int(np.prod(want)) and \
-                            all(s == 1 for s in blob.shape[:len(blob.shape) - len(want)]) and \
-                            tuple(blob.shape[len(blob.shape) - len(want):]) == want:
-                        blob.reshape(want)
-                    else:
-                        raise self.error("incorrect weight shape: expected shape %s; instead, "
-                                         "shape was %s" % (want, blob.shape))
+            # Caffe's texts; a legacy model stores the bias as (1, 1, 1, M)
+            self.check_loaded_blobs(
+                shapes, legacy_padding_only=True,
+                count_text="incorrect number of weight blobs: expected {want}, got {got}",
+                shape_text="incorrect weight shape: expected shape {want}; instead, shape was "
+                           "{got}")
         else:
             from .. import fillers
             from ..blob import Blob

@@ -31,7 +31,8 @@ class MemoryFootprint:
                 return
             counted.add(id(blob))
             data = 0 if blob.shares_data else blob.nbytes
-            diff = blob.nbytes if with_diff and not blob.shares_diff else 0
+            # no blob takes another's diff (a shared parameter is one Blob in every layer)
+            diff = blob.nbytes if with_diff else 0
             totals["data"] += data
             totals["diff"] += diff
             per_layer[layer_name] += data + diff

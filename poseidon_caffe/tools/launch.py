@@ -4,11 +4,12 @@
 """
 import argparse
 import os
+import signal
 import sys
 
 from ..sync.join import JoinError
-from ..sync.launcher import (HostFileError, build_command, launch_from_settings, output_dir,
-                             read_localserver, run)
+from ..sync.launcher import (OLD_SETTING_NAMES, PASSED_SETTINGS, HostFileError, build_command,
+                             launch_from_settings, output_dir, read_localserver, run)
 
 
 def parse_devices(text):
@@ -111,6 +112,23 @@ def run_local(settings, argv=None, repo_root=None, stream=None):
     except JoinError as exc:
         sys.stderr.write("%s\n" % exc)
         return 1
+
+
+def run_local_script(script_globals, repo_root, argv=None, stream=None):
+    """All that an ``examples/*/run_local.py`` does below its settings block: ``run_local``
+    with the settings its globals assign (the names run_local reads; others are passed over),
+    from ``repo_root``, the working folder of the job. A Ctrl-C that is not passed on to mpiexec
+    (one before it starts) ends it quietly with status 130 (128 + SIGINT), as the script does
+    while the library loads."""
+    known = ("solver", "snapshot", "devices", "table_staleness", "svb", "net_outputs",
+             "stats_path", "sync", "dwbp", "num_servers", "dataset", "use_gpu") + \
+        PASSED_SETTINGS + tuple(OLD_SETTING_NAMES)
+    settings = {name: script_globals[name] for name in known if name in script_globals}
+    try:
+        os.chdir(repo_root)
+        return run_local(settings, argv, repo_root, stream)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":
