@@ -357,3 +357,23 @@ def test_sigusr1_is_taken_as_sighup_and_late_signals_are_ignored_after_a_job():
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_one_snapshot_signal_reaching_ranks_on_either_side_of_a_boundary_is_taken_once():
+    from poseidon_caffe.solver import signals
+    from poseidon_caffe.sync.stop import StopAgreement
+    agreement = StopAgreement.__new__(StopAgreement)      # the decision alone, without MPI
+    agreement.last_snapshot = None
+
+    def answer(codes, clock_ms):
+        return np.array(list(codes) + [clock_ms], dtype=np.int64)
+    # rank 0 asked at one boundary, rank 1 (the same signal) at the next: one snapshot
+    assert agreement._decide(answer([1, 0], 10_000)) == signals.SNAPSHOT
+    assert agreement._decide(answer([0, 1], 10_040)) == signals.NONE
+    # a second signal to a rank that already asked is a new request
+    assert agreement._decide(answer([1, 0], 10_080)) == signals.SNAPSHOT
+    # and so is one to the other rank once the window has passed
+    assert agreement._decide(answer([0, 1], 12_000)) == signals.SNAPSHOT
+    # a stop is never coalesced, and outranks a snapshot
+    assert agreement._decide(answer([2, 1], 12_010)) == signals.STOP
+    assert agreement._decide(answer([0, 0], 12_020)) == signals.NONE

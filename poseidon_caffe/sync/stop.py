@@ -9,12 +9,20 @@ stop after the same iteration. ``lag`` is the staleness bound plus one: by then 
 worker has passed boundary ``n`` anyway (this rank has waited for the gradients it sent just
 before), so reading the answer does not make a rank wait where training would not.
 
+One signal sent to every rank (to mpiexec, to the launcher) can reach them on either side of a
+boundary. So the all-reduce carries each rank's request in a slot of its own, and rank 0's
+clock: a snapshot agreed within ``COALESCE_SECONDS`` of the previous one, and asked only by
+ranks that did not ask for that one, is the same signal arriving late, and is not taken again.
+Every rank decides this from the same answers, so all of them skip it or none does.
+
 The MPI calls run on the communication thread, like every other one after start-up: the
 compute thread only queues its request and reads answers the communication thread has already
-collected while it polled its exchanges (the transport's progress hook). The traffic (4 bytes
-per rank and boundary) is control, not gradients: the sync byte counters do not count it, so
-the measured bytes still equal the plan's.
+collected while it polled its exchanges (the transport's progress hook). The traffic (8 bytes
+per rank and boundary, plus rank 0's clock) is control, not gradients: the sync byte counters
+do not count it, so the measured bytes still equal the plan's.
 """
+import time
+
 import numpy as np
 from mpi4py import MPI
 
@@ -22,6 +30,7 @@ from ..solver import signals
 
 CODES = {signals.NONE: 0, signals.SNAPSHOT: 1, signals.STOP: 2}
 ACTIONS = {code: action for action, code in CODES.items()}
+COALESCE_SECONDS = 1.0
 
 
 class StopAgreement:
@@ -40,7 +49,8 @@ class StopAgreement:
         self.lag = max(1, int(lag))
         self.boundary = 0
         self.requests = {}        # boundary -> (send, recv, request): communication thread
-        self.answers = {}         # boundary -> combined code, read by the compute thread
+        self.answers = {}         # boundary -> per-rank codes and rank 0's clock (ms)
+        self.last_snapshot = None # (rank 0's clock, ranks that asked) of the last one taken
         transport.progress_hooks.append(self.progress)
 
     # -- compute thread ------------------------------------------------------------------
@@ -58,7 +68,22 @@ class StopAgreement:
             # doing, and take the answer as soon as any of its polls collects it
             self.scheduler.post(lambda: self._finish(asked))
             self.scheduler.wait_for(lambda: asked in self.answers, self._what(asked))
-        return ACTIONS[self.answers.pop(asked)]
+        return self._decide(self.answers.pop(asked))
+
+    def _decide(self, answer):
+        """The job's action from every rank's code and rank 0's clock (the same on all)."""
+        codes, clock = answer[:-1], answer[-1] / 1000.0
+        action = ACTIONS[int(codes.max())]
+        if action != signals.SNAPSHOT:
+            return action
+        asking = frozenset(np.flatnonzero(codes == CODES[signals.SNAPSHOT]).tolist())
+        last = self.last_snapshot
+        if last is not None and clock - last[0] < COALESCE_SECONDS and not asking & last[1]:
+            # the previous snapshot's signal, reaching these ranks a boundary later
+            self.last_snapshot = (last[0], last[1] | asking)
+            return signals.NONE
+        self.last_snapshot = (clock, asking)
+        return action
 
     def close(self):
         """Complete what is still in flight (every worker started as many), then let go."""
@@ -72,8 +97,12 @@ class StopAgreement:
 
     # -- communication thread ------------------------------------------------------------
     def _start(self, boundary, code):
-        send = np.array([code], dtype=np.int32)
-        recv = np.zeros(1, dtype=np.int32)
+        # one slot per rank, then rank 0's clock in milliseconds (the others send 0)
+        send = np.zeros(self.comm.size + 1, dtype=np.int64)
+        send[self.comm.rank] = code
+        if self.comm.rank == 0:
+            send[-1] = int(time.monotonic() * 1000)
+        recv = np.zeros_like(send)
         self.requests[boundary] = (send, recv, self.comm.Iallreduce(send, recv, op=MPI.MAX))
         self.progress()
 
@@ -83,7 +112,7 @@ class StopAgreement:
             _, recv, request = self.requests[boundary]
             if request.Test():
                 del self.requests[boundary]
-                self.answers[boundary] = int(recv[0])
+                self.answers[boundary] = recv
                 collected = True
         if collected:
             self.scheduler.wake()
