@@ -8,6 +8,19 @@ from poseidon_caffe.proto import caffe_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# 4 random 3-vectors of label 2 through one InnerProduct; accuracy in TEST
+TINY_NET = """
+name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
+  include { phase: TEST } }
+"""
+
 # 8 random 1x8x8 images of label 1 through a convolution and an InnerProduct
 SMALL_CONV_NET = """name: "small"
 layer { name: "data" type: "DummyData" top: "data" top: "label"

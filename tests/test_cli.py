@@ -12,20 +12,10 @@ import types
 import numpy as np
 import pytest
 
+from jobs import TINY_NET as NET
 from poseidon_caffe import cli
 from poseidon_caffe.proto import caffe_pb2
 
-NET = """
-name: "tiny"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
-layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
-  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
-  include { phase: TEST } }
-"""
 
 
 def setup_files(tmp_path, max_iter=20, display=5, snapshot=10, extra=""):

@@ -10,20 +10,10 @@ import sys
 
 import pytest
 
+from jobs import TINY_NET as NET
 from poseidon_caffe import log, training_log
 from poseidon_caffe.tools.parse_log import parse_log_main
 
-NET = """
-name: "tiny"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 }
-    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 2 } } }
-layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
-  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
-  include { phase: TEST } }
-"""
 
 SOLVER = ('net: "net.prototxt" base_lr: 0.1 momentum: 0.9 lr_policy: "step" gamma: 0.5 '
           'stepsize: 10 display: 5 max_iter: 30 random_seed: 5 test_iter: 2 test_interval: 10 '

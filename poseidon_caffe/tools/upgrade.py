@@ -23,18 +23,11 @@ def _usage(text):
     return 2
 
 
-@flags.documented(NET_USAGE)
-def upgrade_net_main(argv):
-    """``upgrade-net IN OUT``: text prototxt in, text out; a binary .caffemodel in, binary out."""
-    if len(argv) != 2 or any(a in ("-h", "--help") for a in argv):
-        return _usage(NET_USAGE)
-    src, dst = argv
-    binary = src.endswith(_BINARY_SUFFIXES)
+def _upgrade_net_file(command, src, dst, binary):
+    """Read a net as written, upgrade it if it is legacy, write it in the same encoding."""
     try:
-        if binary:
-            raw = io.read_net_binary(src, upgrade=False)
-        else:
-            raw = io.read_net_param(src, upgrade=False)
+        raw = io.read_net_binary(src, upgrade=False) if binary else \
+            io.read_net_param(src, upgrade=False)
         if not net_needs_upgrade(raw):
             log.error("File already in latest proto format: %s", src)
         else:
@@ -44,10 +37,19 @@ def upgrade_net_main(argv):
         else:
             io.write_text_proto(raw, dst)
     except (io.ProtoFileError, UpgradeError) as e:
-        sys.stderr.write("upgrade-net: %s\n" % e)
+        sys.stderr.write("%s: %s\n" % (command, e))
         return 1
     log.info("Wrote upgraded NetParameter %s proto to %s", "binary" if binary else "text", dst)
     return 0
+
+
+@flags.documented(NET_USAGE)
+def upgrade_net_main(argv):
+    """``upgrade-net IN OUT``: text prototxt in, text out; a binary .caffemodel in, binary out."""
+    if len(argv) != 2 or any(a in ("-h", "--help") for a in argv):
+        return _usage(NET_USAGE)
+    src, dst = argv
+    return _upgrade_net_file("upgrade-net", src, dst, src.endswith(_BINARY_SUFFIXES))
 
 
 @flags.documented(BINARY_USAGE)
@@ -57,18 +59,7 @@ def upgrade_net_proto_binary_main(argv):
     if len(argv) != 2 or any(a in ("-h", "-help", "--help") for a in argv):
         return _usage(BINARY_USAGE)
     src, dst = argv
-    try:
-        raw = io.read_net_binary(src, upgrade=False)
-        if not net_needs_upgrade(raw):
-            log.error("File already in latest proto format: %s", src)
-        else:
-            upgrade_net(raw, src)
-        io.write_net_binary(raw, dst)
-    except (io.ProtoFileError, UpgradeError) as e:
-        sys.stderr.write("upgrade_net_proto_binary: %s\n" % e)
-        return 1
-    log.info("Wrote upgraded NetParameter binary proto to %s", dst)
-    return 0
+    return _upgrade_net_file("upgrade_net_proto_binary", src, dst, binary=True)
 
 
 @flags.documented(SOLVER_USAGE)
