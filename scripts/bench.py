@@ -266,6 +266,9 @@ def main(argv=None):
     print("ms per training iteration (best of %d; cpu = process CPU time)" % args.iters)
     print("%-14s %7s %18s %18s %7s %15s" % ("net", "threads", "ours wall/cpu", "torch wall/cpu",
                                              "ratio", "ref caffe/torch"))
+    unknown = [n for n in args.nets.split(",") if n not in REFERENCE_1T]
+    if unknown:
+        parser.error("--nets takes %s, not %s" % (", ".join(REFERENCE_1T), ", ".join(unknown)))
     for net in args.nets.split(","):
         for threads in (int(t) for t in args.threads.split(",")):
             ours = _run(sys.executable, net, threads, args.iters, "ours", args.profile)
