@@ -1,0 +1,188 @@
+"""The arrows of docs/DESIGN.md, checked on the source: every import of every module of the
+package (at module level and inside functions), resolved to the project module it names."""
+import ast
+import os
+import re
+
+import poseidon_caffe
+
+PACKAGE = os.path.dirname(poseidon_caffe.__file__)
+ROOT = os.path.dirname(PACKAGE)
+
+# The thin faces that may start a command of tools/ (DESIGN.md: cli.py, and the old
+# module names kept for scripts): module -> the places inside it that may import tools.
+TOOLS_FACES = {
+    "poseidon_caffe.cli": None,                                  # anywhere: it is the face
+    "poseidon_caffe.sync.launcher": {"__main__", "run_local"},
+    "poseidon_caffe.sync.psd_run": {"__main__", "__getattr__"},
+    "poseidon_caffe.data.mnist_embedded": {"__main__"},
+}
+
+
+def module_name(path):
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def package_sources():
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(folder, name)
+
+
+def is_main_block(node):
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name) and test.left.id == "__name__")
+
+
+def project_imports(path):
+    """[(line, imported module, enclosing place)] for every import of a poseidon_caffe module;
+    the place is the outermost function or class name, "__main__" or None (module level)."""
+    module = module_name(path)
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = []
+
+    def visit(node, place):
+        for child in ast.iter_child_nodes(node):
+            inner = place
+            if place is None and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                    ast.ClassDef)):
+                inner = child.name
+            elif place is None and is_main_block(child):
+                inner = "__main__"
+            if isinstance(child, ast.Import):
+                found.extend((child.lineno, a.name, place) for a in child.names
+                             if a.name.split(".")[0] == "poseidon_caffe")
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - child.level + 1])
+                    base = base + "." + child.module if child.module else base
+                else:
+                    base = child.module or ""
+                if base.split(".")[0] != "poseidon_caffe":
+                    continue
+                for a in child.names:
+                    # "from . import x" may name a module; keep the submodule when it is one
+                    sub = base + "." + a.name
+                    is_module = (os.path.isdir(os.path.join(ROOT, *sub.split(".")))
+                                 or os.path.isfile(os.path.join(ROOT, *sub.split(".")) + ".py"))
+                    found.append((child.lineno, sub if is_module else base, place))
+            visit(child, inner)
+
+    visit(tree, None)
+    return module, found
+
+
+ALL = {}
+for _path in package_sources():
+    _module, _imports = project_imports(_path)
+    ALL[_module] = (os.path.relpath(_path, ROOT), _imports)
+
+
+def under(module, room):
+    name = "poseidon_caffe." + room
+    return module == name or module.startswith(name + ".")
+
+
+def rooms_other_than(room):
+    """The package's top-level modules and packages, but room."""
+    return sorted({m.split(".")[1] for m in ALL if "." in m} - {room})
+
+
+def offenders(source_room, forbidden, allow=lambda module, place: False):
+    out = []
+    for module, (path, imports) in sorted(ALL.items()):
+        if not under(module, source_room):
+            continue
+        for line, target, place in imports:
+            if any(under(target, room) for room in forbidden) and not allow(module, place):
+                out.append("%s:%d imports %s" % (path, line, target))
+    return out
+
+
+def test_the_walk_sees_the_package():
+    assert len(ALL) > 100
+    _, imports = ALL["poseidon_caffe.net.build"]
+    assert any(under(t, "layers") for _, t, _ in imports)
+    # function-level imports are seen too, with their place
+    _, imports = ALL["poseidon_caffe.sync.launcher"]
+    assert any(t == "poseidon_caffe.tools.launch" and place == "run_local"
+               for _, t, place in imports)
+
+
+def test_layers_never_import_sync_solver_tools_or_cli():
+    bad = offenders("layers", ["sync", "solver", "tools", "cli"])
+    assert not bad, "layers reach up the arrows:\n" + "\n".join(bad)
+
+
+def test_backend_imports_nothing_of_the_project():
+    bad = offenders("backend", rooms_other_than("backend"))
+    assert not bad, "the backend imports the project:\n" + "\n".join(bad)
+
+
+def test_data_never_imports_layers():
+    bad = offenders("data", ["layers"])
+    assert not bad, "data imports layers:\n" + "\n".join(bad)
+
+
+def test_nothing_in_the_library_imports_tools_but_the_faces():
+    def allow(module, place):
+        if module not in TOOLS_FACES:
+            return False
+        places = TOOLS_FACES[module]
+        return places is None or place in places
+
+    bad = []
+    for room in rooms_other_than("tools"):
+        bad += offenders(room, ["tools"], allow)
+    assert not bad, "library modules import tools (only cli.py and the old command " \
+                    "names may):\n" + "\n".join(bad)
+
+
+def test_upgrade_imports_nothing_of_io():
+    bad = offenders("upgrade", ["io"])
+    assert not bad, "upgrade imports io:\n" + "\n".join(bad)
+
+
+def test_staging_and_proto_import_nothing_of_the_project():
+    bad = offenders("staging", rooms_other_than("staging"))
+    bad += offenders("proto", rooms_other_than("proto"))
+    assert not bad, "\n".join(bad)
+
+
+PRIVATE_REACH = re.compile(r"(solver|net|layer)\._\w|\.bottom_vecs\b|\.top_vecs\b|"
+                           r"\.param_layer_indices\b|\.prefetcher\b")
+
+
+def test_sync_uses_no_private_attribute_of_net_solver_or_layer():
+    bad, seen = [], 0
+    sync = os.path.join(PACKAGE, "sync")
+    for folder, dirs, files in os.walk(sync):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            seen += 1
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    code = line.split("#", 1)[0]
+                    match = PRIVATE_REACH.search(code)
+                    if match:
+                        bad.append("%s:%d: %s" % (os.path.relpath(path, ROOT), number,
+                                                  line.strip()))
+    assert seen > 10
+    assert not bad, "sync reads private attributes:\n" + "\n".join(bad)
+
+
+def test_the_private_attribute_check_would_catch_a_reach():
+    assert PRIVATE_REACH.search("self.solver._snapshot_prefix()")
+    assert PRIVATE_REACH.search("net.bottom_vecs[i]")
+    assert PRIVATE_REACH.search("test_net._layer_names")
+    assert not PRIVATE_REACH.search("solver.layer_resume_states()")
