@@ -186,3 +186,42 @@ def test_the_private_attribute_check_would_catch_a_reach():
     assert PRIVATE_REACH.search("net.bottom_vecs[i]")
     assert PRIVATE_REACH.search("test_net._layer_names")
     assert not PRIVATE_REACH.search("solver.layer_resume_states()")
+
+
+def marked_mpi(decorators):
+    return any("mark.mpi" in ast.unparse(d) for d in decorators)
+
+
+def runs_mpiexec(node):
+    """subprocess.run/Popen/check_* of a list that starts with MPIEXEC."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and ast.unparse(node.func.value) == "subprocess" and node.args
+            and isinstance(node.args[0], ast.List) and node.args[0].elts):
+        return False
+    first = node.args[0].elts[0]
+    return (isinstance(first, ast.Name) and first.id == "MPIEXEC"
+            or isinstance(first, ast.Attribute) and first.attr == "MPIEXEC")
+
+
+def test_tests_that_start_mpiexec_carry_the_mpi_marker():
+    """A test that runs the mpiexec program itself starts a real job: `-m "not mpi"` must
+    leave it out."""
+    unmarked, seen = [], 0
+    tests = os.path.join(ROOT, "tests")
+    for name in sorted(os.listdir(tests)):
+        if not (name.startswith("test_") and name.endswith(".py")):
+            continue
+        path = os.path.join(tests, name)
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        whole_file = any(isinstance(n, ast.Assign) and "pytestmark" in ast.unparse(n)
+                         and "mark.mpi" in ast.unparse(n) for n in tree.body)
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            starts_mpiexec = any(runs_mpiexec(n) for n in ast.walk(node))
+            seen += starts_mpiexec
+            if starts_mpiexec and not whole_file and not marked_mpi(node.decorator_list):
+                unmarked.append("tests/%s:%d %s" % (name, node.lineno, node.name))
+    assert seen >= 3                  # the walk found the tests that run mpiexec
+    assert not unmarked, "tests start mpiexec without the mpi marker:\n" + "\n".join(unmarked)

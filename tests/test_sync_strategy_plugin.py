@@ -161,6 +161,7 @@ if comm.rank == 0:
 '''
 
 
+@pytest.mark.mpi
 def test_a_fourth_strategy_trains_like_allreduce_on_two_hosts(tmp_path):
     ranks, batch = 2, 4
     script = tmp_path / "worker.py"
