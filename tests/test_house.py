@@ -121,6 +121,12 @@ def test_layers_never_import_sync_solver_tools_or_cli():
     assert not bad, "layers reach up the arrows:\n" + "\n".join(bad)
 
 
+def test_net_and_solver_never_import_what_stands_above_them():
+    bad = offenders("net", ["solver", "sync", "tools", "cli"])
+    bad += offenders("solver", ["sync", "tools", "cli"])
+    assert not bad, "the net or the solver reach up the arrows:\n" + "\n".join(bad)
+
+
 def test_backend_imports_nothing_of_the_project():
     bad = offenders("backend", rooms_other_than("backend"))
     assert not bad, "the backend imports the project:\n" + "\n".join(bad)
@@ -148,6 +154,12 @@ def test_nothing_in_the_library_imports_tools_but_the_faces():
 def test_upgrade_imports_nothing_of_io():
     bad = offenders("upgrade", ["io"])
     assert not bad, "upgrade imports io:\n" + "\n".join(bad)
+
+
+def test_io_reads_through_upgrade_writes_through_staging_and_nothing_else():
+    allowed = {"io", "proto", "upgrade", "staging", "imageio"}
+    bad = offenders("io", sorted(set(rooms_other_than("io")) - allowed))
+    assert not bad, "io imports beyond proto, upgrade, staging, imageio:\n" + "\n".join(bad)
 
 
 def test_staging_and_proto_import_nothing_of_the_project():
