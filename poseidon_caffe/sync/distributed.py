@@ -360,16 +360,18 @@ class DistributedRunner:
         from ..solver import snapshot as snap
         solver, topo = self.solver, self.topology
         self.engine.sync_point()
-        server = self.engine.strategies.get("ps")
-        if server is not None and self.engine.update == "server":
-            # the shards hold the history (with -ps_update=worker each worker keeps its own,
-            # and rank 0's goes into the solver state)
+        if self.engine.update == "server":
+            # a strategy may hold the history away from the workers (the ps shards); with
+            # -ps_update=worker each worker keeps its own, and rank 0's goes into the solver state
             clock = self.engine.clock
-            histories = self.engine.scheduler.call(lambda: server.gather_history(clock))
-            if topo.rank == 0:
-                for index, arrays in histories.items():
-                    for target, full in zip(self.rule.history(index), arrays):
-                        target[...] = full
+            strategies = list(self.engine.strategies.values())
+            gathered = self.engine.scheduler.call(
+                lambda: [s.gather_history(clock) for s in strategies])
+            for histories in gathered:
+                if topo.rank == 0 and histories:
+                    for index, arrays in histories.items():
+                        for target, full in zip(self.rule.history(index), arrays):
+                            target[...] = full
         model, state = solver.snapshot_filenames()
         if topo.rank != 0:
             side = self._rank_state_path(state)
