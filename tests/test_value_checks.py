@@ -51,6 +51,7 @@ def load(solver_dir, extra, base=BASE):
     ("snapshot: -1", "snapshot must be >= 0 (got -1)"),
     ("test_iter: -1 test_interval: 2", "test_iter[0] must be >= 0 (got -1)"),
     ("test_iter: 1 test_interval: -1", "test_interval must be >= 0 (got -1)"),
+    ("test_iter: 1", "test_interval must be > 0 when test_iter is given (got 0)"),
     ("iter_size: 0", "iter_size must be >= 1 (got 0)"),
     ("average_loss: 0", "average_loss must be >= 1 (got 0)"),
     ("stepsize: -3", "stepsize must be >= 0 (got -3)"),
