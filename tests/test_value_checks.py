@@ -111,6 +111,14 @@ def test_an_unknown_policy_stops_the_cli_before_any_test_pass(solver_dir):
     assert "solver.prototxt: " in errors[0]
 
 
+def test_an_unwritable_prefix_for_the_final_snapshot_stops_before_training(solver_dir):
+    # snapshot: 0, so only the snapshot after training would find out, after all the work
+    solver = load(solver_dir, 'max_iter: 2 snapshot_prefix: "missing/dir/x"')
+    with pytest.raises(SolverError, match=r"^Cannot write to snapshot prefix 'missing/dir/x'"):
+        solver.solve()
+    assert solver.iter == 0
+
+
 BAD_IP = ('inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.1 } } }',
           'param { lr_mult: nan } inner_product_param { num_output: 2 '
           'weight_filler { type: "gaussian" std: 0.1 } } }')

@@ -249,8 +249,12 @@ class Solver:
             log.info("Restoring previous solver status from %s", resume_file)
             self.restore(resume_file)
         start_iter = self.iter
-        self.step(self.param.max_iter - self.iter)
         p = self.param
+        if (p.snapshot_after_train and not p.snapshot and self.iter < p.max_iter
+                and (p.HasField("snapshot_prefix") or self.solver_file)):
+            # the snapshot at the end must be writable before the training it would keep
+            self._probe_snapshot_prefix()
+        self.step(self.param.max_iter - self.iter)
         snapshot_here = p.snapshot and self.iter % p.snapshot == 0
         if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
                 and self.last_snapshot_iter != self.iter and solver_group.root_solver()):
@@ -501,6 +505,9 @@ class Solver:
             return
         if not self.param.HasField("snapshot_prefix") and not self.solver_file:
             raise SolverError("In solver params, snapshot is specified but snapshot_prefix is not")
+        self._probe_snapshot_prefix()
+
+    def _probe_snapshot_prefix(self):
         # the process id keeps the probes of several workers sharing a folder apart
         probe = "%s_iter_%d.tempfile.%d" % (self.snapshot_prefix(), self.iter, os.getpid())
         try:
