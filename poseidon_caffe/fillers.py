@@ -163,11 +163,13 @@ _deferral = {"depth": 0, "pending": [], "running": False}
 
 
 class DeferredFillError(FillerError):
-    """A deferred fill that failed; ``blob`` is the blob it was for (to name its layer)."""
+    """A deferred fill that failed; ``blob`` is the blob it was for (to name its layer);
+    ``out_of_memory``: the failure was an allocation."""
 
-    def __init__(self, message, blob):
+    def __init__(self, message, blob, out_of_memory=False):
         super().__init__(message)
         self.blob = blob
+        self.out_of_memory = out_of_memory
 
 
 def run_deferred_fills():
@@ -184,6 +186,13 @@ def run_deferred_fills():
                 filler(blob, filler_param)
             except FillerError as exc:
                 raise DeferredFillError(str(exc), blob) from exc
+            except (MemoryError, ValueError) as exc:
+                # numpy says "array is too big" when a shape's byte count overflows
+                if not isinstance(exc, MemoryError) and "array is too big" not in str(exc):
+                    raise
+                raise DeferredFillError("out of memory drawing the initial values of a blob "
+                                        "of shape %s (%s)" % (tuple(blob.shape), exc), blob,
+                                        out_of_memory=True) from exc
     finally:
         _deferral["running"] = False
         if not _deferral["pending"]:

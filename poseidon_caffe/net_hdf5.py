@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from . import log
+from . import log, staging
 
 
 class HDF5WeightsError(ValueError):
@@ -34,8 +34,10 @@ def _owned(net):
 def save(net, path, write_diff=False):
     h5py = _h5py()
     owned = _owned(net)
-    directory = os.path.dirname(os.path.abspath(path))
-    temp = os.path.join(directory, ".%s.tmp%d" % (os.path.basename(path), os.getpid()))
+    # a temporary beside the target, renamed over it when complete; ones killed writers left
+    # there are removed first (see staging)
+    staging.remove_stale(path)
+    temp = staging.temp_path(path)
     try:
         with h5py.File(temp, "w") as f:
             for group_name in ("data", "diff") if write_diff else ("data",):
@@ -49,9 +51,9 @@ def save(net, path, write_diff=False):
                                 str(j), data=np.asarray(blob.backend.to_host(array),
                                                         dtype=np.float32))
         os.replace(temp, path)
+        staging.release(temp)
     except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
+        staging.discard(temp)
         raise
 
 

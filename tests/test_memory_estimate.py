@@ -154,6 +154,20 @@ def test_out_of_memory_while_running_names_the_layer(monkeypatch):
         net.forward()
 
 
+def test_out_of_memory_drawing_the_initial_weights_names_the_layer(monkeypatch):
+    # the estimate passes (a generous limit), then the weight filler's draw cannot allocate
+    monkeypatch.setenv("POSEIDON_MEMORY_LIMIT", "100T")
+    from poseidon_caffe import fillers
+
+    def exhausted(blob, filler_param):
+        raise MemoryError("Unable to allocate 7.5 MiB")
+    monkeypatch.setitem(fillers._FILLERS, "gaussian", exhausted)
+    with pytest.raises(NetMemoryError, match=r"^layer 'ip': out of memory drawing the "
+                                             r"initial values of a blob of shape "
+                                             r"\(2000, 1000\) \(Unable to allocate 7.5 MiB\)$"):
+        build(BIG_TEST)
+
+
 def test_memory_amounts_read_and_written():
     assert parse_bytes("100") == 100
     assert parse_bytes("512M") == 512 * 1024 ** 2

@@ -1,5 +1,6 @@
 """The Net engine: Caffe's build rules, gradients of whole nets, and the well-known nets' shapes."""
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -278,8 +279,8 @@ def test_copy_from_reports_shape_mismatch(tmp_path):
     model = tmp_path / "lenet.caffemodel"
     net.save(str(model))
     other = net_from_text(text.replace("num_output: 500", "num_output: 400"))
-    with pytest.raises(NetError, match=r"Cannot copy param 0 weights from layer 'ip1'; shape "
-                                       r"mismatch.*rename the layer"):
+    with pytest.raises(NetError, match=r"^%s: Cannot copy param 0 weights from layer 'ip1'; "
+                                       r"shape mismatch.*rename the layer" % re.escape(str(model))):
         other.copy_from(str(model))
 
 

@@ -194,6 +194,14 @@ def test_run_local_argument_errors(job, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_a_bad_join_timeout_is_one_line_naming_the_variable(job, monkeypatch, capsys):
+    monkeypatch.setenv("POSEIDON_JOIN_TIMEOUT", "soon")
+    assert launcher.run_local(dict(solver="s.prototxt", use_gpu=False),
+                              ["1", str(job / "hosts")], str(job)) == 1
+    assert capsys.readouterr().err == ("POSEIDON_JOIN_TIMEOUT='soon' is not a number of seconds "
+                                       "(expected a positive number, e.g. 120)\n")
+
+
 def test_a_client_without_its_leader_names_the_address(job, monkeypatch):
     monkeypatch.setenv("POSEIDON_JOIN_TIMEOUT", "0.5")
     hosts = launcher.read_localserver(str(job / "hosts"))

@@ -100,6 +100,23 @@ def test_help_names_the_options_and_keys(capsys):
         assert key in text
 
 
+@pytest.mark.parametrize("argv", [["-help"], ["--help"], ["-c", "cluster.json", "-help"],
+                                  ["-c", "c.json", "-o", "out", "-helpfull"]])
+def test_help_in_every_spelling_prints_usage(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        poseidon_run_main(argv)
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: poseidon-run")
+
+
+def test_a_commands_own_help_flag_is_passed_on():
+    from poseidon_caffe.tools.poseidon_run import _parser, _with_argparse_help
+    argv = ["-c", "c.json", "poseidon-caffe", "train", "-help"]
+    assert _with_argparse_help(argv) == argv
+    args = _parser().parse_args(_with_argparse_help(argv))
+    assert args.cmd == ["poseidon-caffe", "train", "-help"]
+
+
 def test_config_reads_psd_run_keys(tmp_path):
     pem = key_file(tmp_path)
     config = psd_run.load_config(write_config(

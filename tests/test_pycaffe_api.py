@@ -2,6 +2,9 @@
 callbacks, HDF5 weights, solver callbacks, lr and share_weights, Timer, log, the solver group
 and NCCL in one process. Expected values are worked out by hand or read back with h5py."""
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import h5py
@@ -10,6 +13,7 @@ import pytest
 
 import poseidon_caffe as caffe
 from poseidon_caffe import data as data_pkg
+from poseidon_caffe import staging
 from poseidon_caffe import solver_group
 from poseidon_caffe.net import NetError
 from poseidon_caffe.net_hdf5 import HDF5WeightsError
@@ -142,6 +146,17 @@ def test_save_hdf5_writes_caffes_layout(net, tmp_path):
         np.testing.assert_array_equal(f["data/ip/0"][()], [[1, 2, 3], [4, 5, 6]])
         np.testing.assert_array_equal(f["data/ip/1"][()], [0.25, 0.25])
         assert f["data/ip/0"].dtype == np.float32
+
+
+def test_save_hdf5_removes_what_a_killed_save_left_and_leaves_no_temporary(net, tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    left = folder / (".w.h5.p%d-00ff-%s.tmp" % (int(done.stdout), staging._host()))
+    left.write_bytes(b"half an hdf5 file")
+    net.save_hdf5(str(folder / "w.h5"))
+    assert sorted(os.listdir(folder)) == ["w.h5"]
 
 
 def test_load_hdf5_copies_by_layer_name(net, net_file, tmp_path):

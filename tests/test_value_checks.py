@@ -1,6 +1,7 @@
 """Values are checked when a solver or net is loaded, with the field in the error: nothing
 non-finite, nothing out of the range the update rules are defined on, no unknown policy, and
 every failure of net building is one of the project's error classes."""
+import re
 import subprocess
 import sys
 
@@ -51,6 +52,7 @@ def load(solver_dir, extra, base=BASE):
     ("snapshot: -1", "snapshot must be >= 0 (got -1)"),
     ("test_iter: -1 test_interval: 2", "test_iter[0] must be >= 0 (got -1)"),
     ("test_iter: 1 test_interval: -1", "test_interval must be >= 0 (got -1)"),
+    ("test_iter: 1", "test_interval must be > 0 when test_iter is given (got 0)"),
     ("iter_size: 0", "iter_size must be >= 1 (got 0)"),
     ("average_loss: 0", "average_loss must be >= 1 (got 0)"),
     ("stepsize: -3", "stepsize must be >= 0 (got -3)"),
@@ -107,6 +109,33 @@ def test_an_unknown_policy_stops_the_cli_before_any_test_pass(solver_dir):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("E")]
     assert len(errors) == 1 and "lr_policy 'bogus' is unknown" in errors[0]
     assert "solver.prototxt: " in errors[0]
+
+
+def test_an_unwritable_prefix_for_the_final_snapshot_stops_before_training(solver_dir):
+    # snapshot: 0, so only the snapshot after training would find out, after all the work
+    solver = load(solver_dir, 'max_iter: 2 snapshot_prefix: "missing/dir/x"')
+    with pytest.raises(SolverError, match=r"^Cannot write to snapshot prefix 'missing/dir/x'"):
+        solver.solve()
+    assert solver.iter == 0
+
+
+BAD_IP = ('inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.1 } } }',
+          'param { lr_mult: nan } inner_product_param { num_output: 2 '
+          'weight_filler { type: "gaussian" std: 0.1 } } }')
+
+
+def test_a_bad_layer_of_the_solvers_net_file_names_that_file(solver_dir):
+    (solver_dir / "net.prototxt").write_text(NET.replace(*BAD_IP))
+    with pytest.raises(NetError, match=r"^net.prototxt: layer 'ip' of type InnerProduct: values "
+                                       r"must be finite numbers: param\[0\].lr_mult = nan$"):
+        load(solver_dir, "max_iter: 1")
+
+
+def test_a_bad_layer_of_a_net_inside_the_solver_names_the_solver_and_field(solver_dir):
+    base = "net_param { %s } lr_policy: \"fixed\" " % NET.replace(*BAD_IP)
+    with pytest.raises(NetError, match=r"^%s \(net_param\): layer 'ip' of type InnerProduct"
+                                       % re.escape(str(solver_dir / "solver.prototxt"))):
+        load(solver_dir, "max_iter: 1", base=base)
 
 
 # -- layers ------------------------------------------------------------------------------------

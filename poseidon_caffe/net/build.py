@@ -16,7 +16,7 @@ from ..proto import caffe_pb2
 from ..proto_values import describe_non_finite, non_finite_fields
 from .backward_plan import BackwardPlan
 from .debug import DebugOutput
-from .errors import NetError
+from .errors import NetError, NetMemoryError
 from .execution import Execution
 from .filtering import filter_net
 from .footprint import MemoryFootprint
@@ -61,8 +61,9 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
             with fillers.deferred():
                 self._init(net_param, state)
         except fillers.DeferredFillError as exc:
-            raise NetError("%slayer %r: %s" % ("%s: " % self.source if self.source else "",
-                                               self._layer_of_param(exc.blob), exc)) from exc
+            error = NetMemoryError if exc.out_of_memory else NetError
+            raise error("%slayer %r: %s" % ("%s: " % self.source if self.source else "",
+                                            self._layer_of_param(exc.blob), exc)) from exc
         except (NetError, LayerError) as exc:
             if self.source and self.source not in str(exc):
                 # named after the file, as the readers name theirs

@@ -17,9 +17,11 @@ class Weights:
         from ..io import blobproto_to_array, read_net_weights
         if isinstance(source, str):
             source_name = source
+            where = "%s: " % source            # a file names itself in its errors
             source, arrays = read_net_weights(source)
         else:
             source_name = "the given NetParameter"
+            where = ""
             arrays = {l.name: [blobproto_to_array(b) for b in l.blobs] for l in source.layer}
         by_name = {name: i for i, name in enumerate(self.layer_names)}
         copied = []
@@ -43,11 +45,11 @@ class Weights:
                                  array.shape == (1,) * (4 - blob.num_axes) + blob.shape)
                     if not legacy_ok:
                         raise NetError(
-                            "Cannot copy param %d weights from layer '%s'; shape mismatch.  "
+                            "%sCannot copy param %d weights from layer '%s'; shape mismatch.  "
                             "Source param shape is %s (%d); target param shape is %s. To learn "
                             "this layer's parameters from scratch rather than copying from a "
                             "saved net, rename the layer." % (
-                                j, src.name, " ".join(map(str, array.shape)), array.size,
+                                where, j, src.name, " ".join(map(str, array.shape)), array.size,
                                 blob.shape_string()))
                 blob.data[...] = array.reshape(blob.shape)
             if target.blobs:

@@ -16,6 +16,7 @@ delta                                  > 0 (it keeps the adaptive rules' divisio
 max_iter, display, snapshot,           >= 0 (0 turns display / snapshot / testing off)
 test_interval, stepsize, device_id
 test_iter (each)                       >= 0
+test_interval, with test_iter given    > 0
 iter_size, average_loss                >= 1
 lr_policy                              fixed, step, exp, inv, multistep, poly, sigmoid
 lr_policy "step"                       stepsize > 0
@@ -57,6 +58,9 @@ def solver_param_problems(param):
     for i, value in enumerate(param.test_iter):
         if value < 0:
             problems.append("test_iter[%d] must be >= 0 (got %d)" % (i, value))
+    if len(param.test_iter) and param.test_interval == 0:
+        # as Caffe: with test nets, an interval of 0 is an error, not "never test"
+        problems.append("test_interval must be > 0 when test_iter is given (got 0)")
 
     policy = param.lr_policy
     if policy not in POLICIES:

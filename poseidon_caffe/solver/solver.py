@@ -133,21 +133,23 @@ class Solver:
                               "specifying a train_net: " + fields)
         if p.HasField("train_net_param"):
             log.info("Creating training net specified in train_net_param.")
-            net_param = _copy(p.train_net_param)
+            net_param, source = _copy(p.train_net_param), self._embedded("train_net_param")
         elif p.HasField("train_net"):
             log.info("Creating training net from train_net file: %s", p.train_net)
-            net_param = pio.read_net_param(self._resolve(p.train_net))
+            source = self._resolve(p.train_net)
+            net_param = pio.read_net_param(source)
         elif p.HasField("net_param"):
             log.info("Creating training net specified in net_param.")
-            net_param = _copy(p.net_param)
+            net_param, source = _copy(p.net_param), self._embedded("net_param")
         else:
             log.info("Creating training net from net file: %s", p.net)
-            net_param = pio.read_net_param(self._resolve(p.net))
+            source = self._resolve(p.net)
+            net_param = pio.read_net_param(source)
         state = caffe_pb2.NetState()
         state.phase = TRAIN
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
-        net = self._build_net(net_param, state)
+        net = self._build_net(net_param, state, source)
         snap.load_weights_files(net, self._weights_paths(), message="Finetuning from")
         return net
 
@@ -167,20 +169,24 @@ class Solver:
         if num_instances and p.test_interval <= 0:
             raise SolverError("test_interval must be > 0 when test nets are given (got %d)"
                               % p.test_interval)
-        sources, params = [], []
-        for net_param in p.test_net_param:
+        sources, params, origins = [], [], []
+        for i, net_param in enumerate(p.test_net_param):
             sources.append("test_net_param")
             params.append(_copy(net_param))
+            origins.append(self._embedded("test_net_param[%d]" % i))
         for path in p.test_net:
             sources.append("test_net file: " + path)
             params.append(pio.read_net_param(self._resolve(path)))
+            origins.append(self._resolve(path))
         for _ in range(num_instances - num_specific):
             if p.HasField("net_param"):
                 sources.append("net_param")
                 params.append(_copy(p.net_param))
+                origins.append(self._embedded("net_param"))
             else:
                 sources.append("net file: " + p.net)
                 params.append(pio.read_net_param(self._resolve(p.net)))
+                origins.append(self._resolve(p.net))
         nets = []
         for i, net_param in enumerate(params):
             state = caffe_pb2.NetState()
@@ -189,7 +195,7 @@ class Solver:
             if len(p.test_state):
                 state.MergeFrom(p.test_state[i])
             log.info("Creating test net (#%d) specified by %s", i, sources[i])
-            net = self._build_net(net_param, state)
+            net = self._build_net(net_param, state, origins[i])
             _set_debug_info(net, p.debug_info)
             # layers shared with the training net take its weights at every test; the others
             # must find theirs in the files
@@ -198,10 +204,21 @@ class Solver:
             nets.append(net)
         return nets
 
-    def _build_net(self, net_param, state):
-        from ..net import Net
+    def _build_net(self, net_param, state, source):
+        """The net ``net_param`` describes; its errors name ``source``: the net file, or the
+        solver file and the field that holds the net."""
+        from ..layers.base import LayerError
+        from ..net import Net, NetError
         net_param.state.CopyFrom(state)
-        return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage))
+        try:
+            return Net(net_param, state.phase, level=state.level, stages=tuple(state.stage))
+        except (NetError, LayerError) as exc:
+            if source in str(exc):
+                raise
+            raise type(exc)("%s: %s" % (source, exc)) from exc
+
+    def _embedded(self, field):
+        return "%s (%s)" % (self.solver_file or "the solver", field)
 
     def _weights_paths(self):
         return [path for entry in self.param.weights for path in entry.split(",") if path]
@@ -232,8 +249,12 @@ class Solver:
             log.info("Restoring previous solver status from %s", resume_file)
             self.restore(resume_file)
         start_iter = self.iter
-        self.step(self.param.max_iter - self.iter)
         p = self.param
+        if (p.snapshot_after_train and not p.snapshot and self.iter < p.max_iter
+                and (p.HasField("snapshot_prefix") or self.solver_file)):
+            # the snapshot at the end must be writable before the training it would keep
+            self._probe_snapshot_prefix()
+        self.step(self.param.max_iter - self.iter)
         snapshot_here = p.snapshot and self.iter % p.snapshot == 0
         if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
                 and self.last_snapshot_iter != self.iter and solver_group.root_solver()):
@@ -484,6 +505,9 @@ class Solver:
             return
         if not self.param.HasField("snapshot_prefix") and not self.solver_file:
             raise SolverError("In solver params, snapshot is specified but snapshot_prefix is not")
+        self._probe_snapshot_prefix()
+
+    def _probe_snapshot_prefix(self):
         # the process id keeps the probes of several workers sharing a folder apart
         probe = "%s_iter_%d.tempfile.%d" % (self.snapshot_prefix(), self.iter, os.getpid())
         try:

@@ -29,6 +29,7 @@ from .failure import install as install_failure_handlers
 from .rule import SolverRule
 from .stop import StopAgreement
 from .timeline import Timeline
+from .timeouts import SYNC_TIMEOUT_VARIABLE, seconds_from_env
 from .topology import Topology, TopologyError
 
 _state = {"topology": None, "log_handler": None}
@@ -186,15 +187,16 @@ class DistributedRunner:
         mode = _opt(options, "sync", "auto")
         svb = getattr(options, "svb", None) if not isinstance(options, dict) else options.get("svb")
         staleness = int(_opt(options, "staleness", 0))
-        timeout = float(_opt(options, "sync_timeout",
-                             os.environ.get("POSEIDON_SYNC_TIMEOUT", 300)))
+        timeout = _opt(options, "sync_timeout", None)
+        if timeout is None:
+            timeout = seconds_from_env(SYNC_TIMEOUT_VARIABLE, 300)
         self.engine = SyncEngine(
             topology, build_items(net), self.rule, mode=mode,
             staleness=staleness, svb=svb,
             dwbp=bool(_opt(options, "dwbp", True)), iter_size=p.iter_size,
             start_clock=solver.iter, clip=p.clip_gradients,
             fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
-            timeout=timeout, timeline=self.timeline, announce=True,
+            timeout=float(timeout), timeline=self.timeline, announce=True,
             update=_opt(options, "ps_update", "server"))
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)

@@ -31,6 +31,7 @@ import threading
 import time
 
 from .. import log
+from .timeouts import JOIN_TIMEOUT_VARIABLE, seconds_from_env
 
 PROXY = "hydra_pmi_proxy"
 
@@ -40,7 +41,7 @@ class JoinError(RuntimeError):
 
 
 def _timeout():
-    return float(os.environ.get("POSEIDON_JOIN_TIMEOUT", 120))
+    return seconds_from_env(JOIN_TIMEOUT_VARIABLE, 120)
 
 
 def leader(hosts):

@@ -10,6 +10,7 @@ import sys
 from ..sync.join import JoinError
 from ..sync.launcher import (OLD_SETTING_NAMES, PASSED_SETTINGS, HostFileError, build_command,
                              launch_from_settings, output_dir, read_localserver, run)
+from ..sync.timeouts import TimeoutSettingError
 
 
 def parse_devices(text):
@@ -109,7 +110,7 @@ def run_local(settings, argv=None, repo_root=None, stream=None):
     except HostFileError as exc:
         sys.stderr.write("%s\n" % exc)
         return 2
-    except JoinError as exc:
+    except (JoinError, TimeoutSettingError) as exc:
         sys.stderr.write("%s\n" % exc)
         return 1
 

@@ -37,11 +37,33 @@ def _parser():
     return parser
 
 
+# the other tools' single-dash help spellings (argparse would read -help as -h elp)
+_HELP_SPELLINGS = ("-help", "-helpfull", "--helpfull", "-helpshort", "--helpshort")
+_VALUED_OPTIONS = ("-c", "--cluster_config", "--cluster-config", "-o", "--out")
+
+
+def _with_argparse_help(argv):
+    """``argv`` with a help request among poseidon-run's own options (before CMD) spelled
+    ``--help``; the command's own flags are left alone."""
+    out = list(argv)
+    takes_value = False
+    for i, arg in enumerate(out):
+        if takes_value:
+            takes_value = False
+        elif arg in _HELP_SPELLINGS:
+            out[i] = "--help"
+        elif arg in _VALUED_OPTIONS:
+            takes_value = True
+        elif arg == "--" or not arg.startswith("-"):
+            break                                   # CMD starts here
+    return out
+
+
 def main(argv=None, stream=None):
     stream = stream or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_with_argparse_help(argv))
     if args.cmd[:1] == ["--"]:
         args.cmd = args.cmd[1:]
     if not args.cmd:
