@@ -279,3 +279,21 @@ def test_table_staleness_and_outputs_act_under_mpiexec(job):
         capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
     assert bad.returncode != 0
     assert "-num_clients=3, but the job runs on 1 hosts" in bad.stderr
+
+
+def test_caffe_main_job_flags_act_in_a_single_process_run(job):
+    """Without mpiexec, -net_outputs/-stats_path/-svb/-num_clients still act: the process
+    runs as a one-worker job instead of dropping them silently."""
+    base = [PY, "-m", "poseidon_caffe.cli", "train", "--solver", str(job / "solver.prototxt")]
+    proc = subprocess.run(base + ["--net_outputs", str(job / "o" / "tiny"), "--svb=true",
+                                  "--stats_path", str(job / "o" / "caffe_stats.yaml")],
+                          capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len((job / "o" / "tiny.netoutputs").read_text().splitlines()) == 1 + ITERS
+    stats = json.loads((job / "o" / "caffe_stats.yaml").read_text())["workers"]
+    assert len(stats) == 1
+    assert proc.stderr.count("-svb=true has no effect") == 1
+    bad = subprocess.run(base + ["--num_clients", "2"], capture_output=True, text=True,
+                         timeout=120, cwd=job, env=ENV)
+    assert bad.returncode != 0 and "-num_clients=2, but the job runs on 1 hosts" in bad.stderr
+    assert "Traceback" not in bad.stderr

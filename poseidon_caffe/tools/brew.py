@@ -178,6 +178,13 @@ def poseidon_flags(values):
         raise CommandError("-client_id must be 0 or more, not %d" % values["client_id"])
     if values["num_clients"] < 0:
         raise CommandError("-num_clients must be 0 or more, not %d" % values["num_clients"])
+    # outside mpiexec, caffe_main's job flags make this process a one-worker job, where they
+    # act (outputs, stats, host checks, the svb note) instead of being dropped silently
+    job_flags = (values["hostfile"] or values["net_outputs"] or values["stats_path"]
+                 or values["svb"] is not None or values["client_id"] >= 0
+                 or values["num_clients"] > 0)
+    if job_flags and not values["sync"] and world_size() == 1:
+        values["sync"] = "auto"
     knobs = ["-%s=%s" % (name, str(values[name]).lower() if isinstance(values[name], bool)
                          else values[name])
              for name in BOSEN_KNOBS if values[name] not in (0, None)]
