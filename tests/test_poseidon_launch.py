@@ -297,3 +297,15 @@ def test_caffe_main_job_flags_act_in_a_single_process_run(job):
                          timeout=120, cwd=job, env=ENV)
     assert bad.returncode != 0 and "-num_clients=2, but the job runs on 1 hosts" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_client_id_missing_from_the_host_file_is_one_line(job):
+    (job / "one_host").write_text("0 127.0.0.1 %d\n" % free_port())
+    bad = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "--solver",
+                          str(job / "solver.prototxt"), "--hostfile", str(job / "one_host"),
+                          "--client_id", "3"],
+                         capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
+    assert bad.returncode != 0
+    assert ("-client_id=3 is not in -hostfile=%s (its clients are 0)" % (job / "one_host")
+            in bad.stderr)
+    assert "Traceback" not in bad.stderr and not (job / "m_iter_3.caffemodel").exists()

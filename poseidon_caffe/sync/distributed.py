@@ -101,6 +101,10 @@ def _client_of(topology, options):
         if len(hosts) != topology.num_hosts:
             raise TopologyError("-hostfile=%s lists %d clients, but the job runs on %d hosts"
                                 % (hostfile, len(hosts), topology.num_hosts))
+        listed = [h[0] for h in hosts]
+        if given >= 0 and given not in listed:
+            raise TopologyError("-client_id=%d is not in -hostfile=%s (its clients are %s)"
+                                % (given, hostfile, ", ".join(map(str, listed))))
     if num_clients and num_clients != topology.num_hosts:
         raise TopologyError("-num_clients=%d, but the job runs on %d hosts (%d workers, %d per "
                             "host)" % (num_clients, topology.num_hosts, topology.size,
