@@ -7,6 +7,7 @@ from .. import backend, log
 from ..data.db import DataError
 from ..extract_features import ExtractError, extract_features
 from ..io import ProtoFileError
+from . import flags as flagmod
 
 USAGE = """This program takes in a trained network and an input data layer, and then extracts
 features of the input data produced by the net.
@@ -35,6 +36,7 @@ def _select_mode(args):
         backend.set_mode_cpu()
 
 
+@flagmod.documented(USAGE)
 def extract_features_main(argv):
     if any(a in ("-h", "-help", "--help") for a in argv):
         sys.stdout.write(USAGE)
