@@ -142,7 +142,7 @@ def test_run_local_once_per_host_joins_one_job(job, second):
                           "-num_rows_per_table=1 -num_comm_channels_per_client=1 "
                           "-init_thread_access_table=true") == 1
     rows = (out / "tiny.netoutputs").read_text().splitlines()
-    assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 1 + ITERS
+    assert rows[0] == "iteration,seconds,smoothed_loss,loss" and len(rows) == 1 + ITERS
     stats = json.loads((out / "caffe_stats.yaml").read_text())
     assert [w["client_id"] for w in stats["workers"]] == [0, 1]
     assert all(w["iterations"] == ITERS for w in stats["workers"])
@@ -289,7 +289,9 @@ def test_caffe_main_job_flags_act_in_a_single_process_run(job):
                                   "--stats_path", str(job / "o" / "caffe_stats.yaml")],
                           capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len((job / "o" / "tiny.netoutputs").read_text().splitlines()) == 1 + ITERS
+    rows = (job / "o" / "tiny.netoutputs").read_text().splitlines()
+    # one name per column: the smoothed loss, then the train net's own "loss" output
+    assert rows[0] == "iteration,seconds,smoothed_loss,loss" and len(rows) == 1 + ITERS
     stats = json.loads((job / "o" / "caffe_stats.yaml").read_text())["workers"]
     assert len(stats) == 1
     assert proc.stderr.count("-svb=true has no effect") == 1

@@ -324,7 +324,7 @@ class DistributedRunner:
             if new:
                 names = ["%s_%d" % (name, k) if len(vals) > 1 else name
                          for name, vals, _ in values for k in range(len(vals))]
-                f.write(",".join(["iteration", "seconds", "loss"] + names) + "\n")
+                f.write(",".join(["iteration", "seconds", "smoothed_loss"] + names) + "\n")
             f.write(",".join([str(solver.iter), "%.3f" % (time.perf_counter() - self._started)]
                              + ["%g" % v for v in mean]) + "\n")
 
