@@ -186,12 +186,20 @@ def test_per_host_dry_runs_show_the_leader_command_and_the_join(job, capsys):
     (["zero", "hosts"], "client id 'zero' is not an integer"),
     (["0", "hosts", "maybe"], "use-yarn is true or false"),
     (["7", "hosts"], "client id 7 is not in"),
-    (["0", "hosts", "true", "x"], "usage: run_local.py"),
+    (["0", "hosts", "true", "x"], "expected at most 3 arguments, got 4: 0 "),
+    (["--dry_run"], "unknown option '--dry_run' (the only option is --dry-run)"),
 ])
 def test_run_local_argument_errors(job, capsys, argv, message):
     argv = [str(job / a) if a == "hosts" else a for a in argv]
     assert launcher.run_local(dict(solver="s"), argv, str(job)) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1]       # the last line says what was wrong
+
+
+def test_run_local_help_prints_the_two_forms(capsys):
+    assert launcher.run_local(dict(solver="s"), ["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "run_local.py [HOSTFILE]" in out and "run_local.py <client_id> <hostfile>" in out
 
 
 def test_a_client_without_its_leader_names_the_address(job, monkeypatch):
