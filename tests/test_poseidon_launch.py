@@ -321,3 +321,25 @@ def test_a_client_id_missing_from_the_host_file_is_one_line(job):
     assert ("-client_id=3 is not in -hostfile=%s (its clients are 0)" % (job / "one_host")
             in bad.stderr)
     assert "Traceback" not in bad.stderr and not (job / "m_iter_3.caffemodel").exists()
+
+
+def test_num_app_threads_is_poseidons_name_for_ranks_per_host(job, monkeypatch):
+    values = flag_values("--num_app_threads", "2")
+    cli.poseidon_flags(values)
+    assert values["ranks_per_host"] == 2
+    with pytest.raises(cli.CommandError, match="-ranks_per_host=3 and -num_app_threads=2 "
+                                                "disagree"):
+        cli.poseidon_flags(flag_values("--num_app_threads=2", "--ranks_per_host=3"))
+    # a client started host by host runs that many CPU ranks on every host
+    from poseidon_caffe.tools import join_client
+    started = []
+    monkeypatch.setattr(join, "run_client", lambda cid, hosts, args: started.append(args) or 0)
+    argv = ["--solver", "s", "--hostfile", str(job / "hosts"), "--num_app_threads=2"]
+    values = flag_values(*argv)
+    assert join_client.train_client(values, argv) == 0
+    args = started[0]
+    assert args[2].endswith(":2") and args[2].count(":2") == 2
+    assert args.count("-ranks_per_host=2") == 4
+    values["gpu"] = "0,1,2"
+    with pytest.raises(join.JoinError, match="-num_app_threads=2, but -gpu=0,1,2 names 3"):
+        join_client.train_client(values, argv)
