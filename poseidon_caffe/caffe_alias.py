@@ -144,8 +144,10 @@ def install(target=None, search_path=None):
         raise AliasError("a real Caffe is importable here (%s): the alias would shadow it, so "
                          "it was not installed; import this project as poseidon_caffe instead"
                          % ", ".join(real))
-    if not os.path.isdir(target):
+    if os.path.exists(target) and not os.path.isdir(target):
         raise AliasError("alias target %s is not a directory" % target)
+    # a new --target folder is made, as `pip install --target` does
+    os.makedirs(target, exist_ok=True)
     package = os.path.join(target, ALIAS_NAME)
     os.makedirs(package, exist_ok=True)
     temp = os.path.join(package, "__init__.py.tmp%d" % os.getpid())

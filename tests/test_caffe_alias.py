@@ -130,3 +130,19 @@ def test_default_target_is_the_active_environments_site_packages(tmp_path):
     assert proc.stdout.strip() == "True", proc.stderr
     # the interpreter running these tests is untouched
     assert run(["-c", "import caffe"], [ROOT]).returncode != 0
+
+
+def test_install_makes_a_new_target_folder_and_says_to_put_it_on_the_path(tmp_path):
+    target = tmp_path / "new" / "alias"
+    proc = alias_cmd("install", target, [ROOT])
+    assert proc.returncode == 0, proc.stderr
+    assert "put %s on PYTHONPATH" % target in proc.stdout
+    proc = run(["-c", "import caffe, poseidon_caffe; print(caffe is poseidon_caffe)"],
+               [ROOT, str(target)])
+    assert proc.stdout.strip() == "True", proc.stderr
+    # a target that is a file is one clear line, not a traceback
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    proc = alias_cmd("install", afile, [ROOT])
+    assert proc.returncode == 1 and "is not a directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

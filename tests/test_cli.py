@@ -312,3 +312,16 @@ def test_sighup_snapshots_and_continues_then_effects_can_be_swapped(tmp_path):
         proc.kill()
     assert proc.returncode == 0, log
     assert second > first
+
+
+@pytest.mark.parametrize("command, words", [
+    ("draw_net", ["NET.prototxt", "-rankdir", "-phase"]),
+    ("plot", ["LOGFILE", "-size", "-dpi"]),
+    ("parse_log", ["LOGFILE [OUTPUT_DIR]", "-delimiter"]),
+    ("extract_features", ["num_mini_batches", "db_type"]),
+])
+def test_caffes_tools_answer_help_with_their_arguments_and_flags(command, words, capsys):
+    assert cli.main([command, "-h"]) == 0
+    text = capsys.readouterr().out
+    for word in words:
+        assert word in text, text

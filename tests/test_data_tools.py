@@ -378,3 +378,12 @@ def test_create_mnist_with_a_wrong_path_keeps_the_existing_databases(tmp_path):
     assert done.returncode == 1 and "t10k-labels-idx1-ubyte" in done.stderr
     assert [read_db(str(out / name)) for name in ("mnist_train_lmdb", "mnist_test_lmdb")] == before
     assert hidden(out) == []
+
+
+def test_make_partitions_names_a_count_that_is_not_a_number(tmp_path, caplog):
+    source = str(tmp_path / "src_lmdb")
+    write_datums(source, [(1, 1, 2)] * 2)
+    assert make_partitions_main([source, "two"]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == ["make_partitions: NUM_PARTITIONS must be a whole number, not 'two'"]
+    assert sorted(os.listdir(tmp_path)) == ["src_lmdb"]

@@ -142,7 +142,7 @@ def test_run_local_once_per_host_joins_one_job(job, second):
                           "-num_rows_per_table=1 -num_comm_channels_per_client=1 "
                           "-init_thread_access_table=true") == 1
     rows = (out / "tiny.netoutputs").read_text().splitlines()
-    assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 1 + ITERS
+    assert rows[0] == "iteration,seconds,smoothed_loss,loss" and len(rows) == 1 + ITERS
     stats = json.loads((out / "caffe_stats.yaml").read_text())
     assert [w["client_id"] for w in stats["workers"]] == [0, 1]
     assert all(w["iterations"] == ITERS for w in stats["workers"])
@@ -186,12 +186,20 @@ def test_per_host_dry_runs_show_the_leader_command_and_the_join(job, capsys):
     (["zero", "hosts"], "client id 'zero' is not an integer"),
     (["0", "hosts", "maybe"], "use-yarn is true or false"),
     (["7", "hosts"], "client id 7 is not in"),
-    (["0", "hosts", "true", "x"], "usage: run_local.py"),
+    (["0", "hosts", "true", "x"], "expected at most 3 arguments, got 4: 0 "),
+    (["--dry_run"], "unknown option '--dry_run' (the only option is --dry-run)"),
 ])
 def test_run_local_argument_errors(job, capsys, argv, message):
     argv = [str(job / a) if a == "hosts" else a for a in argv]
     assert launcher.run_local(dict(solver="s"), argv, str(job)) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1]       # the last line says what was wrong
+
+
+def test_run_local_help_prints_the_two_forms(capsys):
+    assert launcher.run_local(dict(solver="s"), ["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "run_local.py [HOSTFILE]" in out and "run_local.py <client_id> <hostfile>" in out
 
 
 def test_a_bad_join_timeout_is_one_line_naming_the_variable(job, monkeypatch, capsys):
@@ -287,3 +295,59 @@ def test_table_staleness_and_outputs_act_under_mpiexec(job):
         capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
     assert bad.returncode != 0
     assert "-num_clients=3, but the job runs on 1 hosts" in bad.stderr
+
+
+def test_caffe_main_job_flags_act_in_a_single_process_run(job):
+    """Without mpiexec, -net_outputs/-stats_path/-svb/-num_clients still act: the process
+    runs as a one-worker job instead of dropping them silently."""
+    base = [PY, "-m", "poseidon_caffe.cli", "train", "--solver", str(job / "solver.prototxt")]
+    proc = subprocess.run(base + ["--net_outputs", str(job / "o" / "tiny"), "--svb=true",
+                                  "--stats_path", str(job / "o" / "caffe_stats.yaml")],
+                          capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = (job / "o" / "tiny.netoutputs").read_text().splitlines()
+    # one name per column: the smoothed loss, then the train net's own "loss" output
+    assert rows[0] == "iteration,seconds,smoothed_loss,loss" and len(rows) == 1 + ITERS
+    stats = json.loads((job / "o" / "caffe_stats.yaml").read_text())["workers"]
+    assert len(stats) == 1
+    assert proc.stderr.count("-svb=true has no effect") == 1
+    bad = subprocess.run(base + ["--num_clients", "2"], capture_output=True, text=True,
+                         timeout=120, cwd=job, env=ENV)
+    assert bad.returncode == 1 and "-num_clients=2, but the job runs on 1 hosts" in bad.stderr
+    # one line: a one-rank job has no peers to end, so no abort notice follows it
+    assert [line for line in bad.stderr.splitlines() if not line.startswith("I")] == [
+        line for line in bad.stderr.splitlines() if "-num_clients=2" in line]
+
+
+def test_a_client_id_missing_from_the_host_file_is_one_line(job):
+    (job / "one_host").write_text("0 127.0.0.1 %d\n" % free_port())
+    bad = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "--solver",
+                          str(job / "solver.prototxt"), "--hostfile", str(job / "one_host"),
+                          "--client_id", "3"],
+                         capture_output=True, text=True, timeout=120, cwd=job, env=ENV)
+    assert bad.returncode != 0
+    assert ("-client_id=3 is not in -hostfile=%s (its clients are 0)" % (job / "one_host")
+            in bad.stderr)
+    assert "Traceback" not in bad.stderr and not (job / "m_iter_3.caffemodel").exists()
+
+
+def test_num_app_threads_is_poseidons_name_for_ranks_per_host(job, monkeypatch):
+    values = flag_values("--num_app_threads", "2")
+    cli.poseidon_flags(values)
+    assert values["ranks_per_host"] == 2
+    with pytest.raises(cli.CommandError, match="-ranks_per_host=3 and -num_app_threads=2 "
+                                                "disagree"):
+        cli.poseidon_flags(flag_values("--num_app_threads=2", "--ranks_per_host=3"))
+    # a client started host by host runs that many CPU ranks on every host
+    from poseidon_caffe.tools import join_client
+    started = []
+    monkeypatch.setattr(join, "run_client", lambda cid, hosts, args: started.append(args) or 0)
+    argv = ["--solver", "s", "--hostfile", str(job / "hosts"), "--num_app_threads=2"]
+    values = flag_values(*argv)
+    assert join_client.train_client(values, argv) == 0
+    args = started[0]
+    assert args[2].endswith(":2") and args[2].count(":2") == 2
+    assert args.count("-ranks_per_host=2") == 4
+    values["gpu"] = "0,1,2"
+    with pytest.raises(join.JoinError, match="-num_app_threads=2, but -gpu=0,1,2 names 3"):
+        join_client.train_client(values, argv)

@@ -507,3 +507,20 @@ def test_two_workers_and_a_server_on_namespaced_nodes_train_as_one_worker(tmp_pa
     for layer in ("conv1", "conv2", "ip1", "ip2"):
         for a, b in zip(single[layer], joint[layer]):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6, err_msg=layer)
+
+
+def test_dry_run_of_a_config_whose_key_is_elsewhere_notes_it_and_shows_the_commands(
+        tmp_path, monkeypatch, capsys):
+    missing = str(tmp_path / "no_such.pem")
+    config = write_config(tmp_path, pem_file=missing, worker_nodes=["w1"], server_nodes=[])
+    out = str(tmp_path / "logs")
+    code, text, err = main_here(["-c", config, "-o", out, "--dry-run", "python t.py"],
+                                tmp_path, monkeypatch, capsys)
+    assert code == 0
+    assert err == ("poseidon-run: note (a real run stops here): %s: pem_file %s does not exist "
+                   "(the private key ssh logs in with)\n" % (config, missing))
+    assert "ssh -i %s " % missing in text
+    # a real run still refuses it, in one line
+    code, _, err = main_here(["-c", config, "-o", out, "python t.py"], tmp_path, monkeypatch,
+                             capsys)
+    assert code == 2 and "pem_file %s does not exist" % missing in err

@@ -197,7 +197,7 @@ def test_mnist_trains_on_two_local_workers(tmp_path):
     for rank in (0, 1):
         assert "Worker rank %d of 2" % rank in (out / ("caffe.rank%d.log" % rank)).read_text()
     rows = (out / "solver.netoutputs").read_text().splitlines()
-    assert rows[0] == "iteration,seconds,loss,loss" and len(rows) == 7
+    assert rows[0] == "iteration,seconds,smoothed_loss,loss" and len(rows) == 7
 
 
 def test_num_app_threads_must_match_the_device_list(tmp_path, capsys):

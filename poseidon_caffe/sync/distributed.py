@@ -102,6 +102,10 @@ def _client_of(topology, options):
         if len(hosts) != topology.num_hosts:
             raise TopologyError("-hostfile=%s lists %d clients, but the job runs on %d hosts"
                                 % (hostfile, len(hosts), topology.num_hosts))
+        listed = [h[0] for h in hosts]
+        if given >= 0 and given not in listed:
+            raise TopologyError("-client_id=%d is not in -hostfile=%s (its clients are %s)"
+                                % (given, hostfile, ", ".join(map(str, listed))))
     if num_clients and num_clients != topology.num_hosts:
         raise TopologyError("-num_clients=%d, but the job runs on %d hosts (%d workers, %d per "
                             "host)" % (num_clients, topology.num_hosts, topology.size,
@@ -322,7 +326,7 @@ class DistributedRunner:
             if new:
                 names = ["%s_%d" % (name, k) if len(vals) > 1 else name
                          for name, vals, _ in values for k in range(len(vals))]
-                f.write(",".join(["iteration", "seconds", "loss"] + names) + "\n")
+                f.write(",".join(["iteration", "seconds", "smoothed_loss"] + names) + "\n")
             f.write(",".join([str(solver.iter), "%.3f" % (time.perf_counter() - self._started)]
                              + ["%g" % v for v in mean]) + "\n")
 

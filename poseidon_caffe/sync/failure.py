@@ -67,9 +67,11 @@ def job_finished():
 def _exit_check():
     # a rank leaving mid-job (an error handled by returning a status) would strand its peers
     if _state["open"]:
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_size() == 1:
+            return                 # a one-rank job strands nobody: its error line says it all
         sys.stderr.write("*** %s exited before the job finished (its log above says why); "
                          "ending the job\n" % describe())
         sys.stderr.flush()
         time.sleep(0.5)            # as in fail(): let the launcher forward the line
-        from mpi4py import MPI
         MPI.COMM_WORLD.Abort(1)

@@ -105,8 +105,23 @@ def _nodes(path, data, key, required_nonempty):
             for i, node in enumerate(value)]
 
 
-def load_config(path):
-    """The ClusterConfig of a psd_run-style JSON file; ConfigError names the file and key."""
+def check_pem_file(path, pem_file):
+    """ConfigError unless ``pem_file`` is a private key ssh will use."""
+    if not os.path.isfile(pem_file):
+        raise ConfigError("%s: pem_file %s does not exist (the private key ssh logs in with)"
+                          % (path, pem_file))
+    if not os.access(pem_file, os.R_OK):
+        raise ConfigError("%s: pem_file %s is not readable" % (path, pem_file))
+    mode = os.stat(pem_file).st_mode & 0o777
+    if mode & 0o077:
+        # ssh itself would ignore such a key and fall back to asking for a password
+        raise ConfigError("%s: pem_file %s is open to others (mode %03o) and ssh refuses such "
+                          "keys: chmod 600 %s" % (path, pem_file, mode, pem_file))
+
+
+def load_config(path, check_key=True):
+    """The ClusterConfig of a psd_run-style JSON file; ConfigError names the file and key.
+    ``check_key=False`` (a dry run) leaves the pem_file on disk unchecked."""
     try:
         with open(path) as f:
             text = f.read()
@@ -136,16 +151,8 @@ def load_config(path):
         if not isinstance(pem_file, str):
             raise ConfigError("%s: pem_file must be a path, not %s" % (path, json.dumps(pem_file)))
         pem_file = os.path.abspath(os.path.expanduser(pem_file))
-        if not os.path.isfile(pem_file):
-            raise ConfigError("%s: pem_file %s does not exist (the private key ssh logs in with)"
-                              % (path, pem_file))
-        if not os.access(pem_file, os.R_OK):
-            raise ConfigError("%s: pem_file %s is not readable" % (path, pem_file))
-        mode = os.stat(pem_file).st_mode & 0o777
-        if mode & 0o077:
-            # ssh itself would ignore such a key and fall back to asking for a password
-            raise ConfigError("%s: pem_file %s is open to others (mode %03o) and ssh refuses such "
-                              "keys: chmod 600 %s" % (path, pem_file, mode, pem_file))
+        if check_key:
+            check_pem_file(path, pem_file)
     virtualenv = data.get("virtualenv", "")
     if virtualenv:
         if not isinstance(virtualenv, str) or not virtualenv.startswith("/"):

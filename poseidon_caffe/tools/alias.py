@@ -23,6 +23,9 @@ def alias_main(argv):
         if args.action == "install":
             path = install(target)
             print("installed: `import caffe` now loads poseidon_caffe (%s)" % path)
+            if target and os.path.abspath(target) not in [os.path.abspath(p or os.getcwd())
+                                                          for p in sys.path]:
+                print("put %s on PYTHONPATH to use it" % os.path.abspath(target))
         elif args.action == "remove":
             path = remove(target)
             print("removed %s" % path if path else "no alias installed in %s"

@@ -61,6 +61,8 @@ POSEIDON_FLAGS = [
     gflags.Flag("client_id", -1, "This host's client id (Poseidon's; -1: the host's index). "
                 "Names the per-client log folder and the data partition <source>_<client_id>."),
     gflags.Flag("num_clients", 0, "Hosts in the job (0: any); checked against the job."),
+    gflags.Flag("num_app_threads", 0, "Poseidon's name for -ranks_per_host: worker ranks "
+                "(devices) per host (0: detect from MPI)."),
     gflags.Flag("table_staleness", None, "Poseidon's name for -staleness.", kind=int),
     gflags.Flag("consistency_model", "", "SSPPush (Poseidon's default), SSP or SSPAggr: "
                 "stale-synchronous with -table_staleness (all served as SSPPush: the servers "
@@ -160,6 +162,15 @@ def poseidon_flags(values):
                                "setting: give one)" % (values["staleness"],
                                                        values["table_staleness"]))
         values["staleness"] = values["table_staleness"]
+    if values["num_app_threads"]:
+        if values["num_app_threads"] < 0:
+            raise CommandError("-num_app_threads must be 1 or more, not %d"
+                               % values["num_app_threads"])
+        if values["ranks_per_host"] and values["ranks_per_host"] != values["num_app_threads"]:
+            raise CommandError("-ranks_per_host=%d and -num_app_threads=%d disagree (they are "
+                               "one setting: give one)" % (values["ranks_per_host"],
+                                                           values["num_app_threads"]))
+        values["ranks_per_host"] = values["num_app_threads"]
     if values["staleness"] < 0:
         raise CommandError("-staleness must be 0 or more, not %d" % values["staleness"])
     notes = []
@@ -178,6 +189,13 @@ def poseidon_flags(values):
         raise CommandError("-client_id must be 0 or more, not %d" % values["client_id"])
     if values["num_clients"] < 0:
         raise CommandError("-num_clients must be 0 or more, not %d" % values["num_clients"])
+    # outside mpiexec, caffe_main's job flags make this process a one-worker job, where they
+    # act (outputs, stats, host checks, the svb note) instead of being dropped silently
+    job_flags = (values["hostfile"] or values["net_outputs"] or values["stats_path"]
+                 or values["svb"] is not None or values["client_id"] >= 0
+                 or values["num_clients"] > 0 or values["num_app_threads"] > 0)
+    if job_flags and not values["sync"] and world_size() == 1:
+        values["sync"] = "auto"
     knobs = ["-%s=%s" % (name, str(values[name]).lower() if isinstance(values[name], bool)
                          else values[name])
              for name in BOSEN_KNOBS if values[name] not in (0, None)]

@@ -124,8 +124,13 @@ def make_partitions_main(argv):
         return _usage_error(PARTITION_USAGE, PARTITION_FLAGS, "make_partitions needs SOURCE "
                             "NUM_PARTITIONS")
     try:
-        make_partitions(args[0], int(args[1]))
-    except ValueError as exc:     # DataError, and a partition count that is not a number
+        count = int(args[1])
+    except ValueError:
+        log.error("make_partitions: NUM_PARTITIONS must be a whole number, not %r", args[1])
+        return 1
+    try:
+        make_partitions(args[0], count)
+    except ValueError as exc:     # DataError
         log.error("%s", exc)
         return 1
     return 0

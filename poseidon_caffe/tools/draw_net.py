@@ -26,6 +26,7 @@ graphviz's dot program.
 """
 
 
+@flagmod.documented(DRAW_USAGE, DRAW_FLAGS)
 def draw_net_main(argv):
     if any(a in ("-h", "-help", "--help") for a in argv):
         sys.stdout.write("%s\nFlags:\n%s\n" % (DRAW_USAGE, flagmod.usage(DRAW_FLAGS)))

@@ -7,15 +7,15 @@ from .. import backend, log
 from ..data.db import DataError
 from ..extract_features import ExtractError, extract_features
 from ..io import ProtoFileError
+from . import flags as flagmod
 
-USAGE = """This program takes in a trained network and an input data layer, and then extracts
-features of the input data produced by the net.
+USAGE = """Run a trained net forward over its data layer and save chosen blobs, one Datum per
+image, to new databases.
 Usage: extract_features  pretrained_net_param  feature_extraction_proto_file
     extract_feature_blob_name1[,name2,...]  save_feature_dataset_name1[,name2,...]
     num_mini_batches  db_type  [CPU/GPU] [DEVICE_ID=0]
-Note: you can extract multiple features in one pass by specifying multiple feature blob names
-and dataset names separated by ','. The names cannot contain white space characters and the
-number of blobs and datasets must be equal.
+Several blobs go out in one pass: list their names and as many dataset names, each list
+separated by ',' (no spaces). db_type is lmdb.
 """
 
 
@@ -35,6 +35,7 @@ def _select_mode(args):
         backend.set_mode_cpu()
 
 
+@flagmod.documented(USAGE)
 def extract_features_main(argv):
     if any(a in ("-h", "-help", "--help") for a in argv):
         sys.stdout.write(USAGE)

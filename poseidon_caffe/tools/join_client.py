@@ -19,7 +19,13 @@ def train_client(values, argv):
     if values["num_clients"] and values["num_clients"] != len(hosts):
         raise join.JoinError("-num_clients=%d, but %s lists %d clients"
                              % (values["num_clients"], values["hostfile"], len(hosts)))
-    devices = [int(d) for d in values["gpu"].split(",") if d != ""] if values["gpu"] else [None]
+    devices = [int(d) for d in values["gpu"].split(",") if d != ""] if values["gpu"] else []
+    threads = values.get("num_app_threads", 0)
+    if devices and threads and threads != len(devices):
+        raise join.JoinError("-num_app_threads=%d, but -gpu=%s names %d devices"
+                             % (threads, values["gpu"], len(devices)))
+    # Poseidon's -num_app_threads: that many CPU worker ranks per host when no -gpu is given
+    devices = devices or [None] * max(threads, 1)
     python = sys.executable
     mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(python), "mpiexec")
     args = [mpiexec, "-hosts", ",".join("%s:%d" % (ip, len(devices)) for _, ip, _ in hosts)]

@@ -80,8 +80,13 @@ def parse_run_local_args(argv):
     ValueError with the usage for anything else."""
     dry_run = "--dry-run" in argv
     rest = [a for a in argv if a != "--dry-run"]
-    if any(a.startswith("-") for a in rest) or len(rest) > 3:
-        raise ValueError(RUN_LOCAL_USAGE)
+    options = [a for a in rest if a.startswith("-") and not a[1:].isdigit()]
+    if options:
+        raise ValueError(RUN_LOCAL_USAGE + "unknown option %r (the only option is --dry-run)\n"
+                         % options[0])
+    if len(rest) > 3:
+        raise ValueError(RUN_LOCAL_USAGE + "expected at most 3 arguments, got %d: %s\n"
+                         % (len(rest), " ".join(rest)))
     if len(rest) >= 2:
         try:
             client_id = int(rest[0])
@@ -100,6 +105,9 @@ def run_local(settings, argv=None, repo_root=None, stream=None):
     form, run once per host: the invocations join one MPI job. ``settings`` are those at the
     top of the script (see ``launch_from_settings``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "-help", "--help") for a in argv):
+        (stream or sys.stdout).write(RUN_LOCAL_USAGE)
+        return 0
     try:
         client_id, hostfile, dry_run = parse_run_local_args(argv)
     except ValueError as exc:

@@ -21,6 +21,7 @@ own directory).
 """
 
 
+@flagmod.documented(PARSE_USAGE, PARSE_FLAGS)
 def parse_log_main(argv):
     if any(a in ("-h", "-help", "--help") for a in argv):
         sys.stdout.write("%s\nFlags:\n%s\n" % (PARSE_USAGE, flagmod.usage(PARSE_FLAGS)))

@@ -21,6 +21,7 @@ Usage:
 """
 
 
+@flagmod.documented(PLOT_USAGE, PLOT_FLAGS)
 def plot_main(argv):
     if any(a in ("-h", "-help", "--help") for a in argv):
         sys.stdout.write("%s\nFlags:\n%s\n" % (PLOT_USAGE, flagmod.usage(PLOT_FLAGS)))

@@ -7,8 +7,8 @@ import shlex
 import sys
 
 from ..sync.psd_run import (CONFIG_KEYS, RUN_LOG, SSH_OVERRIDE_ENV, ConfigError, RunLog,
-                            check_log_dir, check_master, check_nodes, default_log_dir, dry_run,
-                            load_config, rank_command, run_job)
+                            check_log_dir, check_master, check_nodes, check_pem_file,
+                            default_log_dir, dry_run, load_config, rank_command, run_job)
 
 
 def _parser():
@@ -79,7 +79,14 @@ def main(argv=None, stream=None):
     try:
         if log:
             log("started in %s: poseidon-run %s" % (cwd, shlex.join(argv)))
-        config = load_config(args.config)
+        # a dry run shows the commands of a config written for other machines: a key that is
+        # missing here is a note, not an error
+        config = load_config(args.config, check_key=not args.dry_run)
+        if args.dry_run and config.pem_file:
+            try:
+                check_pem_file(args.config, config.pem_file)
+            except ConfigError as exc:
+                sys.stderr.write("poseidon-run: note (a real run stops here): %s\n" % exc)
         log_dir = os.path.abspath(args.out) if args.out else default_log_dir(cwd)
         check_log_dir(log_dir)
         rank_command(config, command, log_dir)          # refuses a command that cannot run
