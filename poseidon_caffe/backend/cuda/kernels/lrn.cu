@@ -23,12 +23,13 @@ DEVICE float negative_power(const float scale, const float beta) {
 
 // the window sum along one axis of f at (base + j * step), j centred on pos in [0, length)
 #define WINDOW_SUM(acc, f, pos, length, half, base, step)                   \
-  do {                                                                     \
-    acc = f((base) + (pos) * (step));                                      \
-    for (int s = 1; s <= (half) && s < (length); ++s) {                    \
-      if ((pos) - s >= 0) acc += f((base) + ((pos) - s) * (step));         \
-      if ((pos) + s < (length)) acc += f((base) + ((pos) + s) * (step));   \
-    }                                                                      \
+  do {                                                                      \
+    acc = f((base) + (pos) * (step));                                       \
+    for (int shift_ = 1; shift_ <= (half) && shift_ < (length); ++shift_) { \
+      if ((pos) - shift_ >= 0) acc += f((base) + ((pos) - shift_) * (step)); \
+      if ((pos) + shift_ < (length))                                        \
+        acc += f((base) + ((pos) + shift_) * (step));                       \
+    }                                                                       \
   } while (0)
 
 DEVICE float square_at(const float* x, const int i) { return x[i] * x[i]; }
