@@ -61,7 +61,18 @@ def cache_dir():
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
                                                                 ".cache")
         root = os.path.join(base, "poseidon-caffe")
+        if not _writable(root):
+            # a read-only home (a container, a service account): a private temporary cache
+            root = os.path.join(tempfile.gettempdir(), "poseidon-caffe-%d" % os.getuid())
     return os.path.join(root, "kernels")
+
+
+def _writable(root):
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(root, os.W_OK)
 
 
 def _key(*parts):
