@@ -132,6 +132,11 @@ def test_launch_checks_arguments_and_catches_overruns(device):
         k.vec_set(4, 99, 1.0)                            # a pointer into no allocation
     with pytest.raises(DriverError, match="wrote past the end of the 16-byte allocation"):
         k.vec_set(5, y, 1.0)
+    end = y + 16                                         # one past the end, as a zero-length view
+    k.vec_set(0, end, 1.0)                               # has: nothing runs, nothing faults
+    top, mask = device.empty(1), device.empty(1, np.int32)
+    k.max_pool_forward(1, device.put([[3.0]]), 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, top, mask, None)
+    assert device.get(mask, 1, np.int32)[0] == 0       # None: no float mask asked for
     with pytest.raises(AttributeError):
         k.no_such_kernel
     with pytest.raises(DriverError, match="no kernel named"):

@@ -198,12 +198,15 @@ class Driver:
 
     def launch(self, function, grid, block, args, stream=None):
         """Run ``function`` on a ``grid`` of ``block`` threads (ints: one axis) with ``args``
-        typed by its signature: pointers (ints), int32s and float32s."""
+        typed by its signature: pointers (ints; None is a null pointer), int32s and float32s
+        (a Python float is rounded to float32, as numpy rounds a scalar)."""
         if len(args) != len(function.signature):
             raise DriverError("kernel %s takes %d arguments, got %d"
                               % (function.name, len(function.signature), len(args)))
         typed = []
         for kind, value in zip(function.signature, args):
+            if kind == POINTER and value is None:
+                value = 0                     # a null pointer: an optional output left out
             typed.append(int(value) if kind in (POINTER, INT) else float(value))
         grid, block = int(grid), int(block)
         info = self.info
