@@ -21,6 +21,8 @@ FFT_FLOPS = 6e9
 CGEMM_FLOPS = 50e9
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
+# Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
+FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
 def conv_algorithm(geom, batch):
@@ -187,3 +189,128 @@ class CPUBackend:
         """d bottom of lrn_forward, written into ``out`` when given."""
         from .lrn import lrn_backward
         return lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=out)
+
+    # -- light work: the named ops layers call, so one layer runs on every backend ---------
+    # (the CUDA backend has the same names over its kernels; see ops.md "Light work")
+    on_device = False
+
+    def upload(self, host, out):
+        out[...] = host
+        return out
+
+    def fill(self, out, value):
+        out[...] = value
+        return out
+
+    def copy(self, src, out):
+        out[...] = src
+        return out
+
+    def axpby(self, alpha, x, beta, y):
+        if beta != 1.0:
+            y *= beta
+        y += alpha * x
+        return y
+
+    def scale(self, alpha, x, out=None):
+        if out is None:
+            x *= alpha
+            return x
+        np.multiply(x, alpha, out=out)
+        return out
+
+    def sum(self, x):
+        return float(np.sum(x, dtype=np.float64))
+
+    def add_bias(self, y, bias):
+        """y (outer, channels, inner) += bias (channels)."""
+        if y.shape[2] == 1:
+            rows = y.reshape(y.shape[:2])
+            rows += bias
+        else:
+            y += bias.reshape(1, -1, 1)
+        return y
+
+    def add_bias_grad(self, dy, dbias):
+        """dbias (channels) += dy (outer, channels, inner) summed over outer and inner."""
+        if dy.shape[2] == 1:
+            dbias += dy.reshape(dy.shape[:2]).sum(axis=0)
+        else:
+            dbias += dy.sum(axis=(0, 2), dtype=np.float64).astype(np.float32)
+        return dbias
+
+    def relu_forward(self, x, y, slope):
+        if slope:
+            y[...] = np.maximum(x, 0) + slope * np.minimum(x, 0)
+        else:
+            np.maximum(x, 0, out=y)
+
+    def relu_backward(self, x, dy, dx, slope):
+        positive = x > 0
+        if slope:
+            dx[...] = dy * np.where(positive, 1.0, slope).astype(dy.dtype)
+        else:
+            dx[...] = dy * positive
+
+    def dropout_forward(self, x, y, uniform, ratio, scale):
+        mask = uniform >= ratio
+        y[...] = x * mask * np.float32(scale)
+        return mask
+
+    def dropout_backward(self, mask, dy, dx, ratio, scale):
+        dx[...] = dy * mask * np.float32(scale)
+
+    def softmax_forward(self, x, y):
+        """y = softmax of x (outer, channels, inner) along channels, shifted by the max."""
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        e /= e.sum(axis=1, keepdims=True)
+        y[...] = e
+        return y
+
+    def softmax_backward(self, y, dy, dx):
+        dx[...] = (dy - (dy * y).sum(axis=1, keepdims=True)) * y
+        return dx
+
+    @staticmethod
+    def _label_positions(labels, shape, ignore_label):
+        """(labels as ints, valid mask, labels safe to index with, any out of range)."""
+        outer, channels, inner = shape
+        labels = labels.reshape(outer, inner).astype(np.int64)
+        valid = np.ones(labels.shape, dtype=bool) if ignore_label is None else \
+            labels != ignore_label
+        bad = valid & ((labels < 0) | (labels >= channels))
+        return labels, valid, np.where(valid, labels, 0), bool(bad.any())
+
+    def softmax_loss_forward(self, prob, labels, ignore_label):
+        """(summed -log p(label), count not ignored); NaN for a label out of range."""
+        _, valid, safe, bad = self._label_positions(labels, prob.shape, ignore_label)
+        if bad:
+            return float("nan"), float(valid.sum())
+        p_true = np.take_along_axis(prob, safe[:, None, :], axis=1)[:, 0, :]
+        log_p = np.log(np.maximum(p_true, FLT_MIN)).astype(np.float64)
+        return -float((log_p * valid).sum()), float(valid.sum())
+
+    def softmax_loss_backward(self, prob, labels, ignore_label, scale, dx):
+        """dx = scale (prob - onehot(label)), zero where the label is ignored."""
+        _, valid, safe, _ = self._label_positions(labels, prob.shape, ignore_label)
+        grad = prob.copy()
+        grad -= np.arange(prob.shape[1])[None, :, None] == safe[:, None, :]
+        grad *= valid[:, None, :]
+        grad *= scale
+        dx[...] = grad
+        return dx
+
+    def accuracy(self, scores, labels, top_k, ignore_label, per_class=False):
+        """(hits, counted[, per-class accuracies]) of top-k over (outer, channels, inner)."""
+        _, valid, safe, bad = self._label_positions(labels, scores.shape, ignore_label)
+        if bad:
+            return (float("nan"), float(valid.sum())) + ((None,) if per_class else ())
+        true_score = np.take_along_axis(scores, safe[:, None, :], axis=1)
+        # the true class itself is among the ">=" ones, so a hit needs at most top_k of them
+        hit = ((scores >= true_score).sum(axis=1) <= top_k) & valid
+        result = (float(hit.sum()), float(valid.sum()))
+        if per_class:
+            seen = np.bincount(safe[valid], minlength=scores.shape[1])
+            correct = np.bincount(safe[hit], minlength=scores.shape[1])
+            result += (np.where(seen > 0, correct / np.maximum(seen, 1), 0.0),)
+        return result

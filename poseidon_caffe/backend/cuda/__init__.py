@@ -1,5 +1,8 @@
-"""The CUDA backend's foundation: a device behind a narrow driver interface, the kernels, BLAS.
+"""The CUDA backend: a device behind a narrow driver interface, the kernels, BLAS, the op set.
 
+- ``backend.py``: ``CUDABackend``, the op set of backend/ops.md over a driver (device arrays,
+  named light ops, gemm through cuBLAS, LRN), with the plans of ``plans.py`` (convolution,
+  pooling, im2col);
 - ``driver.py``: the interface (memory, copies, streams, events, modules, launches, BLAS) and
   ``open_driver("cuda" | "emulated", device)``;
 - ``pycuda_driver.py`` (a GPU through pycuda, cuBLAS through ``cublas.py``) and ``emulated.py``
@@ -8,6 +11,6 @@
   (``build.py`` compiles and caches; ``kernels.py`` reads their parameter lists and launches);
 - ``synced.py``: Caffe's SyncedMemory over a driver.
 
-Layers do not run on the device yet: set_mode_gpu() still refuses (README.md in this folder
-says what remains). Importing this package imports neither pycuda nor any NVIDIA library.
+Importing this package imports neither pycuda nor any NVIDIA library.
 """
+from .backend import CUDABackend, DeviceArray, DeviceMemoryError  # noqa: F401
