@@ -70,6 +70,9 @@ class CPUBackend:
     def zeros(self, shape, dtype=None):
         return np.zeros(shape, dtype=dtype or self.dtype)
 
+    def empty(self, shape, dtype=None):
+        return np.empty(shape, dtype=dtype or self.dtype)
+
     def to_device(self, array, dtype=None):
         return np.ascontiguousarray(array, dtype=dtype or self.dtype)
 
@@ -195,7 +198,8 @@ class CPUBackend:
     on_device = False
 
     def upload(self, host, out):
-        out[...] = host
+        """out <- host, values of the same count (a batch into its blob)."""
+        out[...] = host if host.shape == out.shape else host.reshape(out.shape)
         return out
 
     def fill(self, out, value):
@@ -203,13 +207,15 @@ class CPUBackend:
         return out
 
     def copy(self, src, out):
-        out[...] = src
+        """out <- src, values of the same count."""
+        out[...] = src if src.shape == out.shape else src.reshape(out.shape)
         return out
 
     def axpby(self, alpha, x, beta, y):
+        """y = alpha x + beta y."""
         if beta != 1.0:
             y *= beta
-        y += alpha * x
+        y += x if alpha == 1.0 else alpha * x
         return y
 
     def scale(self, alpha, x, out=None):

@@ -109,6 +109,7 @@ class SliceLayer(Layer):
 @register("Split")
 class SplitLayer(Layer):
     """Every top shares the bottom's data; the bottom's gradient is the sum of the tops'."""
+    device_ready = True
     exact_bottoms = 1
     min_tops = 1
 
@@ -126,10 +127,10 @@ class SplitLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        diff = bottom[0].diff
-        diff[...] = top[0].diff
+        be = self.backend
+        diff = be.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)
         for t in top[1:]:
-            diff += t.diff
+            be.axpby(1.0, t.dev_diff, 1.0, diff)
 
 
 def _no_in_place(layer, bottom, top):
@@ -139,6 +140,7 @@ def _no_in_place(layer, bottom, top):
 
 class _ViewLayer(Layer):
     """A new shape over the bottom's data (shared); the gradient is copied back unchanged."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -147,7 +149,7 @@ class _ViewLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = top[0].diff.reshape(bottom[0].shape)
+            self.backend.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)
 
 
 @register("Flatten")

@@ -92,6 +92,7 @@ class _LabelledLoss(_LabelReader, LossLayer):
 
 @register("Softmax")
 class SoftmaxLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -101,20 +102,20 @@ class SoftmaxLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        prob = softmax_along(self.xp, bottom[0].data.reshape(self.split))
-        top[0].data[...] = prob.reshape(top[0].shape)
+        self.backend.softmax_forward(bottom[0].dev_data.reshape(self.split),
+                                     top[0].mutable_dev_data.reshape(self.split))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        y = top[0].data.reshape(self.split)
-        dy = top[0].diff.reshape(self.split)
-        dx = (dy - (dy * y).sum(axis=1, keepdims=True)) * y
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        self.backend.softmax_backward(top[0].dev_data.reshape(self.split),
+                                      top[0].dev_diff.reshape(self.split),
+                                      bottom[0].mutable_dev_diff.reshape(self.split))
 
 
 @register("SoftmaxWithLoss")
 class SoftmaxWithLossLayer(_LabelledLoss):
+    device_ready = True
     exact_tops = None
     min_tops = 1
     max_tops = 2
@@ -131,38 +132,38 @@ class SoftmaxWithLossLayer(_LabelledLoss):
         if len(top) >= 2:
             top[1].reshape(bottom[0].shape)
 
+    def _ignored(self):
+        return self.ignore_label if self.has_ignore_label else None
+
     def forward(self, bottom, top):
-        xp = self.xp
+        be = self.backend
         split = (self.outer, self.channels, self.inner)
-        prob = softmax_along(xp, bottom[0].data.reshape(split))
-        labels, valid, safe = self._labels(bottom[1], self.outer, self.inner, self.channels)
-        p_true = xp.take_along_axis(prob, safe[:, None, :], axis=1)[:, 0, :]
-        log_p = xp.log(xp.maximum(p_true, FLT_MIN)).astype(np.float64)
-        count = int(valid.sum())
-        self.norm = normalizer(self.normalization, self.outer, self.inner, count)
-        top[0].data[...] = -float((log_p * valid).sum()) / self.norm
-        self.prob, self.valid, self.safe_labels = prob, valid, safe
+        prob = be.softmax_forward(bottom[0].dev_data.reshape(split), be.empty(split))
+        loss, count = be.softmax_loss_forward(prob, bottom[1].dev_data, self._ignored())
+        if loss != loss:
+            # NaN: a label out of range names itself here (else the net itself diverged)
+            self._labels(bottom[1], self.outer, self.inner, self.channels)
+        self.norm = normalizer(self.normalization, self.outer, self.inner, int(count))
+        top[0].data[...] = loss / self.norm
+        self.prob = prob
         if len(top) == 2:
-            top[1].data[...] = prob.reshape(top[1].shape)
+            be.copy(prob, top[1].mutable_dev_data.reshape(split))
 
     def backward(self, top, propagate_down, bottom):
         if len(propagate_down) > 1 and propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs")
         if not propagate_down[0]:
             return
-        xp = self.xp
-        grad = self.prob.copy()
-        hit = xp.arange(self.channels)[None, :, None] == self.safe_labels[:, None, :]
-        grad -= hit
-        grad *= self.valid[:, None, :]
-        grad *= float(top[0].diff) / self.norm
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        self.backend.softmax_loss_backward(
+            self.prob, bottom[1].dev_data, self._ignored(), float(top[0].diff) / self.norm,
+            bottom[0].mutable_dev_diff.reshape(self.prob.shape))
 
 
 @register("Accuracy")
 class AccuracyLayer(_LabelReader, Layer):
     """Top-k accuracy; a label counts as hit when fewer than top_k scores are >= its score.
     Not a loss (weight 0 by default) and without a gradient."""
+    device_ready = True
     exact_bottoms = 2
     min_tops = 1
     max_tops = 2
@@ -184,19 +185,17 @@ class AccuracyLayer(_LabelReader, Layer):
             top[1].reshape((self.channels,))
 
     def forward(self, bottom, top):
-        xp = self.xp
-        scores = bottom[0].data.reshape(self.outer, self.channels, self.inner)
-        labels, valid, safe = self._labels(bottom[1], self.outer, self.inner, self.channels)
-        true_score = xp.take_along_axis(scores, safe[:, None, :], axis=1)
-        # the true class itself is among the ">=" ones, so a hit needs at most top_k of them
-        at_least = (scores >= true_score).sum(axis=1)
-        hit = (at_least <= self.top_k) & valid
-        count = int(valid.sum())
-        top[0].data[...] = float(hit.sum()) / count if count else 0.0
+        scores = bottom[0].dev_data.reshape(self.outer, self.channels, self.inner)
+        ignore = self.ignore_label if self.has_ignore_label else None
+        result = self.backend.accuracy(scores, bottom[1].dev_data, self.top_k, ignore,
+                                       per_class=len(top) > 1)
+        hits, count = result[0], int(result[1])
+        if hits != hits:
+            # NaN: a label out of range; name it
+            self._labels(bottom[1], self.outer, self.inner, self.channels)
+        top[0].data[...] = hits / count if count else 0.0
         if len(top) > 1:
-            seen = xp.bincount(safe[valid], minlength=self.channels)
-            correct = xp.bincount(safe[hit], minlength=self.channels)
-            top[1].data[...] = xp.where(seen > 0, correct / xp.maximum(seen, 1), 0.0)
+            top[1].data[...] = result[2]
 
 
 @register("EuclideanLoss")

@@ -26,27 +26,20 @@ class _InputKeepingLayer(NeuronLayer):
 
 @register("ReLU")
 class ReLULayer(NeuronLayer):
+    device_ready = True
+
     def setup(self, bottom, top):
         self.slope = self.param.relu_param.negative_slope
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        if self.slope:
-            top[0].data[...] = np.maximum(x, 0) + self.slope * np.minimum(x, 0)
-        else:
-            np.maximum(x, 0, out=top[0].data)
+        self.backend.relu_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.slope)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         # in place this reads the output, whose sign is the input's for a non-negative slope
-        x = bottom[0].data
-        dy = top[0].diff
-        positive = x > 0
-        if self.slope:
-            bottom[0].diff[...] = dy * np.where(positive, 1.0, self.slope).astype(dy.dtype)
-        else:
-            bottom[0].diff[...] = dy * positive
+        self.backend.relu_backward(bottom[0].dev_data, top[0].dev_diff,
+                                   bottom[0].mutable_dev_diff, self.slope)
 
 
 @register("PReLU")
@@ -309,6 +302,7 @@ class SwishLayer(NeuronLayer):
 class DropoutLayer(NeuronLayer):
     """At TRAIN, keep each value with probability 1 - p and scale it by 1 / (1 - p);
     at TEST, pass values through unchanged (Caffe's inverted dropout)."""
+    device_ready = True
 
     def setup(self, bottom, top):
         ratio = self.param.dropout_param.dropout_ratio
@@ -318,17 +312,20 @@ class DropoutLayer(NeuronLayer):
         self.scale = 1.0 / (1.0 - ratio)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
+        x = bottom[0].dev_data
         if self.phase == TRAIN:
-            self._mask = get_rng().random(x.shape, dtype=np.float32) >= self.ratio
-            top[0].data[...] = x * self._mask * np.float32(self.scale)
+            # the draws come from the host stream on every backend, so runs agree
+            self._mask = self.backend.dropout_forward(
+                x, top[0].mutable_dev_data, get_rng().random(x.shape, dtype=np.float32),
+                self.ratio, self.scale)
         elif top[0] is not bottom[0]:
-            top[0].data[...] = x
+            self.backend.copy(x, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         if self.phase == TRAIN:
-            bottom[0].diff[...] = top[0].diff * self._mask * np.float32(self.scale)
+            self.backend.dropout_backward(self._mask, top[0].dev_diff,
+                                          bottom[0].mutable_dev_diff, self.ratio, self.scale)
         elif top[0] is not bottom[0]:
-            bottom[0].diff[...] = top[0].diff
+            self.backend.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)

@@ -156,6 +156,7 @@ class _ConvolutionBase(Layer):
 
 @register("Convolution")
 class ConvolutionLayer(_ConvolutionBase):
+    device_ready = True
 
     def reshape(self, bottom, top):
         self._check_bottoms(bottom)
@@ -174,22 +175,23 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         g = self.geom
-        w = self.blobs[0].data
-        bias = self.blobs[1].data if self.bias_term else None
+        w = self.blobs[0].dev_data
+        bias = self.blobs[1].dev_data if self.bias_term else None
         for plan, b, t in zip(self._plans, bottom, top):
-            plan.forward(self._batch_view(b.data, g.channels, g.in_shape), w, bias,
-                         self._batch_view(t.data, g.num_output, g.out_shape))
+            plan.forward(self._batch_view(b.dev_data, g.channels, g.in_shape), w, bias,
+                         self._batch_view(t.mutable_dev_data, g.num_output, g.out_shape))
 
     def backward(self, top, propagate_down, bottom):
         g = self.geom
-        w = self.blobs[0].data
-        dw = self.blobs[0].diff if self.param_propagate_down[0] else None
-        db = (self.blobs[1].diff if self.bias_term and self.param_propagate_down[1]
+        w = self.blobs[0].dev_data
+        dw = self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None
+        db = (self.blobs[1].mutable_dev_diff if self.bias_term and self.param_propagate_down[1]
               else None)
         for i, (plan, b, t) in enumerate(zip(self._plans, bottom, top)):
-            dx = self._batch_view(b.diff, g.channels, g.in_shape) if propagate_down[i] else None
-            plan.backward(self._batch_view(b.data, g.channels, g.in_shape),
-                          self._batch_view(t.diff, g.num_output, g.out_shape), w,
+            dx = (self._batch_view(b.mutable_dev_diff, g.channels, g.in_shape)
+                  if propagate_down[i] else None)
+            plan.backward(self._batch_view(b.dev_data, g.channels, g.in_shape),
+                          self._batch_view(t.dev_diff, g.num_output, g.out_shape), w,
                           dx=dx, dw=dw, dbias=db)
 
 
@@ -260,6 +262,7 @@ def _pooled_size(size, kernel, stride, pad, round_mode):
 
 @register("Pooling")
 class PoolingLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     min_tops = 1
 
@@ -352,12 +355,12 @@ class PoolingLayer(Layer):
         return self._lead_count * padded * itemsize
 
     def forward(self, bottom, top):
-        x, y = bottom[0].data, top[0].data
+        x, y = bottom[0].dev_data, top[0].mutable_dev_data
         plan = self.plan
         if self.method == _POOL.MAX:
             plan.max_forward(x, y)
             if len(top) > 1:
-                top[1].data[...] = plan.mask()
+                self.backend.copy(plan.mask(), top[1].mutable_dev_data)
         elif self.method == _POOL.AVE:
             plan.ave_forward(x, y)
         elif self.phase == caffe_pb2.TRAIN:
@@ -368,11 +371,11 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy, dx = top[0].diff, bottom[0].diff
+        dy, dx = top[0].dev_diff, bottom[0].mutable_dev_diff
         if self.method == _POOL.AVE:
             self.plan.ave_backward(dy, dx)
         elif self.method == _POOL.STOCHASTIC and self.phase != caffe_pb2.TRAIN:
-            self.plan.stochastic_backward_test(bottom[0].data, dy, dx)
+            self.plan.stochastic_backward_test(bottom[0].dev_data, dy, dx)
         else:
             self.plan.routed_backward(dy, dx)
 
@@ -463,6 +466,7 @@ class SPPLayer(Layer):
 # -- LRN ------------------------------------------------------------------------------------
 @register("LRN")
 class LRNLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -485,17 +489,17 @@ class LRNLayer(Layer):
     def forward(self, bottom, top):
         inplace = top[0] is bottom[0]          # then top must not be written while read
         y, self.state = self.backend.lrn_forward(
-            bottom[0].data, self.size, self.alpha, self.beta, self.k, self.across,
-            out=None if inplace else top[0].data, state=getattr(self, "state", None))
+            bottom[0].dev_data, self.size, self.alpha, self.beta, self.k, self.across,
+            out=None if inplace else top[0].mutable_dev_data, state=getattr(self, "state", None))
         if inplace:
-            top[0].data[...] = y
+            self.backend.copy(y, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         self.backend.lrn_backward(
-            bottom[0].data, top[0].data, self.state, top[0].diff, self.size, self.alpha,
-            self.beta, self.across, out=bottom[0].diff)
+            bottom[0].dev_data, top[0].dev_data, self.state, top[0].dev_diff, self.size,
+            self.alpha, self.beta, self.across, out=bottom[0].mutable_dev_diff)
 
 
 # -- Im2col ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ def _h5py(where):
 
 @register("HDF5Data")
 class HDF5DataLayer(Layer):
+    device_ready = True            # batches are written on the host and copied in once
     """Batches from the HDF5 files a source list names; one dataset per top, read whole per
     file, rows in order (or shuffled per file, files in shuffled order, with ``shuffle``)."""
     exact_bottoms = 0
@@ -120,8 +121,7 @@ class HDF5DataLayer(Layer):
             mine = np.nonzero(offsets % self.size == self.rank)[0][:batch - filled]
             consumed = (mine[-1] + 1) if len(mine) == batch - filled else len(remaining)
             for blob, arr in zip(top, self.arrays):
-                blob.data[filled:filled + len(mine)] = self.backend.to_device(
-                    arr[remaining[mine]])
+                blob.data[filled:filled + len(mine)] = arr[remaining[mine]]
             filled += len(mine)
             self.row_pos += consumed
             self.offset += consumed
