@@ -1,6 +1,5 @@
 """The CPU backend's op set, called directly: geometry, im2col/col2im, conv plans, pool plans,
 LRN and GEMM, against loops and identities written here."""
-import importlib.util
 import itertools
 
 import numpy as np
