@@ -258,6 +258,20 @@ class CPUBackend:
         else:
             dx[...] = dy * positive
 
+    def neuron_forward(self, kind, x, y, *params):
+        """y = the neuron map ``kind`` of x (neuron.py); returns what its backward also
+        reads besides x and y (swish: the sigmoid), else None."""
+        from .neuron import FORWARD
+        return FORWARD[kind](x, y, *params)
+
+    def neuron_backward(self, kind, dy, *arrays_and_params):
+        """dx of the neuron map ``kind``: (dy, inputs..., dx, params...)."""
+        from .neuron import BACKWARD, BACKWARD_INPUTS
+        count = BACKWARD_INPUTS.get(kind, 1) + 1
+        arrays, params = arrays_and_params[:count], arrays_and_params[count:]
+        BACKWARD[kind](dy, *arrays, *params)
+        return arrays[-1]
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         mask = uniform >= ratio
         y[...] = x * mask * np.float32(scale)
