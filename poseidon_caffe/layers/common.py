@@ -496,6 +496,7 @@ class ArgMaxLayer(Layer):
 @register("Silence")
 class SilenceLayer(Layer):
     """Consumes bottoms nobody else reads, so the net prints nothing for them."""
+    device_ready = True
     min_bottoms = 1
     exact_tops = 0
 
@@ -508,7 +509,7 @@ class SilenceLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         for i, b in enumerate(bottom):
             if propagate_down[i]:
-                b.diff[...] = 0
+                self.backend.fill(b.mutable_dev_diff, 0.0)
 
 
 @register("Parameter")

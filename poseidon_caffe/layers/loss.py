@@ -201,6 +201,7 @@ class AccuracyLayer(_LabelReader, Layer):
 @register("EuclideanLoss")
 class EuclideanLossLayer(LossLayer):
     """sum((a - b)^2) / (2 num); gradients flow to both inputs."""
+    device_ready = True
 
     def allow_force_backward(self, bottom_index):
         return True
@@ -212,15 +213,18 @@ class EuclideanLossLayer(LossLayer):
                              % (bottom[0].shape, bottom[1].shape))
 
     def forward(self, bottom, top):
-        self.delta = bottom[0].data - bottom[1].data.reshape(bottom[0].shape)
-        d = self.delta.ravel()
-        top[0].data[...] = float(np.dot(d, d)) / bottom[0].shape[0] / 2.0
+        be = self.backend
+        a = bottom[0].dev_data
+        self.delta = be.axpby(-1.0, bottom[1].dev_data.reshape(a.shape), 1.0,
+                              be.copy(a, be.empty(a.shape)))
+        top[0].data[...] = be.sumsq(self.delta) / bottom[0].shape[0] / 2.0
 
     def backward(self, top, propagate_down, bottom):
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
                 alpha = sign * float(top[0].diff) / bottom[i].shape[0]
-                bottom[i].diff[...] = (alpha * self.delta).reshape(bottom[i].shape)
+                self.backend.scale(alpha, self.delta,
+                                   bottom[i].mutable_dev_diff.reshape(self.delta.shape))
 
 
 @register("HingeLoss")
