@@ -37,8 +37,8 @@ def env(**extra):
 @pytest.mark.parametrize("text, bits", [
     ("100mbit", 100 * 10 ** 6), ("1gbit", 10 ** 9), ("10gbit", 10 ** 10), ("500kbit", 500000),
     ("12.5MB/s", 100 * 10 ** 6), ("1Gbit/s", 10 ** 9), ("1.5mbit", 1500000), ("64bit", 64),
-    (" 2tbit ", 2 * 10 ** 12), ("800KB/s", 6400000), ("1GB/s", 8 * 10 ** 9), (".5gbit", 5 * 10 ** 8),
-    ("3B/s", 24)])
+    (" 2tbit ", 2 * 10 ** 12), ("800KB/s", 6400000), ("1GB/s", 8 * 10 ** 9),
+    (".5gbit", 5 * 10 ** 8), ("3B/s", 24)])
 def test_rates_parse(text, bits):
     assert netlab.parse_rate(text) == bits
 
@@ -95,7 +95,8 @@ def test_the_host_file_is_poseidons_and_the_hook_maps_every_address(tmp_path):
     assert out.returncode == 0
     assert out.stdout == "netns exec ns1 /bin/sh -c hydra_pmi_proxy --proxy-id 1\n"
     out = subprocess.run([str(hook), "-x", "198.18.3.9", "x"], capture_output=True, text=True)
-    assert out.returncode == 255 and out.stderr == "netlab lab: 198.18.3.9 is not one of its hosts\n"
+    assert out.returncode == 255
+    assert out.stderr == "netlab lab: 198.18.3.9 is not one of its hosts\n"
 
 
 # -- labs made and taken down -------------------------------------------------------------------
@@ -318,6 +319,36 @@ def test_shaping_holds_a_transfer_to_the_rate_at_both_ends_of_the_links():
         assert payload < wire[0].tx_bytes < payload * 1.06
         assert _class_bytes(lab.host_namespaces[0], "eth0") >= payload
         assert _class_bytes(lab.bridge_namespace, "h1") >= payload
+
+
+CONNECT = r"""
+import socket, sys, time
+t = time.perf_counter()
+try:
+    socket.create_connection((sys.argv[1], 9), timeout=10)
+except ConnectionRefusedError:
+    print(time.perf_counter() - t)
+"""
+
+
+@needs_root
+def test_a_latency_delays_every_round_trip_or_is_refused_in_one_line_without_netem():
+    """20ms one way: a TCP connection refused by host 1 takes a round trip, at least 40 ms
+    (less is impossible through the delay, however loaded the machine). A kernel without
+    netem (this project's CI machines among them) refuses the latency in one line, having
+    taken down what it made."""
+    before = mine()
+    try:
+        lab = netlab.Lab.create(2, "100mbit", "20ms")
+    except netlab.LabError as exc:
+        assert "netem" in str(exc) and "\n" not in str(exc)
+        assert mine() == before
+        return
+    with lab:
+        out = subprocess.run(lab.command([PY, "-c", CONNECT, lab.addresses[1]]),
+                             capture_output=True, text=True, timeout=60)
+        assert float(out.stdout) >= 0.04, out.stderr
+    assert mine() == before
 
 
 # -- across hosts -------------------------------------------------------------------------------
