@@ -140,3 +140,21 @@ def test_fifty_solver_steps_end_where_the_cpu_ends(gpu_mode, kind):
     for name, blobs in weights["cpu"].items():
         for mine, theirs in zip(weights["gpu"][name], blobs):
             assert float(np.abs(mine - theirs).max()) <= 1e-4, name
+
+
+def test_out_of_device_memory_names_the_layer_and_the_bytes(monkeypatch, tmp_path):
+    from poseidon_caffe.net.errors import NetMemoryError
+    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    monkeypatch.setenv("POSEIDON_CAFFE_EMULATED_MEMORY", str(3 * 2 ** 20))
+    monkeypatch.setitem(backend._state, "devices", {})      # a device of that size
+    backend.set_mode_gpu()
+    try:
+        path = tmp_path / "net.prototxt"
+        path.write_text(nets.lenet(batch=64)[0])
+        net = Net(str(path), caffe_pb2.TRAIN)
+        _inputs(net)
+        with pytest.raises(NetMemoryError, match=r"layer '\w+' of type \w+: out of memory .*"
+                                                 r"\d+ bytes asked"):
+            net.forward_backward()
+    finally:
+        backend.set_mode_cpu()

@@ -29,6 +29,18 @@ class DeviceMemoryError(MemoryError):
     """Device memory that cannot be had: says how many bytes were asked and what was free."""
 
 
+class _SyncedMemory(SyncedMemory):
+    """SyncedMemory whose device side, when it cannot be had, says so as DeviceMemoryError."""
+
+    def _device_ptr(self):
+        try:
+            return super()._device_ptr()
+        except DriverError as exc:
+            free, total = self.driver.mem_info()
+            raise DeviceMemoryError("out of device memory: %d bytes asked, %d of %d free (%s)"
+                                    % (self.nbytes, free, total, exc)) from None
+
+
 class Allocation:
     """Device memory freed when the last array viewing it goes."""
 
@@ -157,7 +169,7 @@ class CUDABackend:
 
     def synced_memory(self, count):
         """Caffe's SyncedMemory of ``count`` floats on this device (a blob's data or diff)."""
-        return SyncedMemory(self.driver, count, F32)
+        return _SyncedMemory(self.driver, count, F32)
 
     def view(self, ptr, shape, owner):
         return DeviceArray(shape, ptr, owner)
