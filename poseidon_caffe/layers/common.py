@@ -359,6 +359,7 @@ class BatchReindexLayer(Layer):
 @register("Tile")
 class TileLayer(Layer):
     """Repeats the block of axes [axis, end) ``tiles`` times."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -377,13 +378,15 @@ class TileLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        block = bottom[0].data.reshape(self.outer, 1, self.inner)
-        top[0].data.reshape(self.outer, self.tiles, self.inner)[...] = block
+        self.backend.tile_forward(bottom[0].dev_data.reshape(self.outer, 1, self.inner),
+                                  top[0].mutable_dev_data.reshape(self.outer, self.tiles,
+                                                                  self.inner))
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            summed = top[0].diff.reshape(self.outer, self.tiles, self.inner).sum(axis=1)
-            bottom[0].diff[...] = summed.reshape(bottom[0].shape)
+            self.backend.tile_backward(
+                top[0].dev_diff.reshape(self.outer, self.tiles, self.inner),
+                bottom[0].mutable_dev_diff.reshape(self.outer, 1, self.inner))
 
 
 _Red = caffe_pb2.ReductionParameter

@@ -133,6 +133,10 @@ class CUDABackend:
     def emulated(self):
         return self.driver.info.emulated
 
+    def synchronize(self):
+        """Wait for the work queued on the device (timings read after it)."""
+        self.driver.synchronize()
+
     # -- memory ----------------------------------------------------------------------------
     def empty(self, shape, dtype=None):
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
@@ -318,6 +322,18 @@ class CUDABackend:
             self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, big.ptr, small.ptr, 1)
         else:
             self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, small.ptr, big.ptr, 0)
+
+    def tile_forward(self, x, y):
+        """y (outer, tiles, inner) = x (outer, 1, inner) repeated."""
+        outer, tiles, inner = y.shape
+        if y.size:
+            self.kernels.tile_forward(y.size, x.ptr, inner, tiles, y.ptr)
+
+    def tile_backward(self, dy, dx):
+        """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
+        outer, tiles, inner = dy.shape
+        if dx.size:
+            self.kernels.tile_backward(dx.size, dy.ptr, inner, tiles, dx.ptr)
 
     def dropout_forward(self, x, y, uniform, ratio, scale):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
