@@ -122,6 +122,9 @@ CASES = [
      [uniform((2, 3, 4), 58)], 1, {}),
     ("Bias-bottom", 'name: "b" type: "Bias" bias_param { axis: 0 }',
      [uniform((2, 3, 4), 59), uniform((2, 3), 60)], 1, {}),
+    ("Embed", 'name: "e" type: "Embed" embed_param { num_output: 3 input_dim: 5 bias_term: '
+     'true weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }',
+     [labels((3, 2), 5, 61)], 1, {"check_bottom": []}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 2, 3), 52)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',

@@ -339,6 +339,16 @@ class CPUBackend:
         """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
         dx[...] = dy.sum(axis=1).reshape(dx.shape)
 
+    # -- Embed: rows of a table by index --------------------------------------------------
+    def embed_forward(self, indices, index_values, weight, y):
+        """y (count, N) = weight[indices]; ``indices`` are the checked host integers (the
+        device reads ``index_values``, the bottom's own array)."""
+        y[...] = weight[indices]
+
+    def embed_backward(self, indices, index_values, dy, weight_diff):
+        """weight_diff[indices] += dy, repeated indices summed."""
+        np.add.at(weight_diff, indices, dy)
+
     # -- Scale and Bias over (outer, dim, inner) ------------------------------------------
     def scale_forward(self, x, scale, bias, y):
         """y = x scale[d] (+ bias[d])."""

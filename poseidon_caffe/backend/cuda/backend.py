@@ -335,6 +335,18 @@ class CUDABackend:
         if dx.size:
             self.kernels.tile_backward(dx.size, dy.ptr, inner, tiles, dx.ptr)
 
+    # -- Embed (kernels/embed.cu) ---------------------------------------------------------
+    def embed_forward(self, indices, index_values, weight, y):
+        input_dim, num_output = weight.shape
+        if y.size:
+            self.kernels.embed_forward(y.size, index_values.ptr, weight.ptr, input_dim,
+                                       num_output, None, y.ptr)
+
+    def embed_backward(self, indices, index_values, dy, weight_diff):
+        input_dim, num_output = weight_diff.shape
+        self.kernels.embed_backward(weight_diff.size, index_values.ptr, dy.ptr, dy.shape[0],
+                                    num_output, weight_diff.ptr)
+
     # -- Scale and Bias over (outer, dim, inner) ------------------------------------------
     def scale_forward(self, x, scale, bias, y):
         outer, dim, inner = x.shape
