@@ -125,6 +125,8 @@ CASES = [
     ("Embed", 'name: "e" type: "Embed" embed_param { num_output: 3 input_dim: 5 bias_term: '
      'true weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }',
      [labels((3, 2), 5, 61)], 1, {"check_bottom": []}),
+    ("Im2col", 'name: "i" type: "Im2col" convolution_param { kernel_size: 2 stride: 1 pad: 1 }',
+     [uniform((2, 2, 3, 3), 62)], 1, {}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 2, 3), 52)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',

@@ -518,6 +518,7 @@ class SilenceLayer(Layer):
 @register("Parameter")
 class ParameterLayer(Layer):
     """One learnable blob of parameter_param.shape (zeros unless loaded), offered as the top."""
+    device_ready = True
     exact_bottoms = 0
     exact_tops = 1
 
@@ -539,4 +540,4 @@ class ParameterLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if self.param_propagate_down[0]:
-            self.blobs[0].diff += top[0].diff
+            self.backend.axpby(1.0, top[0].dev_diff, 1.0, self.blobs[0].mutable_dev_diff)

@@ -510,6 +510,7 @@ class LRNLayer(Layer):
 @register("Im2col")
 class Im2colLayer(Layer):
     """Columns of convolution windows: (N, C, *in) -> (N, C*prod(kernel), *out)."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -530,15 +531,15 @@ class Im2colLayer(Layer):
 
     def forward(self, bottom, top):
         g = self.geom
-        x = bottom[0].data.reshape((-1, g.channels) + g.in_shape)
-        top[0].data[...] = self.backend.im2col(x, g).reshape(top[0].shape)
+        x = bottom[0].dev_data.reshape((-1, g.channels) + g.in_shape)
+        self.backend.copy(self.backend.im2col(x, g), top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         g = self.geom
-        col = top[0].diff.reshape((-1, g.col_rows) + g.out_shape)
-        bottom[0].diff[...] = self.backend.col2im(col, g).reshape(bottom[0].shape)
+        col = top[0].dev_diff.reshape((-1, g.col_rows) + g.out_shape)
+        self.backend.copy(self.backend.col2im(col, g), bottom[0].mutable_dev_diff)
 
 
 # -- Crop -----------------------------------------------------------------------------------
