@@ -127,6 +127,8 @@ CASES = [
      [labels((3, 2), 5, 61)], 1, {"check_bottom": []}),
     ("Im2col", 'name: "i" type: "Im2col" convolution_param { kernel_size: 2 stride: 1 pad: 1 }',
      [uniform((2, 2, 3, 3), 62)], 1, {}),
+    ("SPP", 'name: "s" type: "SPP" spp_param { pyramid_height: 2 pool: MAX }',
+     [uniform((2, 3, 5, 4), 63)], 1, {}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 2, 3), 52)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
