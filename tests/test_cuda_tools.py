@@ -108,3 +108,18 @@ def test_pycaffe_style_gpu_mode_reads_and_writes_blobs_as_numpy(monkeypatch, tmp
         np.testing.assert_allclose(net.blobs["ip"].data, x @ w.T, rtol=1e-5)
     finally:
         backend.set_mode_cpu()
+
+
+@needs_compiler
+def test_set_device_after_set_mode_gpu_moves_to_that_device(monkeypatch):
+    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    monkeypatch.setenv("POSEIDON_CAFFE_EMULATED_DEVICES", "2")
+    try:
+        backend.set_mode_gpu()
+        backend.set_device(1)
+        assert backend.get_backend().device == 1
+        with pytest.raises(backend.GPUUnavailable, match="emulated device 2 does not exist"):
+            backend.set_device(2)
+    finally:
+        backend.set_device(0)
+        backend.set_mode_cpu()

@@ -64,7 +64,12 @@ def set_mode_gpu():
 
 
 def set_device(device_id):
-    _state["device"] = int(device_id)
+    """The GPU that GPU mode uses; in GPU mode already (pycaffe's set_mode_gpu(); set_device(1))
+    the backend moves to it at once."""
+    device = int(device_id)
+    if _state["mode"] == "gpu":
+        _state["backend"] = gpu_backend(device)
+    _state["device"] = device
 
 
 def mode():
