@@ -77,10 +77,12 @@ def _rel(got, want):
     return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
 
 
-@pytest.mark.parametrize("which", ["lenet", "cifar10_quick"])
-def test_example_net_forward_backward_matches_the_cpu(gpu_mode, which, tmp_path):
+@pytest.mark.parametrize("which,batch", [("lenet", 8), ("cifar10_quick", 8),
+                                         ("resnet_small", 2)])
+def test_example_net_forward_backward_matches_the_cpu(gpu_mode, which, batch, tmp_path):
+    # resnet_small: BatchNorm, Scale and ReLU in place, Eltwise shortcuts
     path = tmp_path / "net.prototxt"
-    path.write_text(nets.ALL[which](batch=8)[0])
+    path.write_text(nets.ALL[which](batch=batch)[0])
     backend.set_mode_cpu()
     cpu = Net(str(path), caffe_pb2.TRAIN)
     _inputs(cpu)
