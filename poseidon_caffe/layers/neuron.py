@@ -16,12 +16,17 @@ from .registry import register
 
 class _InputKeepingLayer(NeuronLayer):
     """A neuron layer whose backward needs the bottom data even when it runs in place."""
+    device_ready = True
 
     def _remember_input(self, bottom, top):
-        self._input_copy = bottom[0].data.copy() if top[0] is bottom[0] else None
+        if top[0] is bottom[0]:
+            x = bottom[0].dev_data
+            self._input_copy = self.backend.copy(x, self.backend.empty(x.shape))
+        else:
+            self._input_copy = None
 
     def _input(self, bottom):
-        return self._input_copy if self._input_copy is not None else bottom[0].data
+        return self._input_copy if self._input_copy is not None else bottom[0].dev_data
 
 
 @register("ReLU")
@@ -75,85 +80,81 @@ class PReLULayer(_InputKeepingLayer):
         # (N, C, rest) so that one slope broadcasts over its channel
         return array.reshape(array.shape[0], array.shape[1], -1)
 
-    def _slopes(self):
-        s = self.blobs[0].data
-        return s.reshape(1, 1, 1) if self.shared else s.reshape(1, -1, 1)
-
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        x = self._per_channel(bottom[0].data)
-        y = np.maximum(x, 0) + self._slopes() * np.minimum(x, 0)
-        top[0].data[...] = y.reshape(top[0].shape)
+        self.backend.prelu_forward(self._per_channel(bottom[0].dev_data),
+                                   self._per_channel(top[0].mutable_dev_data),
+                                   self.blobs[0].dev_data, self.shared)
 
     def backward(self, top, propagate_down, bottom):
-        x = self._per_channel(self._input(bottom))
-        dy = self._per_channel(top[0].diff)
-        negative = x <= 0
-        if self.param_propagate_down[0]:
-            contribution = (dy * x * negative).sum(axis=(0, 2), dtype=np.float64)
-            if self.shared:
-                self.blobs[0].diff += contribution.sum()
-            else:
-                self.blobs[0].diff += contribution
-        if propagate_down[0]:
-            factor = np.where(negative, self._slopes(), 1.0)
-            bottom[0].diff[...] = (dy * factor).reshape(bottom[0].shape)
+        if not (propagate_down[0] or self.param_propagate_down[0]):
+            return
+        self.backend.prelu_backward(
+            self._per_channel(self._input(bottom)), self._per_channel(top[0].dev_diff),
+            self.blobs[0].dev_data, self.shared,
+            dx=self._per_channel(bottom[0].mutable_dev_diff) if propagate_down[0] else None,
+            dslopes=self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None)
 
 
 @register("ELU")
 class ELULayer(NeuronLayer):
+    device_ready = True
+
     def setup(self, bottom, top):
         self.alpha = self.param.elu_param.alpha
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        negative_part = self.alpha * np.expm1(np.minimum(x, 0))
-        top[0].data[...] = np.where(x > 0, x, negative_part)
+        self.backend.elu_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.alpha)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        x, y, dy = bottom[0].data, top[0].data, top[0].diff
-        # d/dx alpha (e^x - 1) = y + alpha
-        bottom[0].diff[...] = dy * np.where(x > 0, 1.0, y + self.alpha)
+        self.backend.elu_backward(bottom[0].dev_data, top[0].dev_data, top[0].dev_diff,
+                                  bottom[0].mutable_dev_diff, self.alpha)
 
 
 @register("Sigmoid")
 class SigmoidLayer(NeuronLayer):
+    device_ready = True
+
     def forward(self, bottom, top):
-        # the tanh form never overflows
-        top[0].data[...] = 0.5 * np.tanh(0.5 * bottom[0].data) + 0.5
+        self.backend.sigmoid_forward(bottom[0].dev_data, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            y = top[0].data
-            bottom[0].diff[...] = top[0].diff * y * (1 - y)
+            self.backend.sigmoid_backward(top[0].dev_data, top[0].dev_diff,
+                                          bottom[0].mutable_dev_diff)
 
 
 @register("TanH")
 class TanHLayer(NeuronLayer):
+    device_ready = True
+
     def forward(self, bottom, top):
-        np.tanh(bottom[0].data, out=top[0].data)
+        self.backend.tanh_forward(bottom[0].dev_data, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            y = top[0].data
-            bottom[0].diff[...] = top[0].diff * (1 - y * y)
+            self.backend.tanh_backward(top[0].dev_data, top[0].dev_diff,
+                                       bottom[0].mutable_dev_diff)
 
 
 @register("AbsVal")
 class AbsValLayer(NeuronLayer):
+    device_ready = True
+
     def reshape(self, bottom, top):
         if top[0] is bottom[0]:
             raise self.error("AbsVal does not allow in-place computation (top == bottom)")
         super().reshape(bottom, top)
 
     def forward(self, bottom, top):
-        np.abs(bottom[0].data, out=top[0].data)
+        self.backend.abs_forward(bottom[0].dev_data, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = top[0].diff * np.sign(bottom[0].data)
+            self.backend.abs_backward(bottom[0].dev_data, top[0].dev_diff,
+                                      bottom[0].mutable_dev_diff)
 
 
 @register("BNLL")
@@ -163,13 +164,12 @@ class BNLLLayer(_InputKeepingLayer):
 
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        x = bottom[0].data
-        top[0].data[...] = np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+        self.backend.bnll_forward(bottom[0].dev_data, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            e = np.exp(np.minimum(self._input(bottom), self.EXP_LIMIT))
-            bottom[0].diff[...] = top[0].diff * e / (e + 1)
+            self.backend.bnll_backward(self._input(bottom), top[0].dev_diff,
+                                       bottom[0].mutable_dev_diff, self.EXP_LIMIT)
 
 
 @register("Power")
@@ -182,21 +182,14 @@ class PowerLayer(_InputKeepingLayer):
 
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        base = self.shift + self.scale * bottom[0].data
-        top[0].data[...] = base if self.power == 1 else np.power(base, self.power)
+        self.backend.power_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.power,
+                                   self.scale, self.shift)
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        dy = top[0].diff
-        diff_scale = self.power * self.scale
-        if diff_scale == 0:
-            bottom[0].diff[...] = 0
-        elif self.power == 1:
-            bottom[0].diff[...] = dy * diff_scale
-        else:
-            base = self.shift + self.scale * self._input(bottom)
-            bottom[0].diff[...] = dy * diff_scale * np.power(base, self.power - 1)
+        if propagate_down[0]:
+            self.backend.power_backward(self._input(bottom), top[0].dev_diff,
+                                        bottom[0].mutable_dev_diff, self.power, self.scale,
+                                        self.shift)
 
 
 def _log_base(layer, base):
@@ -211,6 +204,7 @@ def _log_base(layer, base):
 @register("Exp")
 class ExpLayer(NeuronLayer):
     """y = base ^ (shift + scale * x)."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.exp_param
@@ -219,14 +213,13 @@ class ExpLayer(NeuronLayer):
         self.outer_scale = 1.0 if p.shift == 0 else float(np.exp(log_base * p.shift))
 
     def forward(self, bottom, top):
-        y = np.exp(self.inner_scale * bottom[0].data)
-        if self.outer_scale != 1.0:
-            y *= self.outer_scale
-        top[0].data[...] = y
+        self.backend.exp_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.inner_scale,
+                                 self.outer_scale)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = top[0].diff * top[0].data * self.inner_scale
+            self.backend.exp_backward(top[0].dev_data, top[0].dev_diff,
+                                      bottom[0].mutable_dev_diff, self.inner_scale)
 
 
 @register("Log")
@@ -240,23 +233,27 @@ class LogLayer(_InputKeepingLayer):
 
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        top[0].data[...] = np.log(self.shift + self.scale * bottom[0].data) * self.base_scale
+        self.backend.log_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.scale,
+                                 self.shift, self.base_scale)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            inner = self.shift + self.scale * self._input(bottom)
-            bottom[0].diff[...] = top[0].diff * (self.scale * self.base_scale) / inner
+            self.backend.log_backward(self._input(bottom), top[0].dev_diff,
+                                      bottom[0].mutable_dev_diff, self.scale, self.shift,
+                                      self.base_scale)
 
 
 @register("Threshold")
 class ThresholdLayer(NeuronLayer):
     """y = 1 where x > threshold, else 0; a step has no gradient, so there is no backward."""
+    device_ready = True
 
     def setup(self, bottom, top):
         self.threshold = self.param.threshold_param.threshold
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data > self.threshold
+        self.backend.threshold_forward(bottom[0].dev_data, top[0].mutable_dev_data,
+                                       self.threshold)
 
 
 @register("Clip")
@@ -271,31 +268,31 @@ class ClipLayer(_InputKeepingLayer):
 
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        np.clip(bottom[0].data, self.min, self.max, out=top[0].data)
+        self.backend.clip_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.min,
+                                  self.max)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            x = self._input(bottom)
-            bottom[0].diff[...] = top[0].diff * ((x >= self.min) & (x <= self.max))
+            self.backend.clip_backward(self._input(bottom), top[0].dev_diff,
+                                       bottom[0].mutable_dev_diff, self.min, self.max)
 
 
 @register("Swish")
 class SwishLayer(NeuronLayer):
     """y = x * sigmoid(beta * x)."""
+    device_ready = True
 
     def setup(self, bottom, top):
         self.beta = self.param.swish_param.beta
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        self._sigmoid = 0.5 * np.tanh(0.5 * self.beta * x) + 0.5
-        top[0].data[...] = x * self._sigmoid
+        self._sigmoid = self.backend.swish_forward(bottom[0].dev_data, top[0].mutable_dev_data,
+                                                   self.beta)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            y, s = top[0].data, self._sigmoid
-            by = self.beta * y
-            bottom[0].diff[...] = top[0].diff * (by + s * (1 - by))
+            self.backend.swish_backward(top[0].dev_data, self._sigmoid, top[0].dev_diff,
+                                        bottom[0].mutable_dev_diff, self.beta)
 
 
 @register("Dropout")

@@ -18,6 +18,7 @@ import numpy as np
 from ..geometry import PoolGeometry
 from .driver import DriverError, open_driver
 from .kernels import KernelSet
+from .neuron_ops import NeuronOps
 from .synced import SyncedMemory
 
 F32 = np.dtype(np.float32)
@@ -104,7 +105,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend:
+class CUDABackend(NeuronOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
