@@ -1,12 +1,15 @@
-"""Neuron, loss, reduction/indexing and recurrent layers on the emulated device against the
-same layers on the CPU: forward (rel 1e-5) and backward (rel 1e-4), the bottom gradients and
-the parameter gradients, in place where a layer allows it; and nets of them build in GPU mode."""
+"""Neuron, loss, reduction/indexing and recurrent layers on the emulated device: through the
+harness of test_cuda_layers (the CPU's tops, rel 1e-5, and gradients, rel 1e-4; the
+finite-difference gradient check in GPU mode), and here also in place and over repeated
+passes (parameter gradients accumulate); nets of them build and run in GPU mode."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
 
+import test_cuda_layers as harness
 from emulated_device import needs_compiler
 from gradcheck import make_layer
+from test_cuda_layers import gpu_mode, labels, uniform  # noqa: F401  (gpu_mode: a fixture)
 from poseidon_caffe import backend, rng
 from poseidon_caffe.blob import Blob
 from poseidon_caffe.layers.base import LayerError
@@ -82,6 +85,47 @@ def compare(prototxt, bottoms, fwd_rtol=1e-5, bwd_rtol=1e-4, atol=1e-6, propagat
             np.testing.assert_allclose(b, a, rtol=rtol, atol=atol,
                                        err_msg="%s %d of %s" % (what, i, prototxt))
     return cpu, gpu
+
+
+# (id, layer text, bottoms, tops, gradient check: None (none) or dict of its arguments), as
+# test_cuda_layers.CASES
+KINK = {"kink": 0.0, "kink_range": 0.02}
+CASES = [
+    ("PReLU", 'name: "p" type: "PReLU" prelu_param { filler { type: "uniform" } }',
+     [uniform((2, 3, 4), 1)], 1, KINK),
+    ("PReLU-shared", 'name: "p" type: "PReLU" prelu_param { channel_shared: true }',
+     [uniform((2, 3, 2, 2), 2)], 1, KINK),
+    ("ELU", 'name: "e" type: "ELU" elu_param { alpha: 0.5 }', [uniform((2, 3, 4), 3)], 1,
+     KINK),
+    ("Sigmoid", 'name: "s" type: "Sigmoid"', [uniform((2, 3, 4), 4, -3, 3)], 1, {}),
+    ("TanH", 'name: "t" type: "TanH"', [uniform((2, 3, 4), 5)], 1, {}),
+    ("AbsVal", 'name: "a" type: "AbsVal"', [uniform((2, 3, 4), 6)], 1, KINK),
+    ("BNLL", 'name: "b" type: "BNLL"', [uniform((2, 3, 4), 7, -3, 3)], 1, {}),
+    ("Power", 'name: "p" type: "Power" power_param { power: 2 scale: 0.5 shift: 2 }',
+     [uniform((2, 3, 4), 8)], 1, {}),
+    ("Exp", 'name: "e" type: "Exp" exp_param { base: 2 scale: 0.5 shift: 1 }',
+     [uniform((2, 3, 4), 9)], 1, {}),
+    ("Log", 'name: "l" type: "Log" log_param { base: 2 scale: 0.5 shift: 2 }',
+     [uniform((2, 3, 4), 10)], 1, {}),
+    ("Threshold", 'name: "t" type: "Threshold" threshold_param { threshold: 0.2 }',
+     [uniform((2, 3, 4), 11)], 1, None),
+    ("Clip", 'name: "c" type: "Clip" clip_param { min: -0.5 max: 0.6 }',
+     [uniform((2, 3, 4), 12, -0.45, 0.55)], 1, {}),     # away from the kinks
+    ("Swish", 'name: "s" type: "Swish" swish_param { beta: 1.5 }', [uniform((2, 3, 4), 13)],
+     1, {}),
+]
+IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_layer_on_the_device_matches_the_cpu(gpu_mode, case):  # noqa: F811
+    harness.test_layer_on_the_device_matches_the_cpu(gpu_mode, case)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[4] is not None],
+                         ids=[c[0] for c in CASES if c[4] is not None])
+def test_layer_gradient_on_the_device(gpu_mode, case):  # noqa: F811
+    harness.test_layer_gradient_on_the_device(gpu_mode, case)
 
 
 X = rand((2, 3, 4, 5), 12, -2.0, 2.0)
