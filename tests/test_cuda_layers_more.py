@@ -113,6 +113,33 @@ CASES = [
      [uniform((2, 3, 4), 12, -0.45, 0.55)], 1, {}),     # away from the kinks
     ("Swish", 'name: "s" type: "Swish" swish_param { beta: 1.5 }', [uniform((2, 3, 4), 13)],
      1, {}),
+    # losses (bottom 0 checked; labels and H get no gradient)
+    ("EuclideanLoss", 'name: "l" type: "EuclideanLoss"',
+     [uniform((3, 4), 20), uniform((3, 2, 2), 21)], 1, {"check_bottom": [0, 1]}),
+    ("HingeLoss-L1", 'name: "l" type: "HingeLoss"', [uniform((4, 5), 22, -2, 2),
+                                                      labels((4,), 5, 23)], 1,
+     {"check_bottom": [0], "kink": 1.0, "kink_range": 0.05}),
+    ("HingeLoss-L2", 'name: "l" type: "HingeLoss" hinge_loss_param { norm: L2 }',
+     [uniform((4, 5), 24, -2, 2), labels((4, 1, 1, 1), 5, 25)], 1, {"check_bottom": [0]}),
+    ("ContrastiveLoss", 'name: "l" type: "ContrastiveLoss" contrastive_loss_param { '
+     'margin: 3 }', [uniform((6, 3, 1, 1), 26), uniform((6, 3, 1, 1), 27), labels((6,), 2, 28)], 1,
+     {"check_bottom": [0, 1]}),
+    ("ContrastiveLoss-legacy", 'name: "l" type: "ContrastiveLoss" contrastive_loss_param { '
+     'margin: 1.5 legacy_version: true }',
+     [uniform((6, 3), 29), uniform((6, 3), 30), labels((6, 1, 1, 1), 2, 31)], 1, None),
+    ("InfogainLoss", 'name: "l" type: "InfogainLoss" loss_param { ignore_label: 2 }',
+     [uniform((3, 4, 2), 32), labels((3, 2), 4, 33), uniform((4, 4), 34, 0, 1)], 2,
+     {"check_bottom": [0], "top_indices": [0]}),
+    ("InfogainLoss-axis", 'name: "l" type: "InfogainLoss" infogain_loss_param { axis: 2 }',
+     [uniform((2, 3, 4), 35), labels((2, 3), 4, 36), uniform((1, 1, 4, 4), 37, 0, 1)], 1,
+     {"check_bottom": [0]}),
+    ("MultinomialLogisticLoss", 'name: "l" type: "MultinomialLogisticLoss"',
+     [uniform((4, 5), 38, 0.1, 1.0), labels((4, 1, 1, 1), 5, 39)], 1, {"check_bottom": [0]}),
+    ("SigmoidCrossEntropyLoss", 'name: "l" type: "SigmoidCrossEntropyLoss"',
+     [uniform((4, 3), 40, -4, 4), uniform((4, 3), 41, 0, 1)], 1, {"check_bottom": [0]}),
+    ("SigmoidCrossEntropyLoss-ignore", 'name: "l" type: "SigmoidCrossEntropyLoss" '
+     'loss_param { ignore_label: 1 normalization: VALID }',
+     [uniform((4, 3), 42, -4, 4), labels((4, 3), 3, 43)], 1, {"check_bottom": [0]}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -162,6 +189,19 @@ def test_abs_val_and_log(gpu_env):
         for in_place in (False, True):
             compare('name: "l" type: "Log" log_param { %s }' % params, [positive],
                     in_place=in_place)
+
+
+@pytest.mark.parametrize("text,bottoms,match", [
+    ('name: "h" type: "HingeLoss"', [uniform((2, 3), 1), lambda: np.float32([0, 3])],
+     "'h'.*label"),
+    ('name: "m" type: "MultinomialLogisticLoss"', [uniform((2, 3), 1, 0.1, 1),
+                                                   lambda: np.float32([-1, 0])], "'m'.*label"),
+    ('name: "i" type: "InfogainLoss"', [uniform((2, 3), 1), lambda: np.float32([0, 5]),
+                                        uniform((3, 3), 2)], "'i'.*label 5 is out of range"),
+])
+def test_a_label_out_of_range_is_named_on_the_device(gpu_mode, text, bottoms, match):  # noqa
+    with pytest.raises(LayerError, match=match):
+        harness._run(text, [b() for b in bottoms], 1)
 
 
 # -- nets in GPU mode ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
+from .loss_ops import LossOps
 from .neuron_ops import NeuronOps
 from .threads import over_parts, set_blas_threads, thread_count
 
@@ -53,7 +54,7 @@ def conv_algorithm(geom, batch):
     return "fft" if fft_time < im2col_time else "im2col"
 
 
-class CPUBackend(NeuronOps):
+class CPUBackend(NeuronOps, LossOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32

@@ -18,6 +18,7 @@ import numpy as np
 from ..geometry import PoolGeometry
 from .driver import DriverError, open_driver
 from .kernels import KernelSet
+from .loss_ops import LossOps
 from .neuron_ops import NeuronOps
 from .synced import SyncedMemory
 
@@ -105,7 +106,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend(NeuronOps):
+class CUDABackend(NeuronOps, LossOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
