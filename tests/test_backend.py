@@ -1,6 +1,5 @@
 """The CPU backend's op set, called directly: geometry, im2col/col2im, conv plans, pool plans,
 LRN and GEMM, against loops and identities written here."""
-import importlib.util
 import itertools
 
 import numpy as np
@@ -506,14 +505,3 @@ def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
     np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-5)
     np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
                                rtol=1e-5)
-
-
-@pytest.mark.skipif(hasattr(importlib.import_module("poseidon_caffe.backend.cuda"),
-                            "CUDABackend"), reason="this installation has a CUDA backend")
-def test_gpu_mode_without_a_gpu_backend_says_so_and_keeps_the_cpu():
-    from poseidon_caffe import backend
-    before = backend.get_backend()
-    with pytest.raises(RuntimeError, match="no GPU backend") as info:
-        backend.set_mode_gpu()
-    assert "pycuda" not in str(info.value)
-    assert backend.mode() == "cpu" and backend.get_backend() is before

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .loss_ops import LossOps
-from .neuron_ops import NeuronOps
+from .prelu_ops import PReLUOps
 from .threads import over_parts, set_blas_threads, thread_count
 
 try:                                  # a BLAS call that accumulates: out = a b + beta out
@@ -54,7 +54,7 @@ def conv_algorithm(geom, batch):
     return "fft" if fft_time < im2col_time else "im2col"
 
 
-class CPUBackend(NeuronOps, LossOps):
+class CPUBackend(PReLUOps, LossOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32
@@ -259,6 +259,20 @@ class CPUBackend(NeuronOps, LossOps):
             dx[...] = dy * np.where(positive, 1.0, slope).astype(dy.dtype)
         else:
             dx[...] = dy * positive
+
+    def neuron_forward(self, kind, x, y, *params):
+        """y = the neuron map ``kind`` of x (neuron.py); returns what its backward also
+        reads besides x and y (swish: the sigmoid), else None."""
+        from .neuron import FORWARD
+        return FORWARD[kind](x, y, *params)
+
+    def neuron_backward(self, kind, dy, *arrays_and_params):
+        """dx of the neuron map ``kind``: (dy, inputs..., dx, params...)."""
+        from .neuron import BACKWARD, BACKWARD_INPUTS
+        count = BACKWARD_INPUTS.get(kind, 1) + 1
+        arrays, params = arrays_and_params[:count], arrays_and_params[count:]
+        BACKWARD[kind](dy, *arrays, *params)
+        return arrays[-1]
 
     def dropout_forward(self, x, y, uniform, ratio, scale):
         mask = uniform >= ratio

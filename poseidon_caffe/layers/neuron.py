@@ -16,14 +16,11 @@ from .registry import register
 
 class _InputKeepingLayer(NeuronLayer):
     """A neuron layer whose backward needs the bottom data even when it runs in place."""
-    device_ready = True
 
     def _remember_input(self, bottom, top):
-        if top[0] is bottom[0]:
-            x = bottom[0].dev_data
-            self._input_copy = self.backend.copy(x, self.backend.empty(x.shape))
-        else:
-            self._input_copy = None
+        be = self.backend
+        self._input_copy = (be.copy(bottom[0].dev_data, be.empty(bottom[0].shape))
+                            if top[0] is bottom[0] else None)
 
     def _input(self, bottom):
         return self._input_copy if self._input_copy is not None else bottom[0].dev_data
@@ -50,6 +47,7 @@ class ReLULayer(NeuronLayer):
 @register("PReLU")
 class PReLULayer(_InputKeepingLayer):
     """ReLU with a learned negative slope per channel (axis 1), or one shared slope."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.prelu_param
@@ -104,92 +102,92 @@ class ELULayer(NeuronLayer):
         self.alpha = self.param.elu_param.alpha
 
     def forward(self, bottom, top):
-        self.backend.elu_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.alpha)
+        self.backend.neuron_forward("elu", bottom[0].dev_data, top[0].mutable_dev_data,
+                                    self.alpha)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        self.backend.elu_backward(bottom[0].dev_data, top[0].dev_data, top[0].dev_diff,
-                                  bottom[0].mutable_dev_diff, self.alpha)
+        self.backend.neuron_backward("elu", top[0].dev_diff, bottom[0].dev_data, top[0].dev_data,
+                                     bottom[0].mutable_dev_diff, self.alpha)
+
+
+class _OutputMapLayer(NeuronLayer):
+    """A neuron map whose gradient reads its output (right in place too)."""
+    device_ready = True
+    kind = None
+
+    def forward(self, bottom, top):
+        self.backend.neuron_forward(self.kind, bottom[0].dev_data, top[0].mutable_dev_data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self.backend.neuron_backward(self.kind, top[0].dev_diff, top[0].dev_data,
+                                         bottom[0].mutable_dev_diff)
 
 
 @register("Sigmoid")
-class SigmoidLayer(NeuronLayer):
-    device_ready = True
-
-    def forward(self, bottom, top):
-        self.backend.sigmoid_forward(bottom[0].dev_data, top[0].mutable_dev_data)
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.backend.sigmoid_backward(top[0].dev_data, top[0].dev_diff,
-                                          bottom[0].mutable_dev_diff)
+class SigmoidLayer(_OutputMapLayer):
+    kind = "sigmoid"
 
 
 @register("TanH")
-class TanHLayer(NeuronLayer):
+class TanHLayer(_OutputMapLayer):
+    kind = "tanh"
+
+
+class _InputMapLayer(_InputKeepingLayer):
+    """A neuron map whose gradient reads its input (kept when it runs in place)."""
     device_ready = True
+    kind = None
+
+    def forward_params(self):
+        return ()
+
+    def backward_params(self):
+        return self.forward_params()
 
     def forward(self, bottom, top):
-        self.backend.tanh_forward(bottom[0].dev_data, top[0].mutable_dev_data)
+        self._remember_input(bottom, top)
+        self.backend.neuron_forward(self.kind, bottom[0].dev_data, top[0].mutable_dev_data,
+                                    *self.forward_params())
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.backend.tanh_backward(top[0].dev_data, top[0].dev_diff,
-                                       bottom[0].mutable_dev_diff)
+            self.backend.neuron_backward(self.kind, top[0].dev_diff, self._input(bottom),
+                                         bottom[0].mutable_dev_diff, *self.backward_params())
 
 
 @register("AbsVal")
-class AbsValLayer(NeuronLayer):
-    device_ready = True
+class AbsValLayer(_InputMapLayer):
+    kind = "abs"
 
     def reshape(self, bottom, top):
         if top[0] is bottom[0]:
             raise self.error("AbsVal does not allow in-place computation (top == bottom)")
         super().reshape(bottom, top)
 
-    def forward(self, bottom, top):
-        self.backend.abs_forward(bottom[0].dev_data, top[0].mutable_dev_data)
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.backend.abs_backward(bottom[0].dev_data, top[0].dev_diff,
-                                      bottom[0].mutable_dev_diff)
-
 
 @register("BNLL")
-class BNLLLayer(_InputKeepingLayer):
+class BNLLLayer(_InputMapLayer):
     """y = log(1 + e^x), computed without overflow."""
-    EXP_LIMIT = 50.0       # Caffe's kBNLL_THRESHOLD on the exponent in backward
-
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        self.backend.bnll_forward(bottom[0].dev_data, top[0].mutable_dev_data)
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.backend.bnll_backward(self._input(bottom), top[0].dev_diff,
-                                       bottom[0].mutable_dev_diff, self.EXP_LIMIT)
+    kind = "bnll"
 
 
 @register("Power")
-class PowerLayer(_InputKeepingLayer):
+class PowerLayer(_InputMapLayer):
     """y = (shift + scale * x) ^ power."""
+    kind = "power"
 
     def setup(self, bottom, top):
         p = self.param.power_param
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
 
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        self.backend.power_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.power,
-                                   self.scale, self.shift)
+    def forward_params(self):
+        return self.power, self.scale, self.shift
 
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.backend.power_backward(self._input(bottom), top[0].dev_diff,
-                                        bottom[0].mutable_dev_diff, self.power, self.scale,
-                                        self.shift)
+    def backward_params(self):
+        return self.power, self.scale, self.shift, self.power * self.scale
 
 
 def _log_base(layer, base):
@@ -213,34 +211,30 @@ class ExpLayer(NeuronLayer):
         self.outer_scale = 1.0 if p.shift == 0 else float(np.exp(log_base * p.shift))
 
     def forward(self, bottom, top):
-        self.backend.exp_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.inner_scale,
-                                 self.outer_scale)
+        self.backend.neuron_forward("exp", bottom[0].dev_data, top[0].mutable_dev_data,
+                                    self.inner_scale, self.outer_scale)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.backend.exp_backward(top[0].dev_data, top[0].dev_diff,
-                                      bottom[0].mutable_dev_diff, self.inner_scale)
+            self.backend.neuron_backward("exp", top[0].dev_diff, top[0].dev_data,
+                                         bottom[0].mutable_dev_diff, self.inner_scale)
 
 
 @register("Log")
-class LogLayer(_InputKeepingLayer):
+class LogLayer(_InputMapLayer):
     """y = log_base(shift + scale * x)."""
+    kind = "log"
 
     def setup(self, bottom, top):
         p = self.param.log_param
         self.base_scale = 1.0 / _log_base(self, p.base)
         self.scale, self.shift = p.scale, p.shift
 
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        self.backend.log_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.scale,
-                                 self.shift, self.base_scale)
+    def forward_params(self):
+        return self.scale, self.shift, self.base_scale
 
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.backend.log_backward(self._input(bottom), top[0].dev_diff,
-                                      bottom[0].mutable_dev_diff, self.scale, self.shift,
-                                      self.base_scale)
+    def backward_params(self):
+        return self.scale, self.shift, self.scale * self.base_scale
 
 
 @register("Threshold")
@@ -252,12 +246,14 @@ class ThresholdLayer(NeuronLayer):
         self.threshold = self.param.threshold_param.threshold
 
     def forward(self, bottom, top):
-        self.backend.threshold_forward(bottom[0].dev_data, top[0].mutable_dev_data,
-                                       self.threshold)
+        self.backend.neuron_forward("threshold", bottom[0].dev_data, top[0].mutable_dev_data,
+                                    self.threshold)
 
 
 @register("Clip")
-class ClipLayer(_InputKeepingLayer):
+class ClipLayer(_InputMapLayer):
+    kind = "clip"
+
     def setup(self, bottom, top):
         p = self.param.clip_param
         if not (p.HasField("min") and p.HasField("max")):
@@ -266,15 +262,8 @@ class ClipLayer(_InputKeepingLayer):
             raise self.error("clip_param.min (%g) is above clip_param.max (%g)" % (p.min, p.max))
         self.min, self.max = p.min, p.max
 
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        self.backend.clip_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.min,
-                                  self.max)
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            self.backend.clip_backward(self._input(bottom), top[0].dev_diff,
-                                       bottom[0].mutable_dev_diff, self.min, self.max)
+    def forward_params(self):
+        return self.min, self.max
 
 
 @register("Swish")
@@ -286,13 +275,13 @@ class SwishLayer(NeuronLayer):
         self.beta = self.param.swish_param.beta
 
     def forward(self, bottom, top):
-        self._sigmoid = self.backend.swish_forward(bottom[0].dev_data, top[0].mutable_dev_data,
-                                                   self.beta)
+        self._sigmoid = self.backend.neuron_forward(
+            "swish", bottom[0].dev_data, top[0].mutable_dev_data, 0.5 * self.beta)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.backend.swish_backward(top[0].dev_data, self._sigmoid, top[0].dev_diff,
-                                        bottom[0].mutable_dev_diff, self.beta)
+            self.backend.neuron_backward("swish", top[0].dev_diff, top[0].dev_data,
+                                         self._sigmoid, bottom[0].mutable_dev_diff, self.beta)
 
 
 @register("Dropout")

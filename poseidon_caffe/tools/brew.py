@@ -96,15 +96,31 @@ def _gpus(text):
     if not text:
         return []
     if text == "all":
-        from .. import backend
-        count = getattr(backend, "device_count", None)
-        if count is None:
-            raise CommandError("-gpu=all: this installation has no GPU backend")
-        return list(range(count()))
+        count = _gpu_count("-gpu=all")
+        if not count:
+            raise CommandError("-gpu=all: no GPU found")
+        return list(range(count))
     try:
-        return [int(g) for g in text.split(",") if g != ""]
+        gpus = [int(g) for g in text.split(",") if g != ""]
     except ValueError:
         raise CommandError("-gpu takes device ids separated by ',' or 'all', not %r" % text) from None
+    count = _gpu_count("-gpu=%s" % text)
+    missing = [g for g in gpus if not 0 <= g < count]
+    if missing:
+        raise CommandError("-gpu=%s: no device %s; this host has %d GPU%s (ids 0..%d)"
+                           % (text, ",".join(map(str, missing)), count,
+                              "" if count == 1 else "s", count - 1))
+    return gpus
+
+
+def _gpu_count(flag):
+    """The devices of the GPU driver (POSEIDON_CAFFE_GPU=emulated: the emulated ones); a
+    CommandError naming what is missing (pycuda, the CUDA driver)."""
+    from .. import backend
+    try:
+        return backend.gpu_count()
+    except backend.GPUUnavailable as exc:
+        raise CommandError("%s: %s" % (flag, exc)) from None
 
 
 def _select_device(gpus, from_solver=False):
@@ -120,14 +136,15 @@ def _select_device(gpus, from_solver=False):
     backend.set_device(gpus[0])
     try:
         backend.set_mode_gpu()
-    except RuntimeError as exc:
+    except backend.GPUUnavailable as exc:
         if not from_solver:
-            raise
+            raise CommandError("-gpu=%d: %s" % (gpus[0], exc)) from None
         log.warning("The solver asks for solver_mode GPU, but %s; using the CPU.", exc)
         log.info("Use CPU.")
         backend.set_mode_cpu()
         return
-    log.info("Use GPU with device ID %d", gpus[0])
+    log.info("Use GPU with device ID %d%s", gpus[0],
+             " (the emulated device)" if backend.get_backend().emulated else "")
 
 
 def _phase(values, default):
@@ -414,7 +431,7 @@ def device_query(values):
         backend.set_device(gpu)
         try:
             backend.set_mode_gpu()
-        except RuntimeError as exc:
+        except backend.GPUUnavailable as exc:
             raise CommandError("cannot query GPU %d: %s" % (gpu, exc)) from None
         describe = getattr(backend.get_backend(), "describe", None)
         log.info("Querying GPU %d", gpu)

@@ -19,7 +19,7 @@ from ..geometry import PoolGeometry
 from .driver import DriverError, open_driver
 from .kernels import KernelSet
 from .loss_ops import LossOps
-from .neuron_ops import NeuronOps
+from .prelu_ops import PReLUOps
 from .synced import SyncedMemory
 
 F32 = np.dtype(np.float32)
@@ -106,7 +106,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend(NeuronOps, LossOps):
+class CUDABackend(PReLUOps, LossOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
@@ -234,6 +234,23 @@ class CUDABackend(NeuronOps, LossOps):
 
     def relu_backward(self, x, dy, dx, slope):
         self.kernels.relu_backward(x.size, dy.ptr, x.ptr, dx.ptr, float(slope))
+
+    def neuron_forward(self, kind, x, y, *params):
+        """The neuron map ``kind`` (kernels/neuron.cu, backend/neuron.py's names)."""
+        if kind == "swish":
+            sigmoid = self.empty(x.shape)
+            self.kernels.swish_forward(x.size, x.ptr, y.ptr, sigmoid.ptr, float(params[0]))
+            return sigmoid
+        self.kernels.launch(kind + "_forward",
+                            (x.size, x.ptr, y.ptr) + tuple(float(p) for p in params))
+        return None
+
+    def neuron_backward(self, kind, dy, *arrays_and_params):
+        count = (2 if kind in ("elu", "swish") else 1) + 1
+        arrays, params = arrays_and_params[:count], arrays_and_params[count:]
+        self.kernels.launch(kind + "_backward", (dy.size, dy.ptr) +
+                            tuple(a.ptr for a in arrays) + tuple(float(p) for p in params))
+        return arrays[-1]
 
     def dropout_forward(self, x, y, uniform, ratio, scale):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
