@@ -90,6 +90,18 @@ CASES = [
     ("Accuracy", 'name: "a" type: "Accuracy" accuracy_param { top_k: 2 }',
      [uniform((6, 4), 16), labels((6,), 4, 17)], 2, None),
     ("Split", 'name: "s" type: "Split"', [uniform((3, 4), 18)], 2, {}),
+    ("Eltwise-SUM", 'name: "e" type: "Eltwise" eltwise_param { operation: SUM coeff: 0.5 '
+     'coeff: -2 coeff: 1 }', [uniform((2, 3, 2), s) for s in (32, 33, 34)], 1, {}),
+    ("Eltwise-PROD", 'name: "e" type: "Eltwise" eltwise_param { operation: PROD }',
+     [uniform((2, 3, 2), s) for s in (35, 36, 37)], 1, {}),
+    ("Eltwise-PROD-stable", 'name: "e" type: "Eltwise" eltwise_param { operation: PROD '
+     'stable_prod_grad: true }', [uniform((2, 5), s) for s in (38, 39)], 1, {}),
+    ("Eltwise-MAX", 'name: "e" type: "Eltwise" eltwise_param { operation: MAX }',
+     [uniform((2, 3, 2), s) for s in (40, 41, 42)], 1, {}),
+    ("Concat", 'name: "c" type: "Concat" concat_param { axis: 1 }',
+     [uniform((2, 3, 2), 43), uniform((2, 1, 2), 44)], 1, {}),
+    ("Slice", 'name: "s" type: "Slice" slice_param { axis: 2 slice_point: 1 slice_point: 3 }',
+     [uniform((2, 3, 5), 45)], 3, {}),
     ("Flatten", 'name: "f" type: "Flatten"', [uniform((2, 3, 2), 19)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
      [uniform((2, 3, 2), 20)], 1, {}),
@@ -160,6 +172,6 @@ def test_layer_gradient_on_the_device(gpu_mode, case):
 
 
 def test_a_layer_without_a_device_path_refuses_gpu_mode(gpu_mode):
-    with pytest.raises(LayerError, match="layer 'e' \\(type Eltwise\\) has no GPU "
+    with pytest.raises(LayerError, match="layer 'b' \\(type BatchNorm\\) has no GPU "
                                          "implementation yet"):
-        make_layer('name: "e" type: "Eltwise"')
+        make_layer('name: "b" type: "BatchNorm"')

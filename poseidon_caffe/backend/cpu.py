@@ -274,6 +274,56 @@ class CPUBackend(PReLUOps, LossOps):
         BACKWARD[kind](dy, *arrays, *params)
         return arrays[-1]
 
+    def axis_copy(self, part, whole, axis, offset, to_whole):
+        """Concat/Slice: the part at ``offset`` along ``axis`` of whole; to_whole copies
+        part -> whole, else whole -> part."""
+        index = (slice(None),) * axis + (slice(offset, offset + part.shape[axis]),)
+        if to_whole:
+            whole[index] = part
+        else:
+            part[...] = whole[index]
+
+    def eltwise_forward(self, op, xs, coeffs, y):
+        """Eltwise PROD / SUM (with coefficients) / MAX of the arrays ``xs`` into y; returns
+        MAX's argmax (int32: which input won), else None."""
+        if op == "prod":
+            out = xs[0] * xs[1]
+            for x in xs[2:]:
+                out *= x
+        elif op == "sum":
+            out = coeffs[0] * xs[0]
+            for c, x in zip(coeffs[1:], xs[1:]):
+                out += c * x
+        else:
+            # ties between the first two go to input 1, later ones keep the earlier winner
+            first = xs[0] > xs[1]
+            out = np.where(first, xs[0], xs[1])
+            argmax = np.where(first, 0, 1).astype(np.int32)
+            for i, x in enumerate(xs[2:], 2):
+                better = x > out
+                out = np.where(better, x, out)
+                argmax[better] = i
+            y[...] = out
+            return argmax
+        y[...] = out
+        return None
+
+    def eltwise_backward(self, op, i, xs, y, dy, dx, coeffs, argmax, stable_prod_grad):
+        """dx of input ``i`` of eltwise_forward."""
+        if op == "prod":
+            if stable_prod_grad:
+                others = None
+                for j, x in enumerate(xs):
+                    if j != i:
+                        others = x.copy() if others is None else others * x
+            else:
+                others = y / xs[i]
+            dx[...] = others * dy
+        elif op == "sum":
+            dx[...] = coeffs[i] * dy
+        else:
+            dx[...] = dy * (argmax == i)
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         mask = uniform >= ratio
         y[...] = x * mask * np.float32(scale)

@@ -26,6 +26,7 @@ def _legacy_axis(layer, bottom, msg_param, legacy_name):
 
 @register("Concat")
 class ConcatLayer(Layer):
+    device_ready = True
     min_bottoms = 1
     exact_tops = 1
 
@@ -46,19 +47,24 @@ class ConcatLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        top[0].data[...] = self.xp.concatenate([b.data for b in bottom], axis=self.axis)
+        whole = top[0].mutable_dev_data
+        offset = 0
+        for b, size in zip(bottom, self.sizes):
+            self.backend.axis_copy(b.dev_data, whole, self.axis, offset, True)
+            offset += size
 
     def backward(self, top, propagate_down, bottom):
+        whole = top[0].dev_diff
         offset = 0
         for i, b in enumerate(bottom):
             if propagate_down[i]:
-                index = [slice(None)] * self.axis + [slice(offset, offset + self.sizes[i])]
-                b.diff[...] = top[0].diff[tuple(index)]
+                self.backend.axis_copy(b.mutable_dev_diff, whole, self.axis, offset, False)
             offset += self.sizes[i]
 
 
 @register("Slice")
 class SliceLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     min_tops = 1
 
@@ -95,15 +101,16 @@ class SliceLayer(Layer):
         return tuple([slice(None)] * self.axis + [slice(self.bounds[i], self.bounds[i + 1])])
 
     def forward(self, bottom, top):
+        whole = bottom[0].dev_data
         for i, t in enumerate(top):
-            t.data[...] = bottom[0].data[self._index(i)]
+            self.backend.axis_copy(t.mutable_dev_data, whole, self.axis, self.bounds[i], False)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        diff = bottom[0].diff
+        whole = bottom[0].mutable_dev_diff
         for i, t in enumerate(top):
-            diff[self._index(i)] = t.diff
+            self.backend.axis_copy(t.dev_diff, whole, self.axis, self.bounds[i], True)
 
 
 @register("Split")
@@ -221,10 +228,12 @@ class ReshapeLayer(_ViewLayer):
 
 
 _Elt = caffe_pb2.EltwiseParameter
+_ELT_OPS = {_Elt.PROD: "prod", _Elt.SUM: "sum", _Elt.MAX: "max"}
 
 
 @register("Eltwise")
 class EltwiseLayer(Layer):
+    device_ready = True
     min_bottoms = 2
     exact_tops = 1
 
@@ -247,46 +256,20 @@ class EltwiseLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        xp = self.xp
-        if self.op == _Elt.PROD:
-            out = bottom[0].data * bottom[1].data
-            for b in bottom[2:]:
-                out *= b.data
-        elif self.op == _Elt.SUM:
-            out = self.coeffs[0] * bottom[0].data
-            for c, b in zip(self.coeffs[1:], bottom[1:]):
-                out += c * b.data
-        elif self.op == _Elt.MAX:
-            # ties between the first two go to bottom 1, later ones keep the earlier winner
-            first = bottom[0].data > bottom[1].data
-            out = xp.where(first, bottom[0].data, bottom[1].data)
-            self.argmax = xp.where(first, 0, 1).astype(np.int32)
-            for i, b in enumerate(bottom[2:], 2):
-                better = b.data > out
-                out = xp.where(better, b.data, out)
-                self.argmax[better] = i
-        else:
+        if self.op not in _ELT_OPS:
             raise self.error("unknown eltwise operation %d" % self.op)
-        top[0].data[...] = out
+        self.argmax = self.backend.eltwise_forward(
+            _ELT_OPS[self.op], [b.dev_data for b in bottom], self.coeffs,
+            top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        dy = top[0].dev_diff
+        xs = [b.dev_data for b in bottom]
         for i, b in enumerate(bottom):
-            if not propagate_down[i]:
-                continue
-            if self.op == _Elt.PROD:
-                if self.stable_prod_grad:
-                    others = None
-                    for j, o in enumerate(bottom):
-                        if j != i:
-                            others = o.data.copy() if others is None else others * o.data
-                else:
-                    others = top[0].data / b.data
-                b.diff[...] = others * dy
-            elif self.op == _Elt.SUM:
-                b.diff[...] = self.coeffs[i] * dy
-            else:
-                b.diff[...] = dy * (self.argmax == i)
+            if propagate_down[i]:
+                self.backend.eltwise_backward(_ELT_OPS[self.op], i, xs, top[0].dev_data, dy,
+                                              b.mutable_dev_diff, self.coeffs, self.argmax,
+                                              self.stable_prod_grad)
 
 
 @register("Filter")

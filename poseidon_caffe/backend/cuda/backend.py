@@ -252,6 +252,51 @@ class CUDABackend(PReLUOps, LossOps):
                             tuple(a.ptr for a in arrays) + tuple(float(p) for p in params))
         return arrays[-1]
 
+    def axis_copy(self, part, whole, axis, offset, to_whole):
+        if not part.size:
+            return
+        inner = math.prod(part.shape[axis + 1:])
+        if to_whole:
+            self.kernels.concat(part.size, part.ptr, 1, inner, whole.shape[axis],
+                                part.shape[axis], offset, whole.ptr)
+        else:
+            self.kernels.concat(part.size, whole.ptr, 0, inner, whole.shape[axis],
+                                part.shape[axis], offset, part.ptr)
+
+    def eltwise_forward(self, op, xs, coeffs, y):
+        k, n = self.kernels, y.size
+        if op == "prod":
+            k.vec_mul(n, xs[0].ptr, xs[1].ptr, y.ptr)
+            for x in xs[2:]:
+                k.vec_mul(n, y.ptr, x.ptr, y.ptr)
+        elif op == "sum":
+            self.scale(coeffs[0], xs[0], y)
+            for c, x in zip(coeffs[1:], xs[1:]):
+                self.axpby(c, x, 1.0, y)
+        else:
+            argmax = self.empty(y.shape, I32)
+            k.eltwise_max_forward(n, xs[0].ptr, xs[1].ptr, 1, y.ptr, argmax.ptr)
+            for i, x in enumerate(xs[2:], 2):
+                k.eltwise_max_forward(n, y.ptr, x.ptr, i, y.ptr, argmax.ptr)
+            return argmax
+        return None
+
+    def eltwise_backward(self, op, i, xs, y, dy, dx, coeffs, argmax, stable_prod_grad):
+        k, n = self.kernels, dy.size
+        if op == "prod":
+            if stable_prod_grad:
+                others = [x for j, x in enumerate(xs) if j != i]
+                self.copy(others[0], dx)
+                for x in others[1:]:
+                    k.vec_mul(n, dx.ptr, x.ptr, dx.ptr)
+            else:
+                k.vec_div(n, y.ptr, xs[i].ptr, dx.ptr)
+            k.vec_mul(n, dx.ptr, dy.ptr, dx.ptr)
+        elif op == "sum":
+            self.scale(coeffs[i], dy, dx)
+        else:
+            k.eltwise_max_backward(n, dy.ptr, argmax.ptr, i, dx.ptr)
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
         on the device)."""
