@@ -1,6 +1,7 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
+from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
 from .threads import over_parts, set_blas_threads, thread_count
@@ -54,7 +55,7 @@ def conv_algorithm(geom, batch):
     return "fft" if fft_time < im2col_time else "im2col"
 
 
-class CPUBackend(PReLUOps, LossOps):
+class CPUBackend(PReLUOps, LossOps, CommonOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32

@@ -18,6 +18,7 @@ import numpy as np
 from ..geometry import PoolGeometry
 from .driver import DriverError, open_driver
 from .kernels import KernelSet
+from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
 from .synced import SyncedMemory
@@ -106,7 +107,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend(PReLUOps, LossOps):
+class CUDABackend(PReLUOps, LossOps, CommonOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
