@@ -103,6 +103,13 @@ CASES = [
     ("Slice", 'name: "s" type: "Slice" slice_param { axis: 2 slice_point: 1 slice_point: 3 }',
      [uniform((2, 3, 5), 45)], 3, {}),
     ("Flatten", 'name: "f" type: "Flatten"', [uniform((2, 3, 2), 19)], 1, {}),
+    ("Deconvolution", CONV.replace("Convolution", "Deconvolution"),
+     [uniform((2, 4, 3, 4), 46)], 1, {}),
+    ("Crop", 'name: "c" type: "Crop" crop_param { axis: 1 offset: 1 offset: 2 offset: 0 }',
+     [uniform((2, 3, 5, 4), 47), uniform((2, 2, 2, 3), 48)], 1, {"check_bottom": [0]}),
+    ("EuclideanLoss", 'name: "l" type: "EuclideanLoss"',
+     [uniform((3, 4), 49), uniform((3, 2, 2), 50)], 1, {}),
+    ("Silence", 'name: "s" type: "Silence"', [uniform((3, 4), 51)], 0, None),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
      [uniform((2, 3, 2), 20)], 1, {}),
 ]

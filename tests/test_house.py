@@ -168,6 +168,16 @@ def test_staging_and_proto_import_nothing_of_the_project():
     assert not bad, "\n".join(bad)
 
 
+def test_netlab_imports_nothing_of_the_project_and_the_library_nothing_of_netlab():
+    """A lab reaches mpiexec through the environment it sets: sync needs nothing of it."""
+    bad = offenders("netlab", rooms_other_than("netlab"))
+    for room in rooms_other_than("netlab"):
+        if room != "tools":
+            bad += offenders(room, ["netlab"])
+    assert "poseidon_caffe.netlab.lab" in ALL
+    assert not bad, "\n".join(bad)
+
+
 PRIVATE_REACH = re.compile(r"(solver|net|layer)\._\w|\.bottom_vecs\b|\.top_vecs\b|"
                            r"\.param_layer_indices\b|\.prefetcher\b")
 

@@ -325,6 +325,15 @@ class CPUBackend(PReLUOps, LossOps, CommonOps):
         else:
             dx[...] = dy * (argmax == i)
 
+    def crop_copy(self, big, small, offsets, to_small):
+        """Crop: small <- the window of big at ``offsets`` (to_small), or that window <-
+        small (the rest of big untouched)."""
+        index = tuple(slice(o, o + s) for o, s in zip(offsets, small.shape))
+        if to_small:
+            small[...] = big[index]
+        else:
+            big[index] = small
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         mask = uniform >= ratio
         y[...] = x * mask * np.float32(scale)

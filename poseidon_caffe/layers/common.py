@@ -486,7 +486,7 @@ class SilenceLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         for i, b in enumerate(bottom):
             if propagate_down[i]:
-                self.backend.fill(b.mutable_dev_diff, 0)
+                self.backend.fill(b.mutable_dev_diff, 0.0)
 
 
 @register("Parameter")

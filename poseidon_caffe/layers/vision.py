@@ -199,6 +199,7 @@ class ConvolutionLayer(_ConvolutionBase):
 class DeconvolutionLayer(_ConvolutionBase):
     """The transpose of Convolution: output = stride*(in-1) + dilated kernel - 2*pad."""
     transposed = True
+    device_ready = True
 
     def reshape(self, bottom, top):
         self._check_bottoms(bottom)
@@ -220,26 +221,29 @@ class DeconvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         g = self.geom
-        w = self.blobs[0].data
+        w = self.blobs[0].dev_data
         for plan, b, t in zip(self._plans, bottom, top):
-            y = self._batch_view(t.data, g.channels, g.in_shape)
-            plan.backward(None, self._batch_view(b.data, g.num_output, g.out_shape), w, dx=y)
+            y = self._batch_view(t.mutable_dev_data, g.channels, g.in_shape)
+            plan.backward(None, self._batch_view(b.dev_data, g.num_output, g.out_shape), w,
+                          dx=y)
             if self.bias_term:
-                y += self.blobs[1].data.reshape((1, -1) + (1,) * len(g.in_shape))
+                self.backend.add_bias(y.reshape(y.shape[0], g.channels, g.in_count),
+                                      self.blobs[1].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         g = self.geom
-        w = self.blobs[0].data
-        dw = self.blobs[0].diff if self.param_propagate_down[0] else None
+        w = self.blobs[0].dev_data
+        dw = self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None
         for i, (plan, b, t) in enumerate(zip(self._plans, bottom, top)):
-            dtop = self._batch_view(t.diff, g.channels, g.in_shape)
+            dtop = self._batch_view(t.dev_diff, g.channels, g.in_shape)
             if self.bias_term and self.param_propagate_down[1]:
-                self.blobs[1].diff += dtop.sum(axis=(0,) + tuple(range(2, dtop.ndim)),
-                                               dtype=np.float64).astype(np.float32)
-            x = self._batch_view(b.data, g.num_output, g.out_shape)
+                self.backend.add_bias_grad(dtop.reshape(dtop.shape[0], g.channels, g.in_count),
+                                           self.blobs[1].mutable_dev_diff)
+            x = self._batch_view(b.dev_data, g.num_output, g.out_shape)
             if propagate_down[i]:
                 # the bottom gradient is the forward convolution of the top gradient
-                plan.forward(dtop, w, None, self._batch_view(b.diff, g.num_output, g.out_shape))
+                plan.forward(dtop, w, None,
+                             self._batch_view(b.mutable_dev_diff, g.num_output, g.out_shape))
                 if dw is not None:
                     plan.backward(dtop, x, w, dw=dw)      # reuses what forward took from dtop
             elif dw is not None:
@@ -541,6 +545,7 @@ class Im2colLayer(Layer):
 @register("Crop")
 class CropLayer(Layer):
     """Crops bottom[0] to bottom[1]'s shape on the axes from ``axis`` on, at ``offset``."""
+    device_ready = True
     exact_bottoms = 2
     exact_tops = 1
 
@@ -575,13 +580,13 @@ class CropLayer(Layer):
             shape.append(ref[i])
             slices.append(slice(off, off + ref[i]))
         self.slices = tuple(slices)
+        self.offsets = [s.start or 0 for s in slices]
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data[self.slices]
+        self.backend.crop_copy(bottom[0].dev_data, top[0].mutable_dev_data, self.offsets, True)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            d = bottom[0].diff
-            d[...] = 0
-            d[self.slices] = top[0].diff
+            d = self.backend.fill(bottom[0].mutable_dev_diff, 0.0)
+            self.backend.crop_copy(d, top[0].dev_diff, self.offsets, False)

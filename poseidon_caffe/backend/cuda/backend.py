@@ -298,6 +298,18 @@ class CUDABackend(PReLUOps, LossOps, CommonOps):
         else:
             k.eltwise_max_backward(n, dy.ptr, argmax.ptr, i, dx.ptr)
 
+    def crop_copy(self, big, small, offsets, to_small):
+        if not small.size:
+            return
+        def strides(shape):
+            return [math.prod(shape[a + 1:]) for a in range(len(shape))]
+        geometry = self.to_device(np.asarray(strides(big.shape) + strides(small.shape) +
+                                             list(offsets), np.int32), dtype=np.int32)
+        if to_small:
+            self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, big.ptr, small.ptr, 1)
+        else:
+            self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, small.ptr, big.ptr, 0)
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
         on the device)."""
