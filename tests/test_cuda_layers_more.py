@@ -90,6 +90,9 @@ def compare(prototxt, bottoms, fwd_rtol=1e-5, bwd_rtol=1e-4, atol=1e-6, propagat
 # (id, layer text, bottoms, tops, gradient check: None (none) or dict of its arguments), as
 # test_cuda_layers.CASES
 KINK = {"kink": 0.0, "kink_range": 0.02}
+RECURRENT = 'name: "r" type: "%s" recurrent_param { num_output: 5 weight_filler { ' \
+            'type: "uniform" min: -0.5 max: 0.5 } bias_filler { type: "uniform" } %s }'
+CONT = lambda: np.float32([[0, 0], [1, 1], [1, 0]])  # noqa: E731
 CASES = [
     ("PReLU", 'name: "p" type: "PReLU" prelu_param { filler { type: "uniform" } }',
      [uniform((2, 3, 4), 1)], 1, KINK),
@@ -151,6 +154,20 @@ CASES = [
      [uniform((4, 3, 2), 62), lambda: np.float32([3, 0, 3, 1, 3])], 1, {"check_bottom": [0]}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 3, 4), 63)], 1, {}),
+    # recurrent (cont: 0 starts a sequence)
+    ("RNN", RECURRENT % ("RNN", ""), [uniform((3, 2, 4), 70), CONT, uniform((2, 3), 71)], 1,
+     {"check_bottom": [0, 2]}),
+    ("RNN-exposed", RECURRENT % ("RNN", "expose_hidden: true"),
+     [uniform((3, 2, 4), 72), CONT, uniform((1, 2, 5), 73)], 2, {"check_bottom": [0, 2]}),
+    ("LSTM", RECURRENT % ("LSTM", ""), [uniform((3, 2, 4), 74), CONT, uniform((2, 3), 75)], 1,
+     {"check_bottom": [0, 2]}),
+    ("LSTM-exposed", RECURRENT % ("LSTM", "expose_hidden: true"),
+     [uniform((3, 2, 2, 2), 76), CONT, uniform((1, 2, 5), 77), uniform((1, 2, 5), 78)], 3,
+     {"check_bottom": [0, 2, 3]}),
+    ("LSTMUnit", 'name: "u" type: "LSTMUnit"', [uniform((1, 2, 3), 79),
+                                                uniform((1, 2, 12), 80, -2, 2),
+                                                lambda: np.float32([[1, 0]])], 2,
+     {"check_bottom": [0, 1]}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -187,6 +204,13 @@ def test_neuron_layers_in_place_over_two_passes(gpu_env, proto):
     if "PReLU" in proto:
         compare('name: "n" ' + proto, [X], passes=2)
         compare('name: "n" ' + proto, [X], propagate=[False])   # the slopes' gradient only
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_recurrent_state_carried_across_forwards(gpu_env, kind):
+    x, cont = rand((3, 2, 4), 5), CONT()
+    cont[0] = 1                                          # the carried state enters step 0
+    compare(RECURRENT % (kind, ""), [x, cont], passes=3, propagate=[True, False])
 
 
 def test_log_in_place(gpu_env):

@@ -21,6 +21,7 @@ from .kernels import KernelSet
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
+from .recurrent_ops import RecurrentOps
 from .synced import SyncedMemory
 
 F32 = np.dtype(np.float32)
@@ -107,7 +108,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend(PReLUOps, LossOps, CommonOps):
+class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
