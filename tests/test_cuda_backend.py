@@ -224,3 +224,28 @@ def test_out_of_device_memory_says_how_many_bytes(gpu, monkeypatch):
     from poseidon_caffe.backend.cuda import DeviceMemoryError
     with pytest.raises(DeviceMemoryError, match="%d bytes asked" % (4 * 2 ** 40)):
         gpu.empty((2 ** 40,))
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
+@pytest.mark.parametrize("regularization", ["L2", "L1"])
+def test_solver_update_on_the_device_follows_the_cpu_rules(gpu, kind, regularization):
+    from poseidon_caffe.proto import caffe_pb2
+    from poseidon_caffe.solver import updates
+    param = caffe_pb2.SolverParameter(momentum=0.9, momentum2=0.99, delta=1e-6, rms_decay=0.95)
+    data, diff = rand((7, 3), 20), rand((7, 3), 21)
+    history = [np.abs(rand((7, 3), 22 + i)) for i in range(2)]
+    rate, decay, iteration, iter_size = 0.05, 0.01, 4, 2
+    d_data, d_diff = gpu.to_device(data), gpu.to_device(diff)
+    d_history = [gpu.to_device(h) for h in history]
+    for _ in range(2):
+        updates.normalize(diff, iter_size)
+        updates.regularize(data, diff, decay, regularization)
+        updates.update_value(kind, param, diff, history, rate, iteration)
+        data -= diff
+        gpu.solver_update(kind, param, d_data, d_diff, d_history, rate, iteration, iter_size,
+                          decay, regularization)
+        diff = rand((7, 3), 30)
+        gpu.upload(diff, d_diff)
+    close(gpu.to_host(d_data), data, rtol=1e-5, atol=1e-6)
+    for h, dh in zip(history, d_history):
+        close(gpu.to_host(dh), h, rtol=1e-5, atol=1e-6)

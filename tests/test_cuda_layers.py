@@ -110,6 +110,8 @@ CASES = [
     ("EuclideanLoss", 'name: "l" type: "EuclideanLoss"',
      [uniform((3, 4), 49), uniform((3, 2, 2), 50)], 1, {}),
     ("Silence", 'name: "s" type: "Silence"', [uniform((3, 4), 51)], 0, None),
+    ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
+     [uniform((2, 2, 3), 52)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
      [uniform((2, 3, 2), 20)], 1, {}),
 ]

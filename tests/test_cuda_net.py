@@ -109,34 +109,56 @@ def test_example_net_forward_backward_matches_the_cpu(gpu_mode, which, tmp_path)
 
 
 SOLVER = """net_param { %s }
-  base_lr: 0.01 momentum: 0.9 weight_decay: 0.001 lr_policy: "inv" gamma: 0.0001 power: 0.75
-  display: 0 max_iter: 50 snapshot_after_train: false random_seed: 3 type: "%s" """
+  base_lr: %g momentum: 0.9 weight_decay: 0.001 lr_policy: "inv" gamma: 0.0001 power: 0.75
+  display: 0 max_iter: 50 snapshot_after_train: false random_seed: 3 type: "SGD" """
 
 
-def _lenet_on_memory_data(batch):
-    text = nets.lenet(batch=batch)[0]
+def _on_memory_data(which, batch, shape):
+    text = nets.ALL[which](batch=batch)[0]
     start = text.index("layer {")
     end = text.index("layer {", start + 1)
     data = ('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
-            'memory_data_param { batch_size: %d channels: 1 height: 28 width: 28 } }\n' % batch)
+            'memory_data_param { batch_size: %d channels: %d height: %d width: %d } }\n'
+            % ((batch,) + shape))
     return text[:start] + data + text[end:]
 
 
-@pytest.mark.parametrize("kind", ["SGD"])
-def test_fifty_solver_steps_end_where_the_cpu_ends(gpu_mode, kind):
-    batch = 8
-    net = _lenet_on_memory_data(batch)
+@pytest.mark.parametrize("which,batch,shape,lr", [("lenet", 8, (1, 28, 28), 0.01),
+                                                  ("cifar10_quick", 4, (3, 32, 32), 0.001)])
+def test_fifty_solver_steps_end_where_the_cpu_ends(gpu_mode, which, batch, shape, lr):
+    net = _on_memory_data(which, batch, shape)
     r = np.random.RandomState(4)
-    x = r.uniform(0, 1, (4 * batch, 1, 28, 28)).astype(np.float32)
+    x = r.uniform(0, 1, (4 * batch,) + shape).astype(np.float32)
     y = r.randint(0, 10, 4 * batch).astype(np.float32)
     weights = {}
     for mode in ("cpu", "gpu"):
         getattr(backend, "set_mode_" + mode)()
-        solver = get_solver(pio.parse_solver_text(SOLVER % (net, kind), "lenet solver"))
+        solver = get_solver(pio.parse_solver_text(SOLVER % (net, lr), which + " solver"))
         solver.net.set_input_arrays(x, y)
         solver.step(50)
         weights[mode] = {name: [b.data.copy() for b in blobs]
                          for name, blobs in solver.net.params.items()}
+    moved = 0.0
     for name, blobs in weights["cpu"].items():
         for mine, theirs in zip(weights["gpu"][name], blobs):
             assert float(np.abs(mine - theirs).max()) <= 1e-4, name
+        moved += float(np.abs(blobs[0]).sum())
+    assert moved > 0
+
+
+def test_out_of_device_memory_names_the_layer_and_the_bytes(monkeypatch, tmp_path):
+    from poseidon_caffe.net.errors import NetMemoryError
+    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    monkeypatch.setenv("POSEIDON_CAFFE_EMULATED_MEMORY", str(3 * 2 ** 20))
+    monkeypatch.setitem(backend._state, "devices", {})      # a device of that size
+    backend.set_mode_gpu()
+    try:
+        path = tmp_path / "net.prototxt"
+        path.write_text(nets.lenet(batch=64)[0])
+        net = Net(str(path), caffe_pb2.TRAIN)
+        _inputs(net)
+        with pytest.raises(NetMemoryError, match=r"layer '\w+' of type \w+: out of memory .*"
+                                                 r"\d+ bytes asked"):
+            net.forward_backward()
+    finally:
+        backend.set_mode_cpu()

@@ -1,8 +1,8 @@
-"""The named ops of common.py's Reduction, ArgMax, Tile, Filter and BatchReindex on the CPU:
+"""The named ops of common.py's Reduction, ArgMax, Filter and BatchReindex on the CPU:
 numpy over whole arrays, the formulas the layers had inline (so results are unchanged). The
-CUDA backend has the same names over kernels/reduce.cu, rows.cu and copy.cu's tile kernels
-(cuda/common_ops.py). Row indices are host integer arrays: the layers read them to check
-them (BatchReindex) or to shape the top (Filter), as Caffe does."""
+CUDA backend has the same names over kernels/reduce.cu and rows.cu (cuda/common_ops.py).
+Row indices are host integer arrays: the layers read them to check them (BatchReindex) or to
+shape the top (Filter), as Caffe does."""
 import numpy as np
 
 
@@ -50,15 +50,6 @@ class CommonOps:
             y[...] = np.stack([idx, vals], axis=1).reshape(y.shape)
         else:
             y[...] = idx.reshape(y.shape)
-
-    def tile_forward(self, x, tiles, y):
-        """y (outer, tiles, inner) = x (outer, inner) repeated."""
-        y.reshape(x.shape[0], tiles, x.shape[1])[...] = x.reshape(x.shape[0], 1, x.shape[1])
-
-    def tile_backward(self, dy, tiles, dx):
-        """dx (outer, inner) = dy (outer, tiles, inner) summed over the tiles."""
-        summed = dy.reshape(dx.shape[0], tiles, dx.shape[1]).sum(axis=1)
-        dx[...] = summed
 
     def gather_rows(self, x, rows, y):
         """y = x[rows] along axis 0."""

@@ -335,6 +335,14 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         else:
             big[index] = small
 
+    def tile_forward(self, x, y):
+        """y (outer, tiles, inner) = x (outer, 1, inner) repeated."""
+        y[...] = x
+
+    def tile_backward(self, dy, dx):
+        """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
+        dx[...] = dy.sum(axis=1).reshape(dx.shape)
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         mask = uniform >= ratio
         y[...] = x * mask * np.float32(scale)

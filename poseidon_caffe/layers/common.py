@@ -382,13 +382,15 @@ class TileLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        self.backend.tile_forward(bottom[0].dev_data.reshape(self.outer, self.inner), self.tiles,
-                                  top[0].mutable_dev_data)
+        self.backend.tile_forward(bottom[0].dev_data.reshape(self.outer, 1, self.inner),
+                                  top[0].mutable_dev_data.reshape(self.outer, self.tiles,
+                                                                  self.inner))
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.backend.tile_backward(top[0].dev_diff, self.tiles,
-                                       bottom[0].mutable_dev_diff.reshape(self.outer, self.inner))
+            self.backend.tile_backward(
+                top[0].dev_diff.reshape(self.outer, self.tiles, self.inner),
+                bottom[0].mutable_dev_diff.reshape(self.outer, 1, self.inner))
 
 
 _Red = caffe_pb2.ReductionParameter

@@ -33,6 +33,18 @@ class DeviceMemoryError(MemoryError):
     """Device memory that cannot be had: says how many bytes were asked and what was free."""
 
 
+class _SyncedMemory(SyncedMemory):
+    """SyncedMemory whose device side, when it cannot be had, says so as DeviceMemoryError."""
+
+    def _device_ptr(self):
+        try:
+            return super()._device_ptr()
+        except DriverError as exc:
+            free, total = self.driver.mem_info()
+            raise DeviceMemoryError("out of device memory: %d bytes asked, %d of %d free (%s)"
+                                    % (self.nbytes, free, total, exc)) from None
+
+
 class Allocation:
     """Device memory freed when the last array viewing it goes."""
 
@@ -125,6 +137,10 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
     def emulated(self):
         return self.driver.info.emulated
 
+    def synchronize(self):
+        """Wait for the work queued on the device (timings read after it)."""
+        self.driver.synchronize()
+
     # -- memory ----------------------------------------------------------------------------
     def empty(self, shape, dtype=None):
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
@@ -161,7 +177,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
 
     def synced_memory(self, count):
         """Caffe's SyncedMemory of ``count`` floats on this device (a blob's data or diff)."""
-        return SyncedMemory(self.driver, count, F32)
+        return _SyncedMemory(self.driver, count, F32)
 
     def view(self, ptr, shape, owner):
         return DeviceArray(shape, ptr, owner)
@@ -310,6 +326,18 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
             self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, big.ptr, small.ptr, 1)
         else:
             self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, small.ptr, big.ptr, 0)
+
+    def tile_forward(self, x, y):
+        """y (outer, tiles, inner) = x (outer, 1, inner) repeated."""
+        outer, tiles, inner = y.shape
+        if y.size:
+            self.kernels.tile_forward(y.size, x.ptr, inner, tiles, y.ptr)
+
+    def tile_backward(self, dy, dx):
+        """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
+        outer, tiles, inner = dy.shape
+        if dx.size:
+            self.kernels.tile_backward(dx.size, dy.ptr, inner, tiles, dx.ptr)
 
     def dropout_forward(self, x, y, uniform, ratio, scale):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws

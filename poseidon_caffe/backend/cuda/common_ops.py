@@ -1,5 +1,5 @@
-"""The named ops of common.py's Reduction, ArgMax, Tile, Filter and BatchReindex on the
-device (kernels/reduce.cu, rows.cu, copy.cu); the CPU backend's are in ../common_ops.py
+"""The named ops of common.py's Reduction, ArgMax, Filter and BatchReindex on the
+device (kernels/reduce.cu, rows.cu); the CPU backend's are in ../common_ops.py
 under the same names. Host row indices go up as one small float array."""
 import numpy as np
 
@@ -26,12 +26,6 @@ class CommonOps:
             inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
         self.kernels.argmax_forward(outer * inner, x.ptr, dim, inner, int(top_k),
                                     int(out_max_val), int(axis is not None), y.ptr)
-
-    def tile_forward(self, x, tiles, y):
-        self.kernels.tile_forward(y.size, x.ptr, x.shape[1], int(tiles), y.ptr)
-
-    def tile_backward(self, dy, tiles, dx):
-        self.kernels.tile_backward(dx.size, dy.ptr, dx.shape[1], int(tiles), dx.ptr)
 
     def _row_array(self, rows):
         return self.to_device(np.asarray(rows, dtype=np.float32).reshape(-1))
