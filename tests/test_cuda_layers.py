@@ -110,6 +110,9 @@ CASES = [
     ("EuclideanLoss", 'name: "l" type: "EuclideanLoss"',
      [uniform((3, 4), 49), uniform((3, 2, 2), 50)], 1, {}),
     ("Silence", 'name: "s" type: "Silence"', [uniform((3, 4), 51)], 0, None),
+    ("BatchNorm", 'name: "b" type: "BatchNorm"', [uniform((3, 4, 2, 2), 53)], 1, {}),
+    ("BatchNorm-global", 'name: "b" type: "BatchNorm" batch_norm_param { use_global_stats: '
+     'true }', [uniform((3, 4, 2, 2), 54)], 1, {}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 2, 3), 52)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
@@ -181,6 +184,6 @@ def test_layer_gradient_on_the_device(gpu_mode, case):
 
 
 def test_a_layer_without_a_device_path_refuses_gpu_mode(gpu_mode):
-    with pytest.raises(LayerError, match="layer 'b' \\(type BatchNorm\\) has no GPU "
+    with pytest.raises(LayerError, match="layer 'b' \\(type Scale\\) has no GPU "
                                          "implementation yet"):
-        make_layer('name: "b" type: "BatchNorm"')
+        make_layer('name: "b" type: "Scale"')

@@ -343,6 +343,40 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
         dx[...] = dy.sum(axis=1).reshape(dx.shape)
 
+    # -- BatchNorm over (num, channels, spatial) -------------------------------------------
+    def batchnorm_batch(self, x, eps, out):
+        """out = x normalised by its own per-channel statistics; returns (std, mean,
+        variance), the statistics in float64."""
+        mean = x.mean(axis=(0, 2), dtype=np.float64)
+        centred = x - mean.reshape(1, -1, 1).astype(x.dtype)
+        variance = np.square(centred).mean(axis=(0, 2), dtype=np.float64)
+        std = np.sqrt(np.asarray(variance, dtype=np.float64) + eps).astype(x.dtype)
+        np.divide(centred, std.reshape(1, -1, 1), out=out)
+        return std, mean, variance
+
+    def batchnorm_global(self, x, mean_sum, variance_sum, factor, eps, out):
+        """out = x normalised by stored statistics (sums times ``factor``); returns std."""
+        mean = mean_sum * factor
+        variance = variance_sum * factor
+        centred = x - mean.reshape(1, -1, 1)
+        std = np.sqrt(np.asarray(variance, dtype=np.float64) + eps).astype(x.dtype)
+        np.divide(centred, std.reshape(1, -1, 1), out=out)
+        return std
+
+    def batchnorm_backward(self, dy, y, std, global_stats, dx):
+        std = std.reshape(1, -1, 1)
+        if global_stats:
+            dx[...] = dy / std
+        else:
+            # mean and variance depend on x: dx = (dy - mean(dy) - y mean(dy y)) / std
+            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
+            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
+            dx[...] = (dy - mean_dy - y * mean_dy_y) / std
+
+    def running_average(self, stat, fraction, value, scale=1.0):
+        """stat = stat fraction + scale value (BatchNorm's running sums)."""
+        stat[...] = stat * fraction + (value if scale == 1.0 else scale * value)
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         mask = uniform >= ratio
         y[...] = x * mask * np.float32(scale)

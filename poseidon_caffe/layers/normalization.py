@@ -16,6 +16,7 @@ class BatchNormLayer(Layer):
     sum of decay weights; the global statistics are blob 0 and blob 1 divided by blob 2.
     They are statistics, not learned parameters: backward never writes their diffs.
     """
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -66,45 +67,35 @@ class BatchNormLayer(Layer):
         return array.reshape(array.shape[0], self.channels, -1)
 
     def forward(self, bottom, top):
-        x = self._by_channel(bottom[0].data)
+        be = self.backend
+        x = self._by_channel(bottom[0].dev_data)
+        # kept apart from top, which a later in-place layer (Scale) may overwrite
+        normalised = be.empty(x.shape)
         if self.use_global_stats:
             stored = float(self.blobs[2].data[0])
             factor = 0.0 if stored == 0 else 1.0 / stored
-            mean = self.blobs[0].data * factor
-            variance = self.blobs[1].data * factor
-            centred = x - mean.reshape(1, -1, 1)
+            self._std = be.batchnorm_global(x, self.blobs[0].dev_data, self.blobs[1].dev_data,
+                                            factor, self.eps, normalised)
         else:
-            mean = x.mean(axis=(0, 2), dtype=np.float64)
-            centred = x - mean.reshape(1, -1, 1).astype(x.dtype)
-            variance = np.square(centred).mean(axis=(0, 2), dtype=np.float64)
+            self._std, mean, variance = be.batchnorm_batch(x, self.eps, normalised)
             self._update_running_stats(mean, variance, x.size // self.channels)
-        self._std = np.sqrt(np.asarray(variance, dtype=np.float64) + self.eps).astype(x.dtype)
-        normalised = centred / self._std.reshape(1, -1, 1)
         self._normalised = normalised
-        top[0].data[...] = normalised.reshape(top[0].shape)
+        be.copy(normalised, top[0].mutable_dev_data)
 
     def _update_running_stats(self, mean, variance, m):
         # Caffe stores the unbiased variance: the batch variance times m / (m - 1)
         correction = m / (m - 1.0) if m > 1 else 1.0
         self.blobs[2].data[...] = self.blobs[2].data * self.fraction + 1
-        self.blobs[0].data[...] = self.blobs[0].data * self.fraction + mean
-        self.blobs[1].data[...] = self.blobs[1].data * self.fraction + correction * variance
+        self.backend.running_average(self.blobs[0].mutable_dev_data, self.fraction, mean)
+        self.backend.running_average(self.blobs[1].mutable_dev_data, self.fraction, variance,
+                                     correction)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = self._by_channel(top[0].diff)
-        std = self._std.reshape(1, -1, 1)
-        if self.use_global_stats:
-            dx = dy / std
-        else:
-            # mean and variance depend on x:
-            # dx = (dy - mean(dy) - y * mean(dy * y)) / std, means per channel
-            y = self._normalised
-            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
-            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
-            dx = (dy - mean_dy - y * mean_dy_y) / std
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        self.backend.batchnorm_backward(self._by_channel(top[0].dev_diff), self._normalised,
+                                        self._std, self.use_global_stats,
+                                        self._by_channel(bottom[0].mutable_dev_diff))
 
 
 class _BroadcastLayer(Layer):

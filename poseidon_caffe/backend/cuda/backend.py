@@ -339,6 +339,42 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         if dx.size:
             self.kernels.tile_backward(dx.size, dy.ptr, inner, tiles, dx.ptr)
 
+    # -- BatchNorm over (num, channels, spatial) (kernels/batchnorm.cu) --------------------
+    def batchnorm_batch(self, x, eps, out):
+        num, channels, spatial = x.shape
+        k = self.kernels
+        mean, variance, std = (self.empty((channels,)) for _ in range(3))
+        k.channel_mean(channels, x.ptr, None, num, spatial, mean.ptr)
+        k.channel_variance(channels, x.ptr, mean.ptr, num, spatial, float(eps), variance.ptr,
+                           std.ptr)
+        k.batchnorm_normalize(x.size, x.ptr, mean.ptr, std.ptr, channels, spatial, out.ptr)
+        return std, mean, variance
+
+    def batchnorm_global(self, x, mean_sum, variance_sum, factor, eps, out):
+        num, channels, spatial = x.shape
+        k = self.kernels
+        mean = self.scale(factor, mean_sum, self.empty((channels,)))
+        std = self.scale(factor, variance_sum, self.empty((channels,)))
+        k.vec_add_scalar(channels, std.ptr, float(eps))
+        k.vec_sqrt(channels, std.ptr, std.ptr)
+        k.batchnorm_normalize(x.size, x.ptr, mean.ptr, std.ptr, channels, spatial, out.ptr)
+        return std
+
+    def batchnorm_backward(self, dy, y, std, global_stats, dx):
+        num, channels, spatial = dy.shape
+        k = self.kernels
+        mean_dy = mean_dy_y = None
+        if not global_stats:
+            mean_dy, mean_dy_y = self.empty((channels,)), self.empty((channels,))
+            k.channel_mean(channels, dy.ptr, None, num, spatial, mean_dy.ptr)
+            k.channel_mean(channels, dy.ptr, y.ptr, num, spatial, mean_dy_y.ptr)
+        k.batchnorm_backward(dy.size, dy.ptr, y.ptr, mean_dy and mean_dy.ptr,
+                             mean_dy_y and mean_dy_y.ptr, std.ptr, channels, spatial,
+                             int(bool(global_stats)), dx.ptr)
+
+    def running_average(self, stat, fraction, value, scale=1.0):
+        self.axpby(scale, value, fraction, stat)
+
     def dropout_forward(self, x, y, uniform, ratio, scale):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
         on the device)."""
