@@ -29,7 +29,6 @@ through time within the batch); every other gradient is Caffe's.
 import numpy as np
 
 from .. import log
-from ..backend.recurrent_ops import lstm_unit_backward, lstm_unit_forward  # noqa: F401
 from ..blob import Blob
 from ..fillers import fill
 from .base import Layer
