@@ -246,6 +246,49 @@ def test_a_net_of_moved_layers_builds_and_runs_in_gpu_mode(gpu_env):
     np.testing.assert_allclose(net.blobs["x0"].diff, (prelu - y) / 2, rtol=1e-5)
 
 
+SEQUENCE_NET = """name: "seq"
+layer { name: "in" type: "Input" top: "x" top: "cont" top: "label" top: "target"
+  input_param { shape { dim: 3 dim: 2 dim: 4 } shape { dim: 3 dim: 2 } shape { dim: 6 }
+                shape { dim: 6 dim: 5 } } }
+layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+  recurrent_param { num_output: 5 weight_filler { type: "uniform" min: -0.5 max: 0.5 }
+                    bias_filler { type: "uniform" } } }
+layer { name: "rnn" type: "RNN" bottom: "h" bottom: "cont" top: "o"
+  recurrent_param { num_output: 5 weight_filler { type: "uniform" min: -0.5 max: 0.5 } } }
+layer { name: "flat" type: "Reshape" bottom: "o" top: "scores"
+  reshape_param { shape { dim: 6 dim: 5 } } }
+layer { name: "split" type: "Split" bottom: "scores" top: "s1" top: "s2" top: "s3" }
+layer { name: "hinge" type: "HingeLoss" bottom: "s1" bottom: "label" top: "hinge" }
+layer { name: "sce" type: "SigmoidCrossEntropyLoss" bottom: "s2" bottom: "target" top: "sce"
+  loss_weight: 0.5 }
+layer { name: "red" type: "Reduction" bottom: "s3" top: "red" loss_weight: 0.1
+  reduction_param { operation: SUMSQ } }
+"""
+
+
+def _sequence_net_run():
+    from poseidon_caffe.net import Net
+    rng.set_random_seed(9)
+    net = Net(text_format.Parse(SEQUENCE_NET, caffe_pb2.NetParameter()), caffe_pb2.TRAIN)
+    net.blobs["x"].data[...] = rand((3, 2, 4), 1)
+    net.blobs["cont"].data[...] = CONT()
+    net.blobs["label"].data[...] = np.float32([0, 4, 2, 1, 3, 0])
+    net.blobs["target"].data[...] = rand((6, 5), 2, 0, 1)
+    loss = net.forward()
+    net.backward()
+    return ({k: float(v) for k, v in loss.items()},
+            [b.diff.copy() for layer in ("lstm", "rnn") for b in net.params[layer]])
+
+
+def test_a_sequence_net_of_moved_layers_trains_alike_in_gpu_mode(gpu_env):
+    cpu_loss, cpu_grads = _sequence_net_run()
+    backend.set_mode_gpu()
+    gpu_loss, gpu_grads = _sequence_net_run()
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-5)
+    for c, g in zip(cpu_grads, gpu_grads):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-6)
+
+
 def test_a_layer_without_a_device_path_is_refused_by_name(gpu_env, monkeypatch):
     # a layer that does not declare a device path (as a new layer type would not)
     from poseidon_caffe.layers.neuron import SigmoidLayer
