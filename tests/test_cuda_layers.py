@@ -113,6 +113,22 @@ CASES = [
     ("BatchNorm", 'name: "b" type: "BatchNorm"', [uniform((3, 4, 2, 2), 53)], 1, {}),
     ("BatchNorm-global", 'name: "b" type: "BatchNorm" batch_norm_param { use_global_stats: '
      'true }', [uniform((3, 4, 2, 2), 54)], 1, {}),
+    ("Scale", 'name: "s" type: "Scale" scale_param { axis: 1 num_axes: 2 bias_term: true '
+     'filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }',
+     [uniform((2, 3, 2, 2), 55)], 1, {}),
+    ("Scale-bottom", 'name: "s" type: "Scale" scale_param { axis: 1 }',
+     [uniform((2, 3, 4), 56), uniform((3,), 57)], 1, {}),
+    ("Bias", 'name: "b" type: "Bias" bias_param { filler { type: "gaussian" std: 1 } }',
+     [uniform((2, 3, 4), 58)], 1, {}),
+    ("Bias-bottom", 'name: "b" type: "Bias" bias_param { axis: 0 }',
+     [uniform((2, 3, 4), 59), uniform((2, 3), 60)], 1, {}),
+    ("Embed", 'name: "e" type: "Embed" embed_param { num_output: 3 input_dim: 5 bias_term: '
+     'true weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 } }',
+     [labels((3, 2), 5, 61)], 1, {"check_bottom": []}),
+    ("Im2col", 'name: "i" type: "Im2col" convolution_param { kernel_size: 2 stride: 1 pad: 1 }',
+     [uniform((2, 2, 3, 3), 62)], 1, {}),
+    ("SPP", 'name: "s" type: "SPP" spp_param { pyramid_height: 2 pool: MAX }',
+     [uniform((2, 3, 5, 4), 63)], 1, {}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 2, 3), 52)], 1, {}),
     ("Reshape", 'name: "r" type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
@@ -184,6 +200,6 @@ def test_layer_gradient_on_the_device(gpu_mode, case):
 
 
 def test_a_layer_without_a_device_path_refuses_gpu_mode(gpu_mode):
-    with pytest.raises(LayerError, match="layer 'b' \\(type Scale\\) has no GPU "
+    with pytest.raises(LayerError, match="layer 'b' \\(type MVN\\) has no GPU "
                                          "implementation yet"):
-        make_layer('name: "b" type: "Scale"')
+        make_layer('name: "b" type: "MVN"')

@@ -343,6 +343,36 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
         dx[...] = dy.sum(axis=1).reshape(dx.shape)
 
+    # -- Embed: rows of a table by index --------------------------------------------------
+    def embed_forward(self, indices, index_values, weight, y):
+        """y (count, N) = weight[indices]; ``indices`` are the checked host integers (the
+        device reads ``index_values``, the bottom's own array)."""
+        y[...] = weight[indices]
+
+    def embed_backward(self, indices, index_values, dy, weight_diff):
+        """weight_diff[indices] += dy, repeated indices summed."""
+        np.add.at(weight_diff, indices, dy)
+
+    # -- Scale and Bias over (outer, dim, inner) ------------------------------------------
+    def scale_forward(self, x, scale, bias, y):
+        """y = x scale[d] (+ bias[d])."""
+        out = x * scale.reshape(1, -1, 1)
+        if bias is not None:
+            out += bias.reshape(1, -1, 1)
+        y[...] = out
+
+    def scale_backward(self, x, scale, dy, dx):
+        """dx = dy scale[d]."""
+        dx[...] = dy * scale.reshape(1, -1, 1)
+
+    def broadcast_grad(self, dy, grad, accumulate, x=None):
+        """grad (dim) (+)= dy (times x) summed over outer and inner, in float64."""
+        total = (dy if x is None else dy * x).sum(axis=(0, 2), dtype=np.float64)
+        if accumulate:
+            grad += total.reshape(grad.shape)
+        else:
+            grad[...] = total.reshape(grad.shape)
+
     # -- BatchNorm over (num, channels, spatial) -------------------------------------------
     def batchnorm_batch(self, x, eps, out):
         """out = x normalised by its own per-channel statistics; returns (std, mean,

@@ -133,13 +133,14 @@ class _BroadcastLayer(Layer):
                              % (what, operand.shape, bottom0.shape, start))
         return bottom0.count_axes(0, start), operand.count, bottom0.count_axes(end)
 
-    def _sum_outer_inner(self, array):
-        return array.reshape(self.outer, self.dim, self.inner).sum(axis=(0, 2), dtype=np.float64)
+    def _split(self, array):
+        return array.reshape(self.outer, self.dim, self.inner)
 
 
 @register("Scale")
 class ScaleLayer(_BroadcastLayer):
     """top = bottom[0] * scale (+ bias), scale from bottom[1] or learned."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.scale_param
@@ -171,37 +172,34 @@ class ScaleLayer(_BroadcastLayer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        self._input = x.copy() if top[0] is bottom[0] else None
-        y = x.reshape(self.outer, self.dim, self.inner) * \
-            self._scale(bottom).data.reshape(1, -1, 1)
-        if self.bias_term:
-            y += self.blobs[self.bias_index].data.reshape(1, -1, 1)
-        top[0].data[...] = y.reshape(top[0].shape)
+        be = self.backend
+        x = bottom[0].dev_data
+        self._input = be.copy(x, be.empty(x.shape)) if top[0] is bottom[0] else None
+        bias = self.blobs[self.bias_index].dev_data if self.bias_term else None
+        be.scale_forward(self._split(x), self._scale(bottom).dev_data.reshape(-1),
+                         None if bias is None else bias.reshape(-1),
+                         self._split(top[0].mutable_dev_data))
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        be = self.backend
+        dy = self._split(top[0].dev_diff)
         if self.bias_term and self.param_propagate_down[self.bias_index]:
-            bias = self.blobs[self.bias_index]
-            bias.diff += self._sum_outer_inner(dy).reshape(bias.shape)
+            be.broadcast_grad(dy, self.blobs[self.bias_index].mutable_dev_diff, True)
         scale = self._scale(bottom)
         from_bottom = len(bottom) > 1
         if (from_bottom and propagate_down[1]) or (not from_bottom and
                                                    self.param_propagate_down[0]):
-            x = self._input if self._input is not None else bottom[0].data
-            grad = self._sum_outer_inner(dy * x).reshape(scale.shape)
-            if from_bottom:
-                scale.diff[...] = grad
-            else:
-                scale.diff += grad
+            x = self._input if self._input is not None else bottom[0].dev_data
+            be.broadcast_grad(dy, scale.mutable_dev_diff, not from_bottom, self._split(x))
         if propagate_down[0]:
-            dx = dy.reshape(self.outer, self.dim, self.inner) * scale.data.reshape(1, -1, 1)
-            bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+            be.scale_backward(None, scale.dev_data.reshape(-1), dy,
+                              self._split(bottom[0].mutable_dev_diff))
 
 
 @register("Bias")
 class BiasLayer(_BroadcastLayer):
     """top = bottom[0] + bias, bias from bottom[1] or learned."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.bias_param
@@ -226,20 +224,24 @@ class BiasLayer(_BroadcastLayer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        y = bottom[0].data.reshape(self.outer, self.dim, self.inner) + \
-            self._bias(bottom).data.reshape(1, -1, 1)
-        top[0].data[...] = y.reshape(top[0].shape)
+        be = self.backend
+        x = self._split(bottom[0].dev_data)
+        y = self._split(top[0].mutable_dev_data)
+        if top[0] is not bottom[0]:
+            be.copy(x, y)
+        be.add_bias(y, self._bias(bottom).dev_data.reshape(-1))
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        be = self.backend
+        dy = self._split(top[0].dev_diff)
         bias = self._bias(bottom)
         if len(bottom) > 1:
             if propagate_down[1]:
-                bias.diff[...] = self._sum_outer_inner(dy).reshape(bias.shape)
+                be.broadcast_grad(dy, bias.mutable_dev_diff, False)
         elif self.param_propagate_down[0]:
-            bias.diff += self._sum_outer_inner(dy).reshape(bias.shape)
+            be.broadcast_grad(dy, bias.mutable_dev_diff, True)
         if propagate_down[0] and top[0] is not bottom[0]:
-            bottom[0].diff[...] = dy
+            be.copy(dy, bottom[0].mutable_dev_diff)
 
 
 @register("MVN")

@@ -387,6 +387,7 @@ class PoolingLayer(Layer):
 @register("SPP")
 class SPPLayer(Layer):
     """Spatial pyramid pooling: level l pools into 2^l x 2^l bins, flattened and concatenated."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -442,29 +443,30 @@ class SPPLayer(Layer):
 
     def forward(self, bottom, top):
         n = bottom[0].shape[0]
-        flat = top[0].data.reshape(n, -1)
         start = 0
         for (pool, out), size in zip(self.levels, self._sizes):
             pool.forward([bottom[0]], [out])
-            flat[:, start:start + size] = out.data.reshape(n, size)
+            self.backend.axis_copy(out.dev_data.reshape(n, size),
+                                   top[0].mutable_dev_data.reshape(n, -1), 1, start, True)
             start += size
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        be = self.backend
         n = bottom[0].shape[0]
-        flat = top[0].diff.reshape(n, -1)
         total = None
         start = 0
         for (pool, out), size in zip(self.levels, self._sizes):
-            out.diff[...] = flat[:, start:start + size].reshape(out.shape)
+            be.axis_copy(out.mutable_dev_diff.reshape(n, size), top[0].dev_diff.reshape(n, -1),
+                         1, start, False)
             start += size
             pool.backward([out], [True], bottom)
             if total is None:
-                total = bottom[0].diff.copy()
+                total = be.copy(bottom[0].dev_diff, be.empty(bottom[0].shape))
             else:
-                total += bottom[0].diff
-        bottom[0].diff[...] = total
+                be.axpby(1.0, bottom[0].dev_diff, 1.0, total)
+        be.copy(total, bottom[0].mutable_dev_diff)
 
 
 # -- LRN ------------------------------------------------------------------------------------
@@ -510,6 +512,7 @@ class LRNLayer(Layer):
 @register("Im2col")
 class Im2colLayer(Layer):
     """Columns of convolution windows: (N, C, *in) -> (N, C*prod(kernel), *out)."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -530,15 +533,15 @@ class Im2colLayer(Layer):
 
     def forward(self, bottom, top):
         g = self.geom
-        x = bottom[0].data.reshape((-1, g.channels) + g.in_shape)
-        top[0].data[...] = self.backend.im2col(x, g).reshape(top[0].shape)
+        x = bottom[0].dev_data.reshape((-1, g.channels) + g.in_shape)
+        self.backend.copy(self.backend.im2col(x, g), top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         g = self.geom
-        col = top[0].diff.reshape((-1, g.col_rows) + g.out_shape)
-        bottom[0].diff[...] = self.backend.col2im(col, g).reshape(bottom[0].shape)
+        col = top[0].dev_diff.reshape((-1, g.col_rows) + g.out_shape)
+        self.backend.copy(self.backend.col2im(col, g), bottom[0].mutable_dev_diff)
 
 
 # -- Crop -----------------------------------------------------------------------------------

@@ -339,6 +339,37 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         if dx.size:
             self.kernels.tile_backward(dx.size, dy.ptr, inner, tiles, dx.ptr)
 
+    # -- Embed (kernels/embed.cu) ---------------------------------------------------------
+    def embed_forward(self, indices, index_values, weight, y):
+        input_dim, num_output = weight.shape
+        if y.size:
+            self.kernels.embed_forward(y.size, index_values.ptr, weight.ptr, input_dim,
+                                       num_output, None, y.ptr)
+
+    def embed_backward(self, indices, index_values, dy, weight_diff):
+        input_dim, num_output = weight_diff.shape
+        self.kernels.embed_backward(weight_diff.size, index_values.ptr, dy.ptr, dy.shape[0],
+                                    num_output, weight_diff.ptr)
+
+    # -- Scale and Bias over (outer, dim, inner) ------------------------------------------
+    def scale_forward(self, x, scale, bias, y):
+        outer, dim, inner = x.shape
+        if x.size:
+            self.kernels.channel_scale(x.size, x.ptr, scale.ptr,
+                                       None if bias is None else bias.ptr, dim, inner, y.ptr)
+
+    def scale_backward(self, x, scale, dy, dx):
+        self.scale_forward(dy, scale, None, dx)
+
+    def broadcast_grad(self, dy, grad, accumulate, x=None):
+        if x is not None:
+            product = self.empty(dy.shape)
+            self.kernels.vec_mul(dy.size, dy.ptr, x.ptr, product.ptr)
+            dy = product
+        if not accumulate:
+            self.fill(grad, 0.0)
+        self.add_bias_grad(dy, grad.reshape(grad.size))
+
     # -- BatchNorm over (num, channels, spatial) (kernels/batchnorm.cu) --------------------
     def batchnorm_batch(self, x, eps, out):
         num, channels, spatial = x.shape
@@ -368,8 +399,8 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
             mean_dy, mean_dy_y = self.empty((channels,)), self.empty((channels,))
             k.channel_mean(channels, dy.ptr, None, num, spatial, mean_dy.ptr)
             k.channel_mean(channels, dy.ptr, y.ptr, num, spatial, mean_dy_y.ptr)
-        k.batchnorm_backward(dy.size, dy.ptr, y.ptr, mean_dy and mean_dy.ptr,
-                             mean_dy_y and mean_dy_y.ptr, std.ptr, channels, spatial,
+        k.batchnorm_backward(dy.size, dy.ptr, y.ptr, None if global_stats else mean_dy.ptr,
+                             None if global_stats else mean_dy_y.ptr, std.ptr, channels, spatial,
                              int(bool(global_stats)), dx.ptr)
 
     def running_average(self, stat, fraction, value, scale=1.0):

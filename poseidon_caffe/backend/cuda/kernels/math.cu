@@ -63,3 +63,13 @@ KERNEL vec_sign(const int n, const float* x, float* y) {
     y[i] = (float)((v > 0) - (v < 0));
   }
 }
+
+// Scale: y (outer, dim, inner) = x times scale[d], plus bias[d] where bias is not null
+KERNEL channel_scale(const int n, const float* x, const float* scale, const float* bias,
+                     const int dim, const int inner, float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int d = (i / inner) % dim;
+    const float v = x[i] * scale[d];
+    y[i] = bias ? v + bias[d] : v;
+  }
+}
