@@ -1,6 +1,10 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import numpy as np
 
+from .common_ops import CommonOps
+from .loss_ops import LossOps
+from .prelu_ops import PReLUOps
+from .recurrent_ops import RecurrentOps
 from .threads import over_parts, set_blas_threads, thread_count
 
 try:                                  # a BLAS call that accumulates: out = a b + beta out
@@ -52,7 +56,7 @@ def conv_algorithm(geom, batch):
     return "fft" if fft_time < im2col_time else "im2col"
 
 
-class CPUBackend:
+class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32

@@ -276,6 +276,7 @@ class EltwiseLayer(Layer):
 class FilterLayer(Layer):
     """Keeps the items (along axis 0) whose selector, the last bottom, is non-zero; one top per
     data bottom. The gradient returns to the kept items; the others get zero."""
+    device_ready = True
     min_bottoms = 2
     min_tops = 1
 
@@ -298,7 +299,9 @@ class FilterLayer(Layer):
                 raise self.error("Each bottom should have the same 0th dimension as the selector "
                                  "blob: bottom %d is %s, selector %s"
                                  % (i, b.shape, selector.shape))
-        self.keep = self.xp.nonzero(selector.data.reshape(-1) != 0)[0]
+        # the top's shape depends on the selector's values: read them (as Caffe does)
+        values = self.backend.to_host(selector.dev_data)
+        self.keep = np.nonzero(values.reshape(-1) != 0)[0]
         # at net setup the selector holds no data yet: size the tops for every item
         n = selector.shape[0] if self.first_reshape else int(self.keep.size)
         self.first_reshape = False
@@ -309,21 +312,21 @@ class FilterLayer(Layer):
         self.first_reshape = False
         self.reshape(bottom, top)
         for t, b in zip(top, bottom):
-            t.data[...] = b.data[self.keep]
+            self.backend.gather_rows(b.dev_data, self.keep, t.mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[-1]:
             raise self.error("Layer cannot backpropagate to filter index inputs")
         for i, t in enumerate(top):
             if propagate_down[i]:
-                diff = bottom[i].diff
-                diff[...] = 0
-                diff[self.keep] = t.diff
+                self.backend.scatter_rows(t.dev_diff, self.keep, bottom[i].mutable_dev_diff,
+                                          unique=True)
 
 
 @register("BatchReindex")
 class BatchReindexLayer(Layer):
     """top[i] = bottom[0][index[i]]: items picked (and repeated) along axis 0."""
+    device_ready = True
     exact_bottoms = 2
     exact_tops = 1
 
@@ -336,7 +339,8 @@ class BatchReindexLayer(Layer):
         top[0].reshape((bottom[1].shape[0],) + bottom[0].shape[1:])
 
     def _indices(self, bottom):
-        idx = bottom[1].data.astype(np.int64)
+        # read on the host to be checked, as Caffe does (a few values)
+        idx = self.backend.to_host(bottom[1].dev_data).astype(np.int64)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= bottom[0].shape[0]):
             raise self.error("Index specified for reindex layer was greater than batch size "
                              "or negative: indices %s for %d items"
@@ -344,16 +348,16 @@ class BatchReindexLayer(Layer):
         return idx
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data[self._indices(bottom)]
+        self.backend.gather_rows(bottom[0].dev_data, self._indices(bottom),
+                                 top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
             raise self.error("Cannot backprop to index.")
         if not propagate_down[0]:
             return
-        diff = bottom[0].diff
-        diff[...] = 0
-        self.xp.add.at(diff, self._indices(bottom), top[0].diff)
+        self.backend.scatter_rows(top[0].dev_diff, self._indices(bottom),
+                                  bottom[0].mutable_dev_diff)
 
 
 @register("Tile")
@@ -390,12 +394,14 @@ class TileLayer(Layer):
 
 
 _Red = caffe_pb2.ReductionParameter
+_REDUCTIONS = {_Red.SUM: "SUM", _Red.ASUM: "ASUM", _Red.SUMSQ: "SUMSQ", _Red.MEAN: "MEAN"}
 
 
 @register("Reduction")
 class ReductionLayer(Layer):
     """Reduces every axis from ``axis`` on (SUM, ASUM, SUMSQ or MEAN), then scales by coeff;
     the top keeps the axes before ``axis`` (a 0-axis blob for axis 0)."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -409,33 +415,18 @@ class ReductionLayer(Layer):
         top[0].reshape(bottom[0].shape[:self.axis])
 
     def forward(self, bottom, top):
-        x = bottom[0].data.reshape(self.num, self.dim)
-        if self.op == _Red.SUM:
-            out = x.sum(axis=1)
-        elif self.op == _Red.ASUM:
-            out = self.xp.abs(x).sum(axis=1)
-        elif self.op == _Red.SUMSQ:
-            out = (x * x).sum(axis=1)
-        elif self.op == _Red.MEAN:
-            out = x.sum(axis=1) / self.dim
-        else:
+        if self.op not in _REDUCTIONS:
             raise self.error("unknown reduction operation %d" % self.op)
-        top[0].data[...] = (out * self.coeff).reshape(top[0].shape)
+        self.backend.reduction_forward(bottom[0].dev_data.reshape(self.num, self.dim),
+                                       _REDUCTIONS[self.op], self.coeff,
+                                       top[0].mutable_dev_data.reshape(self.num))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        x = bottom[0].data.reshape(self.num, self.dim)
-        scale = (top[0].diff.reshape(self.num, 1) * self.coeff)
-        if self.op == _Red.SUM:
-            grad = self.xp.broadcast_to(scale, x.shape)
-        elif self.op == _Red.ASUM:
-            grad = self.xp.sign(x) * scale
-        elif self.op == _Red.SUMSQ:
-            grad = 2.0 * x * scale
-        else:
-            grad = self.xp.broadcast_to(scale / self.dim, x.shape)
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        self.backend.reduction_backward(bottom[0].dev_data.reshape(self.num, self.dim),
+                                        top[0].dev_diff, _REDUCTIONS[self.op],
+                                        self.coeff, bottom[0].mutable_dev_diff)
 
 
 @register("ArgMax")
@@ -443,6 +434,7 @@ class ArgMaxLayer(Layer):
     """Indices (and with out_max_val, values) of the top_k largest entries, per item over the
     flattened item (shape N x 1|2 x top_k) or along ``axis`` (that axis becomes top_k).
     Ties rank the larger index first."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -476,24 +468,8 @@ class ArgMaxLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        xp = self.xp
-        x = bottom[0].data
-        if self.has_axis:
-            rows = xp.moveaxis(x, self.axis, -1)
-        else:
-            rows = x.reshape(x.shape[0], -1)
-        dim = rows.shape[-1]
-        # sort by value descending, ties by index descending: stable sort of the reversed row
-        order = xp.argsort(-rows[..., ::-1], axis=-1, kind="stable")[..., :self.top_k]
-        idx = dim - 1 - order
-        if self.has_axis:
-            out = xp.take_along_axis(rows, idx, axis=-1) if self.out_max_val else idx
-            top[0].data[...] = xp.moveaxis(out, -1, self.axis)
-        elif self.out_max_val:
-            vals = xp.take_along_axis(rows, idx, axis=-1)
-            top[0].data[...] = xp.stack([idx, vals], axis=1).reshape(top[0].shape)
-        else:
-            top[0].data[...] = idx.reshape(top[0].shape)
+        self.backend.argmax(bottom[0].dev_data, self.axis if self.has_axis else None,
+                            self.top_k, self.out_max_val, top[0].mutable_dev_data)
 
 
 @register("Silence")

@@ -47,6 +47,7 @@ class ReLULayer(NeuronLayer):
 @register("PReLU")
 class PReLULayer(_InputKeepingLayer):
     """ReLU with a learned negative slope per channel (axis 1), or one shared slope."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.prelu_param
@@ -77,29 +78,20 @@ class PReLULayer(_InputKeepingLayer):
         # (N, C, rest) so that one slope broadcasts over its channel
         return array.reshape(array.shape[0], array.shape[1], -1)
 
-    def _slopes(self):
-        s = self.blobs[0].data
-        return s.reshape(1, 1, 1) if self.shared else s.reshape(1, -1, 1)
-
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        x = self._per_channel(bottom[0].data)
-        y = np.maximum(x, 0) + self._slopes() * np.minimum(x, 0)
-        top[0].data[...] = y.reshape(top[0].shape)
+        self.backend.prelu_forward(self._per_channel(bottom[0].dev_data),
+                                   self._per_channel(top[0].mutable_dev_data),
+                                   self.blobs[0].dev_data, self.shared)
 
     def backward(self, top, propagate_down, bottom):
-        x = self._per_channel(self._input(bottom))
-        dy = self._per_channel(top[0].diff)
-        negative = x <= 0
-        if self.param_propagate_down[0]:
-            contribution = (dy * x * negative).sum(axis=(0, 2), dtype=np.float64)
-            if self.shared:
-                self.blobs[0].diff += contribution.sum()
-            else:
-                self.blobs[0].diff += contribution
-        if propagate_down[0]:
-            factor = np.where(negative, self._slopes(), 1.0)
-            bottom[0].diff[...] = (dy * factor).reshape(bottom[0].shape)
+        if not (propagate_down[0] or self.param_propagate_down[0]):
+            return
+        self.backend.prelu_backward(
+            self._per_channel(self._input(bottom)), self._per_channel(top[0].dev_diff),
+            self.blobs[0].dev_data, self.shared,
+            dx=self._per_channel(bottom[0].mutable_dev_diff) if propagate_down[0] else None,
+            dslopes=self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None)
 
 
 @register("ELU")

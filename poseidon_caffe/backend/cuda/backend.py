@@ -18,6 +18,10 @@ import numpy as np
 from ..geometry import PoolGeometry
 from .driver import DriverError, open_driver
 from .kernels import KernelSet
+from .common_ops import CommonOps
+from .loss_ops import LossOps
+from .prelu_ops import PReLUOps
+from .recurrent_ops import RecurrentOps
 from .synced import SyncedMemory
 
 F32 = np.dtype(np.float32)
@@ -116,7 +120,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend:
+class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
