@@ -43,6 +43,26 @@ def _plans(geom):
     return plans
 
 
+def test_freed_temporaries_come_back_without_page_faults():
+    """After keep_freed_memory, a freed block of several MB is reused by the next allocation
+    of its size, not returned to the system and faulted in again page by page."""
+    import resource
+    from poseidon_caffe.backend import cpu
+    if not cpu.keep_freed_memory():
+        pytest.skip("the C library is not glibc, or MALLOC_* thresholds are set in the "
+                    "environment")
+
+    def temporaries():
+        for size in (3 << 20, 12 << 20, 5 << 20):          # bytes, as an iteration's mix
+            np.ones(size // 4, np.float32)
+    temporaries()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        temporaries()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 200, faults          # glibc by default: several hundred here
+
+
 def test_conv_geometry_output_size_rule():
     g = ConvGeometry(3, 8, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
     assert g.out_shape == (55, 55)
