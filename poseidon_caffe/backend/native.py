@@ -14,6 +14,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
+VERSION = 2                  # kernels_version() of the kernels.c these calls are written for
 
 
 def _load():
@@ -24,6 +25,10 @@ def _load():
     except ImportError:
         return None
     lib = ctypes.CDLL(_kernels.__file__)
+    version = getattr(lib, "kernels_version", None)
+    if version is None or version() != VERSION:
+        # built from another kernels.c (rebuild: python setup.py build_ext --inplace)
+        return None
     lib.pool_max_forward.argtypes = [_P, _P, _P, _L] + _WINDOW
     lib.pool_max_forward.restype = _I
     lib.pool_max_backward.argtypes = [_P, _P, _P, _L, _I, _I]
