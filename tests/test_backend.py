@@ -28,12 +28,38 @@ STRIDE_ONE = [g for g in GEOMS if all(s == 1 for s in g.stride)]
 
 
 def _plans(geom):
+    """Every plan for the geometry: im2col with channel-major columns, im2col image by image
+    (one group), FFT (stride 1)."""
     from poseidon_caffe.backend.conv import ConvPlan
     from poseidon_caffe.backend.fftconv import FFTConvPlan
     plans = [ConvPlan(geom)]
+    plans[0].by_image = False
+    if geom.group == 1 and not geom.is_pointwise:
+        plans.append(ConvPlan(geom))
+        plans[-1].by_image = True
     if all(s == 1 for s in geom.stride):
         plans.append(FFTConvPlan(geom))
     return plans
+
+
+def test_freed_temporaries_come_back_without_page_faults():
+    """After keep_freed_memory, a freed block of several MB is reused by the next allocation
+    of its size, not returned to the system and faulted in again page by page."""
+    import resource
+    from poseidon_caffe.backend import cpu
+    if not cpu.keep_freed_memory():
+        pytest.skip("the C library is not glibc, or MALLOC_* thresholds are set in the "
+                    "environment")
+
+    def temporaries():
+        for size in (3 << 20, 12 << 20, 5 << 20):          # bytes, as an iteration's mix
+            np.ones(size // 4, np.float32)
+    temporaries()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        temporaries()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 200, faults          # glibc by default: several hundred here
 
 
 def test_conv_geometry_output_size_rule():
@@ -107,10 +133,11 @@ def _check_plan(plan, geom, x, w, bias, dy, col, wg, want):
     np.testing.assert_allclose(dx, dx_want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", [0, 1])
+@pytest.mark.parametrize("kind", ["im2col", "by_image", "fft"])
 def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
-    geom = STRIDE_ONE[1]
-    plan = _plans(geom)[kind]
+    geom = STRIDE_ONE[2] if kind == "by_image" else STRIDE_ONE[1]     # by image: one group
+    plan = {"fft" if type(p).__name__ == "FFTConvPlan" else
+            "by_image" if p.by_image else "im2col": p for p in _plans(geom)}[kind]
     x = _rand((2, geom.channels) + geom.in_shape, 8)
     w = _rand(geom.weight_shape, 9)
     y = np.empty((2, geom.num_output) + geom.out_shape, np.float32)
@@ -292,12 +319,26 @@ EMPTY_WINDOW_GEOMS = [
 ]
 
 
-@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+POOL_PATHS = ["stages", "taps", "native"]
+
+
+def _take_pool_path(plan, path):
+    """Set ``plan`` (a PoolPlan or SplitPoolPlan) on one of its paths: the numpy stages, the
+    numpy tap loop, or the compiled kernels (skipped where they were not built)."""
+    from poseidon_caffe.backend import native
+    if path == "native" and native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install, or "
+                    "POSEIDON_NATIVE=0)")
+    plan.native = path == "native"
+    plan.separable = path == "stages"
+
+
+@pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS, ids=str)
-def test_max_pool_paths_match_caffe_loops(spec, separable, small_slices):
+def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
-    plan.separable = separable
+    _take_pool_path(plan, path)
     x = np.round(_rand((3, 2) + g.in_shape, 20) * 4)          # many ties
     y = np.empty((3, 2) + g.out_shape, np.float32)
     plan.max_forward(x, y)
@@ -313,12 +354,12 @@ def test_max_pool_paths_match_caffe_loops(spec, separable, small_slices):
     np.testing.assert_allclose(dx, dx_want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS, ids=str)
-def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, separable, small_slices):
+def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
-    plan.separable = separable
+    _take_pool_path(plan, path)
     x = _rand((3, 2) + g.in_shape, 22)
     y = np.empty((3, 2) + g.out_shape, np.float32)
     plan.ave_forward(x, y)
@@ -335,6 +376,48 @@ def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, separable, sma
     plan.ave_backward(dy, dx)
     lhs, rhs = np.vdot(y.astype(np.float64), dy), np.vdot(x.astype(np.float64), dx)
     assert abs(lhs - rhs) <= 1e-5 * max(1.0, abs(lhs))
+
+
+def test_native_ave_pooling_is_caffes_float32_arithmetic():
+    """The compiled AVE adds a window's cells in Caffe's row-major order in float32 and
+    divides by Caffe's window size, and its backward adds a cell's shares in the order of
+    Caffe's loop over the outputs: both equal Caffe's loops bit for bit."""
+    g = PoolGeometry(*POOL_GEOMS[2])            # padding, overlap and a clipped last window
+    plan = B.pool_plan(g)
+    _take_pool_path(plan, "native")
+    x, dy = _rand((2, 2) + g.in_shape, 25), _rand((2, 2) + g.out_shape, 26)
+    y = plan.ave_forward(x, np.empty(dy.shape, np.float32))
+    dx = plan.ave_backward(dy, np.full(x.shape, np.nan, np.float32))
+    want_y, want_dx = np.empty_like(y), np.zeros_like(x)
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
+    for a, b, i, j in itertools.product(range(2), range(2), *map(range, g.out_shape)):
+        hs, ws = i * sh - ph, j * sw - pw
+        he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+        size = (he - hs) * (we - ws)
+        cells = list(itertools.product(range(max(hs, 0), min(he, h)),
+                                       range(max(ws, 0), min(we, w))))
+        total = np.float32(0)
+        for u, v in cells:
+            total = np.float32(total + x[a, b, u, v])
+        want_y[a, b, i, j] = total / np.float32(size)
+        share = dy[a, b, i, j] / np.float32(size)
+        for u, v in cells:
+            want_dx[a, b, u, v] = np.float32(want_dx[a, b, u, v] + share)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, want_dx)
+
+
+@pytest.mark.parametrize("path", POOL_PATHS)
+def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
+    g = PoolGeometry(*POOL_GEOMS[1])
+    plan = B.pool_plan(g)
+    _take_pool_path(plan, path)
+    x = _rand((1, 2) + g.in_shape, 27)
+    x[0, 1, 3, 4] = np.nan                       # in the windows of outputs (1, 1) and (1, 2)
+    y = plan.max_forward(x, np.empty((1, 2) + g.out_shape, np.float32))
+    want = np.zeros(y.shape, bool)
+    want[0, 1, 1, 1:3] = True
+    np.testing.assert_array_equal(np.isnan(y), want)
 
 
 @pytest.mark.parametrize("across", [True, False], ids=["across", "within"])
@@ -450,15 +533,16 @@ def test_split_conv_plan_serves_deconvolution_calls(geom, algorithm):
     np.testing.assert_allclose(results[0][3], 2 * results[0][2], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS[:3], ids=str)
-def test_split_pool_plan_gives_the_whole_batch_values(spec, separable):
+def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
     from poseidon_caffe.backend.pool import PoolPlan
     from poseidon_caffe.backend.split import SplitPoolPlan
     g = PoolGeometry(*spec)
     split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2), PoolPlan(g)
-    split.separable = whole.separable = separable
-    assert split.separable == separable
+    _take_pool_path(split, path)
+    _take_pool_path(whole, path)
+    assert split.separable == (path == "stages") and split.native == (path == "native")
     x = np.round(_rand((5, 2) + g.in_shape, 40) * 4)
     y_shape = (5, 2) + g.out_shape
     dy = _rand(y_shape, 41)

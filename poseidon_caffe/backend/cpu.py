@@ -1,4 +1,7 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
+import ctypes
+import os
+
 import numpy as np
 
 from .common_ops import CommonOps
@@ -56,6 +59,34 @@ def conv_algorithm(geom, batch):
     return "fft" if fft_time < im2col_time else "im2col"
 
 
+# glibc's mallopt parameters, and the values the backend sets (32 MB is glibc's largest mmap
+# threshold on 64-bit)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 << 20
+_TRIM_THRESHOLD = 1 << 30
+
+
+def keep_freed_memory():
+    """Let the C allocator keep freed blocks of up to 32 MB for reuse.
+
+    An iteration allocates and frees the same temporaries every time (FFT outputs, GEMM
+    results, a few MB each). glibc returns a freed block above its mmap threshold (128 KB, raised
+    only after such a block is freed) to the system and trims the top of its heap, so each of
+    them page-faults again on first touch: thousands of faults an iteration, several ms of a
+    LeNet iteration. A no-op where the C library is not glibc, or where MALLOC_MMAP_THRESHOLD_ /
+    MALLOC_TRIM_THRESHOLD_ in the environment already chose."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and
+                mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
 class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
@@ -69,6 +100,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         self.split_threads = thread_count()
         if self.split_threads > 1:
             set_blas_threads(1)
+        keep_freed_memory()
 
     # -- memory ----------------------------------------------------------------------------
     def zeros(self, shape, dtype=None):
@@ -260,7 +292,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
         if slope:
             dx[...] = dy * np.where(positive, 1.0, slope).astype(dy.dtype)
         else:
-            dx[...] = dy * positive
+            np.multiply(dy, positive, out=dx)     # no temporary, one pass
 
     def neuron_forward(self, kind, x, y, *params):
         """y = the neuron map ``kind`` of x (neuron.py); returns what its backward also

@@ -106,7 +106,8 @@ class SplitPoolPlan:
         self._make_plan = make_plan
         self._plans = []
         self._bounds = None
-        self._separable = None      # a choice of path made on this plan, for every part
+        self._separable = None      # choices of path made on this plan, for every part
+        self._native = None
 
     @property
     def separable(self):
@@ -118,11 +119,23 @@ class SplitPoolPlan:
         for plan in self._plans:
             plan.separable = value
 
+    @property
+    def native(self):
+        return self._plan(0).native
+
+    @native.setter
+    def native(self, value):
+        self._native = value
+        for plan in self._plans:
+            plan.native = value
+
     def _plan(self, i):
         while len(self._plans) <= i:
             plan = self._make_plan()
             if self._separable is not None:
                 plan.separable = self._separable
+            if self._native is not None:
+                plan.native = self._native
             self._plans.append(plan)
         return self._plans[i]
 

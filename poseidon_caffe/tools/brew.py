@@ -419,8 +419,24 @@ def time_model(values):
     log.info("Average Backward pass: %g ms.", backward_total * per)
     log.info("Average Forward-Backward: %g ms.", total * per)
     log.info("Total Time: %g ms.", total * 1e3)
+    for line in layer_shares(net.layer_names, [t * per for t in forward_per_layer],
+                             [t * per for t in backward_per_layer]):
+        log.info("%s", line)
     log.info("*** Benchmark ends ***")
     return 0
+
+
+def layer_shares(names, forward_ms, backward_ms):
+    """Lines giving each layer's share of the time all layers took, forward and backward
+    together, in net order, and that time in ms. They follow Caffe's table as a block of their
+    own (no line says 'forward:' or 'backward:'), so parsers of Caffe's lines read the same."""
+    totals = [f + b for f, b in zip(forward_ms, backward_ms)]
+    whole = sum(totals)
+    lines = ["Share of forward-backward time per layer: "]
+    for name, part in zip(names, totals):
+        share = 100.0 * part / whole if whole > 0 else 0.0
+        lines.append("%10s\tshare: %5.1f %% (%g ms)" % (name, share, part))
+    return lines
 
 
 def device_query(values):
