@@ -4,6 +4,7 @@ import numpy as np
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
+from .mvn_ops import MVNOps
 from .recurrent_ops import RecurrentOps
 from .threads import over_parts, set_blas_threads, thread_count
 
@@ -56,7 +57,7 @@ def conv_algorithm(geom, batch):
     return "fft" if fft_time < im2col_time else "im2col"
 
 
-class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
+class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32
