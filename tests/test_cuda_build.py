@@ -21,7 +21,7 @@ def _nvrtc_or_skip():
 
 def test_the_kernel_sources_are_found():
     assert {"im2col", "pooling", "lrn", "softmax", "neuron", "math", "eltwise", "copy",
-            "batchnorm", "embed", "accuracy", "updates"} <= set(SOURCES)
+            "batchnorm", "embed", "accuracy", "updates", "mvn"} <= set(SOURCES)
     assert "common.cuh" in build.headers()
 
 

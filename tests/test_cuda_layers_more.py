@@ -154,6 +154,19 @@ CASES = [
      [uniform((4, 3, 2), 62), lambda: np.float32([3, 0, 3, 1, 3])], 1, {"check_bottom": [0]}),
     ("Tile", 'name: "t" type: "Tile" tile_param { axis: 1 tiles: 3 }',
      [uniform((2, 3, 4), 63)], 1, {}),
+    # MVN: per (num, channel) plane or per item across channels, with and without the
+    # variance (a 2-axis bottom normalises each (num, channel) row of one value: all zeros)
+    ("MVN", 'name: "m" type: "MVN"', [uniform((2, 3, 4, 5), 64, -2, 2)], 1, {}),
+    ("MVN-mean", 'name: "m" type: "MVN" mvn_param { normalize_variance: false }',
+     [uniform((2, 3, 4, 5), 65, -2, 2)], 1, {}),
+    ("MVN-across", 'name: "m" type: "MVN" mvn_param { across_channels: true }',
+     [uniform((3, 2, 3, 2), 66, -2, 2)], 1, {}),
+    ("MVN-across-mean", 'name: "m" type: "MVN" mvn_param { across_channels: true '
+     'normalize_variance: false }', [uniform((3, 2, 3, 2), 67, -2, 2)], 1, {}),
+    ("MVN-eps", 'name: "m" type: "MVN" mvn_param { eps: 0.5 }', [uniform((2, 3, 6), 68)],
+     1, None),                       # (Caffe's backward leaves eps out: no gradient check)
+    ("MVN-rows", 'name: "m" type: "MVN" mvn_param { across_channels: true }',
+     [uniform((4, 7), 69, -2, 2)], 1, {}),
     # recurrent (cont: 0 starts a sequence)
     ("RNN", RECURRENT % ("RNN", ""), [uniform((3, 2, 4), 70), CONT, uniform((2, 3), 71)], 1,
      {"check_bottom": [0, 2]}),
@@ -204,6 +217,21 @@ def test_neuron_layers_in_place_over_two_passes(gpu_env, proto):
     if "PReLU" in proto:
         compare('name: "n" ' + proto, [X], passes=2)
         compare('name: "n" ' + proto, [X], propagate=[False])   # the slopes' gradient only
+
+
+@pytest.mark.parametrize("params", ["", "normalize_variance: false",
+                                    "across_channels: true",
+                                    "across_channels: true normalize_variance: false"])
+def test_mvn_in_place_over_two_passes(gpu_env, params):
+    proto = 'name: "m" type: "MVN" mvn_param { %s }' % params
+    compare(proto, [X], in_place=True, passes=2)
+    cpu, gpu = compare(proto, [X])
+    # independent truth: each row centred (and of unit deviation)
+    axes = (1, 2, 3) if "across" in params else (2, 3)
+    want = X - X.mean(axis=axes, keepdims=True, dtype=np.float64)
+    if "false" not in params:
+        want = want / (want.std(axis=axes, keepdims=True) + 1e-9)
+    np.testing.assert_allclose(gpu[0][0], want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["RNN", "LSTM"])
@@ -287,6 +315,35 @@ def test_a_sequence_net_of_moved_layers_trains_alike_in_gpu_mode(gpu_env):
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-5)
     for c, g in zip(cpu_grads, gpu_grads):
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-6)
+
+
+def _hdf5_output_run(path):
+    from poseidon_caffe.net import Net
+    net = Net(_net('layer { name: "s" type: "Sigmoid" bottom: "x" top: "s" } '
+                   'layer { name: "o" type: "HDF5Output" bottom: "s" bottom: "y" '
+                   'hdf5_output_param { file_name: "%s" } }' % path), caffe_pb2.TEST)
+    for seed in (1, 2):                        # two batches, appended
+        net.blobs["x"].data[...] = rand((2, 3, 4), seed, -3, 3)
+        net.blobs["y"].data[...] = rand((2, 3, 4), seed + 10)
+        net.forward()
+    net.layers[-1].close()
+
+
+def test_hdf5_output_in_gpu_mode_writes_the_cpu_file(gpu_env, tmp_path):
+    h5py = pytest.importorskip("h5py", reason="h5py (the hdf5 extra) is not installed")
+    _hdf5_output_run(tmp_path / "cpu.h5")
+    backend.set_mode_gpu()
+    _hdf5_output_run(tmp_path / "gpu.h5")
+    backend.set_mode_cpu()
+    x = np.concatenate([rand((2, 3, 4), s, -3, 3) for s in (1, 2)])
+    y = np.concatenate([rand((2, 3, 4), s + 10) for s in (1, 2)])
+    with h5py.File(tmp_path / "cpu.h5", "r") as cpu, h5py.File(tmp_path / "gpu.h5", "r") as gpu:
+        assert sorted(gpu) == sorted(cpu) == ["data", "label"]
+        assert gpu["data"].shape == cpu["data"].shape == (4, 3, 4, 1)
+        np.testing.assert_array_equal(gpu["label"][...], cpu["label"][...])
+        np.testing.assert_array_equal(gpu["label"][..., 0], y)
+        np.testing.assert_allclose(gpu["data"][...], cpu["data"][...], rtol=1e-6)
+        np.testing.assert_allclose(gpu["data"][..., 0], 1 / (1 + np.exp(-x)), rtol=1e-6)
 
 
 def test_a_layer_without_a_device_path_is_refused_by_name(gpu_env, monkeypatch):

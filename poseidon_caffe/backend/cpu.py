@@ -7,6 +7,7 @@ import numpy as np
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
+from .mvn_ops import MVNOps
 from .recurrent_ops import RecurrentOps
 from .threads import over_parts, set_blas_threads, thread_count
 
@@ -87,7 +88,7 @@ def keep_freed_memory():
                 mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
-class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
+class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32

@@ -1,6 +1,4 @@
 """Layer family: normalization and per-channel affine maps (BatchNorm, Scale, Bias, MVN)."""
-import numpy as np
-
 from ..blob import Blob
 from ..fillers import constant_filler, fill
 from .base import TEST, Layer
@@ -248,6 +246,7 @@ class BiasLayer(_BroadcastLayer):
 class MVNLayer(Layer):
     """Subtract the mean (and divide by std + eps) over each (num, channel) plane, or over each
     item's channels and space together with across_channels."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -267,22 +266,17 @@ class MVNLayer(Layer):
         self.rows = rows
         top[0].reshape(shape)
 
+    def _rows(self, array):
+        return array.reshape(self.rows, -1)
+
     def forward(self, bottom, top):
-        x = bottom[0].data.reshape(self.rows, -1)
-        centred = x - x.mean(axis=1, keepdims=True, dtype=np.float64).astype(x.dtype)
-        if self.normalize_variance:
-            variance = np.square(centred).mean(axis=1, keepdims=True, dtype=np.float64)
-            # Caffe adds eps to the standard deviation, not to the variance
-            self._std = (np.sqrt(variance) + self.eps).astype(x.dtype)
-            centred = centred / self._std
-        top[0].data[...] = centred.reshape(top[0].shape)
+        self._std = self.backend.mvn_forward(self._rows(bottom[0].dev_data),
+                                             self.normalize_variance, self.eps,
+                                             self._rows(top[0].mutable_dev_data))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = top[0].diff.reshape(self.rows, -1)
-        dx = dy - dy.mean(axis=1, keepdims=True)
-        if self.normalize_variance:
-            y = top[0].data.reshape(self.rows, -1)
-            dx = (dx - y * (dy * y).mean(axis=1, keepdims=True)) / self._std
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        y = self._rows(top[0].dev_data) if self.normalize_variance else None
+        self.backend.mvn_backward(self._rows(top[0].dev_diff), y, self._std,
+                                  self._rows(bottom[0].mutable_dev_diff))

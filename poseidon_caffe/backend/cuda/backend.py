@@ -21,6 +21,7 @@ from .kernels import KernelSet
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
+from .mvn_ops import MVNOps
 from .recurrent_ops import RecurrentOps
 from .synced import SyncedMemory
 
@@ -120,7 +121,7 @@ def driver_kind():
     return value or "cuda"
 
 
-class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps):
+class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
     name = "cuda"
     dtype = np.float32
     xp = _NoArrayNamespace()
