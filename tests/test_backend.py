@@ -29,10 +29,16 @@ STRIDE_ONE = [g for g in GEOMS if all(s == 1 for s in g.stride)]
 
 
 def _plans(geom):
+    """Every plan for the geometry: im2col with channel-major columns, im2col image by image
+    (one group), FFT (stride 1), Winograd (3x3 stride 1) and pointwise (1x1)."""
     from poseidon_caffe.backend import pointwise, winograd
     from poseidon_caffe.backend.conv import ConvPlan
     from poseidon_caffe.backend.fftconv import FFTConvPlan
     plans = [ConvPlan(geom)]
+    plans[0].by_image = False
+    if geom.group == 1 and not geom.is_pointwise:
+        plans.append(ConvPlan(geom))
+        plans[-1].by_image = True
     if all(s == 1 for s in geom.stride):
         plans.append(FFTConvPlan(geom))
     if winograd.serves(geom):
@@ -170,10 +176,11 @@ def test_winograd_matrices_compute_a_correlation_exactly():
     np.testing.assert_allclose(at @ ((g @ k) * (bt @ d)), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", [0, 1])
+@pytest.mark.parametrize("kind", ["im2col", "by_image", "fft"])
 def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
-    geom = STRIDE_ONE[1]
-    plan = _plans(geom)[kind]
+    geom = STRIDE_ONE[2] if kind == "by_image" else STRIDE_ONE[1]     # by image: one group
+    plan = {"fft" if type(p).__name__ == "FFTConvPlan" else
+            "by_image" if p.by_image else "im2col": p for p in _plans(geom)}[kind]
     x = _rand((2, geom.channels) + geom.in_shape, 8)
     w = _rand(geom.weight_shape, 9)
     y = np.empty((2, geom.num_output) + geom.out_shape, np.float32)

@@ -40,101 +40,113 @@ static void tap_outputs(int t, int stride, int pad, int size, int outputs, int *
     *hi = h < outputs ? h : outputs;
 }
 
-/* g[j] = cell[j * stride], j in [0, n): what one window tap reads for a row of outputs, made
- * contiguous so that the loops over it run on vectors (a constant stride of 2, the common
- * one, lets the compiler vectorize the copy too). */
-static void gather(const float *restrict cell, int stride, int n, float *restrict g)
+/* For n cells: where g[q] (flat index idx[q], or base + q when idx is NULL) is greater than
+ * best[q], it becomes best[q] and its index at[q]; a NaN becomes best[q] (and stays: no value
+ * is greater than NaN) but not its index. Masks, not branches, so the loop runs on vectors. */
+static inline void take_greater(const float *restrict g, const int32_t *restrict idx, int n,
+                                float *restrict best, int32_t *restrict at)
 {
-    if (stride == 1) {
-        memcpy(g, cell, sizeof(float) * (size_t)n);
-    } else if (stride == 2) {
-        for (int j = 0; j < n; ++j)
-            g[j] = cell[2 * j];
-    } else {
-        for (int j = 0; j < n; ++j)
-            g[j] = cell[j * stride];
-    }
-}
-
-/* For the outputs j of a row: where the cell g[j] (flat index first + j * stride) is greater
- * than best[j], it becomes best[j] and its index at[j]; a NaN sets nan[j]. Masks, not
- * branches, so the loop runs on vectors. */
-static inline void take_greater(const float *restrict g, int n, int32_t first, int stride,
-                                float *restrict best, int32_t *restrict at,
-                                int32_t *restrict nan)
-{
-    for (int j = 0; j < n; ++j) {
-        float value = g[j];
-        int32_t greater = -(int32_t)(value > best[j]);
-        best[j] = value > best[j] ? value : best[j];
-        at[j] = (at[j] & ~greater) | ((first + j * stride) & greater);
-        nan[j] |= -(int32_t)(value != value);
+    for (int q = 0; q < n; ++q) {
+        float value = g[q];
+        int32_t greater = -(int32_t)(value > best[q]);
+        best[q] = (value > best[q]) | (value != value) ? value : best[q];
+        at[q] = (at[q] & ~greater) | (idx[q] & greater);
     }
 }
 
 /* y = the maximum of each window; arg = flat index (u * w + v) of the first maximum in
  * row-major order (a later cell takes over only when strictly greater), -1 for an empty
- * window. A NaN in a window makes its output NaN, as numpy's maximum does. The outputs of a
- * row are worked on together, one window cell at a time (take_greater), not one window after
- * another: which cell wins is data, which a branch predictor cannot learn, and the running
- * maximum of one window is a chain of dependent steps. -1: out of memory. */
+ * window. A NaN in a window makes its output NaN, as numpy's maximum does.
+ *
+ * Two stages per plane, each a few long loops over whole planes rather than one short loop
+ * per window (which cell wins is data, which a branch predictor cannot learn, and the running
+ * maximum of one window is a chain of dependent steps): along the rows, every input row's
+ * maximum per output column, kept with its index; then along the columns, the first row
+ * whose maximum is strictly greater. A cell tap t of column j reads is gathered for the
+ * whole plane at once, -inf where the window has no such cell, so the comparison loops run
+ * on vectors. -1: out of memory. */
 int pool_max_forward(const float *restrict x, float *restrict y, int32_t *restrict arg,
                      int64_t planes, int h, int w, int oh, int ow, int kh, int kw, int sh,
                      int sw, int ph, int pw)
 {
-    /* per call: each output column's first cell (-1: empty) and each tap's outputs */
-    float *g = malloc(sizeof(float) * (size_t)ow);
-    float *best = malloc(sizeof(float) * (size_t)ow);
-    int32_t *flags = malloc(sizeof(int32_t) * (size_t)ow);
-    int *start = malloc(sizeof(int) * ((size_t)ow + 2 * (size_t)kw));
-    if (g == NULL || best == NULL || flags == NULL || start == NULL) {
+    size_t cells = (size_t)h * ow;
+    float *g = malloc(sizeof(float) * cells);          /* one tap's cells, whole plane */
+    float *plane = malloc(sizeof(float) * ((size_t)h * w + 1));  /* + a -inf cell */
+    float *rm = malloc(sizeof(float) * cells);         /* row maxima */
+    int32_t *ra = malloc(sizeof(int32_t) * cells);     /* and where they are */
+    int32_t *src = malloc(sizeof(int32_t) * cells * (size_t)kw);   /* tap t reads src */
+    int *start = malloc(sizeof(int) * (size_t)ow);
+    if (g == NULL || plane == NULL || rm == NULL || ra == NULL || src == NULL ||
+            start == NULL) {
         free(g);
-        free(best);
-        free(flags);
+        free(plane);
+        free(rm);
+        free(ra);
+        free(src);
         free(start);
         return -1;
     }
-    int *lo = start + ow, *hi = lo + kw;
+    /* per call: each column's first cell (-1: none) and the flat cell tap t reads for
+     * (row u, column j), -1 where that window has no such cell; the copy of a plane has a
+     * -inf cell past its end for those, so the gather needs no test */
+    int32_t none = h * w;
+    plane[none] = -INFINITY;
     for (int j = 0; j < ow; ++j) {
         int ws, we;
         window(j, sw, pw, kw, w, &ws, &we);
         start[j] = ws < we ? ws : -1;
     }
-    for (int t = 0; t < kw; ++t)
-        tap_outputs(t, sw, pw, w, ow, &lo[t], &hi[t]);
+    for (int t = 0; t < kw; ++t) {
+        for (int u = 0; u < h; ++u) {
+            for (int j = 0; j < ow; ++j) {
+                int v = j * sw + t - pw;
+                src[(size_t)t * cells + (size_t)u * ow + j] = v >= 0 && v < w ? u * w + v : none;
+            }
+        }
+    }
     for (int64_t p = 0; p < planes; ++p) {
         const float *xp = x + p * (int64_t)h * w;
         float *yp = y + p * (int64_t)oh * ow;
         int32_t *ap = arg + p * (int64_t)oh * ow;
+        memcpy(plane, xp, sizeof(float) * (size_t)none);
+        /* along the rows: start from each window's first cell, then every tap */
+        for (int u = 0; u < h; ++u) {
+            for (int j = 0; j < ow; ++j) {
+                int first = start[j];
+                rm[u * ow + j] = first < 0 ? -FLT_MAX : xp[u * w + (first < 0 ? 0 : first)];
+                ra[u * ow + j] = first < 0 ? -1 : u * w + first;
+            }
+        }
+        for (int t = 0; t < kw; ++t) {
+            const int32_t *st = src + (size_t)t * cells;
+            for (size_t q = 0; q < cells; ++q)
+                g[q] = plane[st[q]];
+            take_greater(g, st, (int)cells, rm, ra);
+        }
+        /* along the columns: the first row of the window, then a row that is greater */
         for (int i = 0; i < oh; ++i) {
             int hs, he;
             window(i, sh, ph, kh, h, &hs, &he);
             float *yr = yp + i * ow;
             int32_t *ar = ap + i * ow;
-            /* start from each window's first cell; an empty window keeps Caffe's values */
-            for (int j = 0; j < ow; ++j) {
-                int empty = hs >= he || start[j] < 0;
-                best[j] = empty ? -FLT_MAX : xp[hs * w + (empty ? 0 : start[j])];
-                ar[j] = empty ? -1 : hs * w + start[j];
-                flags[j] = 0;
-            }
-            for (int u = hs; u < he; ++u) {
-                for (int t = 0; t < kw; ++t) {
-                    int n = hi[t] - lo[t];
-                    if (n <= 0)
-                        continue;
-                    int32_t first = u * w + lo[t] * sw + t - pw;
-                    gather(xp + first, sw, n, g);
-                    take_greater(g, n, first, sw, best + lo[t], ar + lo[t], flags + lo[t]);
+            if (hs >= he) {
+                for (int j = 0; j < ow; ++j) {
+                    yr[j] = -FLT_MAX;
+                    ar[j] = -1;
                 }
+                continue;
             }
-            for (int j = 0; j < ow; ++j)
-                yr[j] = flags[j] ? NAN : best[j];
+            memcpy(yr, rm + hs * ow, sizeof(float) * (size_t)ow);
+            memcpy(ar, ra + hs * ow, sizeof(int32_t) * (size_t)ow);
+            for (int u = hs + 1; u < he; ++u)
+                take_greater(rm + u * ow, ra + u * ow, ow, yr, ar);
         }
     }
     free(g);
-    free(best);
-    free(flags);
+    free(plane);
+    free(rm);
+    free(ra);
+    free(src);
     free(start);
     return 0;
 }

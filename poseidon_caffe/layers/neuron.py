@@ -46,7 +46,7 @@ class ReLULayer(NeuronLayer):
         if self.slope:
             bottom[0].diff[...] = dy * np.where(positive, 1.0, self.slope).astype(dy.dtype)
         else:
-            bottom[0].diff[...] = dy * positive
+            np.multiply(dy, positive, out=bottom[0].diff)     # no temporary, one pass
 
 
 @register("PReLU")

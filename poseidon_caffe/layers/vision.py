@@ -150,8 +150,20 @@ class _ConvolutionBase(Layer):
         return sum(getattr(plan, "workspace_bytes", lambda n: 0)(batch) for plan in self._plans)
 
     def _batch_view(self, array, channels, spatial):
-        # axes before the channel axis are all independent samples
-        return array.reshape((-1, channels) + tuple(spatial))
+        """``array`` as (samples, channels, *spatial): axes before the channel axis are all
+        independent samples. The same array gives the same object every call, as a plan knows
+        its input by identity: the backward right after a forward reuses the columns (or
+        spectrum) that forward made instead of computing them again."""
+        shape = (-1, channels) + tuple(spatial)
+        if array.ndim == len(shape) and array.shape[1:] == shape[1:]:
+            return array
+        views = self.__dict__.setdefault("_views", {})
+        kept = views.get(id(array))
+        if kept is None or kept[0] is not array or kept[1].shape[1:] != shape[1:]:
+            if len(views) >= 8:              # blobs reshaped since: forget their old arrays
+                views.clear()
+            kept = views[id(array)] = (array, array.reshape(shape))
+        return kept[1]
 
 
 @register("Convolution")
