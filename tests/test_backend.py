@@ -497,6 +497,26 @@ def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slice
     np.testing.assert_allclose(top, x * scale ** -0.75, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("size,beta,channels", [(5, 0.75, 7), (3, 0.5, 4), (5, 1.0, 2),
+                                               (7, 0.75, 9)])
+def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch):
+    """The compiled across-channels kernels (lrn.c) give the numpy path's top, scale and
+    bottom gradient, window wider than the channels included."""
+    from poseidon_caffe.backend import lrn
+    if lrn._compiled() is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    x = _rand((3, channels, 5, 6), 28) * 3
+    dy = _rand(x.shape, 29)
+    got = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
+    got_dx = lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True)
+    monkeypatch.setitem(lrn._COMPILED, "lib", None)
+    want = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
+    want_dx = lrn.lrn_backward(x, want[0], want[1], dy, size, 0.5, beta, True)
+    np.testing.assert_allclose(got[1][0], want[1][0], rtol=1e-6)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-6)
+
+
 # -- batch parts over threads: each thread runs a whole convolution / pooling chain ----------
 def test_over_parts_covers_the_range_once_on_two_threads():
     import threading
