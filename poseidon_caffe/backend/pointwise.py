@@ -52,7 +52,11 @@ class PointwiseConvPlan:
         return max(1, min(n, CHUNK_BYTES // per))
 
     def workspace_bytes(self, n):
-        """A chunk's work arrays (the thread's scratch, shared with other layers)."""
+        """Nothing of this plan's own: its work arrays are the thread's scratch."""
+        return 0
+
+    def shared_workspace_bytes(self, n):
+        """A chunk's work arrays, in the thread's scratch that every layer shares."""
         g = self.geom
         k = self._chunk(n)
         if self.per_image:

@@ -37,6 +37,12 @@ class SplitConvPlan:
         weights = int(np.prod(self.geom.weight_shape, dtype=np.int64)) * 4
         return plan.workspace_bytes(n) + (self.threads - 1) * weights
 
+    def shared_workspace_bytes(self, n):
+        """Each thread's scratch holds the work arrays of its part."""
+        plan = self._plans[0][1] if self._plans else self._make_plan(1)
+        part = -(-n // self.threads)
+        return self.threads * getattr(plan, "shared_workspace_bytes", lambda n: 0)(part)
+
     def _plan(self, i, size):
         while len(self._plans) <= i:
             self._plans.append((None, None))

@@ -123,7 +123,11 @@ class WinogradConvPlan:
         return max(1, min(n, CHUNK_BYTES // per_image))
 
     def workspace_bytes(self, n):
-        """The chunk's work arrays (the thread's scratch, shared with other layers)."""
+        """Nothing of this plan's own: its work arrays are the thread's scratch."""
+        return 0
+
+    def shared_workspace_bytes(self, n):
+        """The chunk's work arrays, in the thread's scratch that every layer shares."""
         g = self.geom
         k = self.chunk(n)
         cells = (self.a * self.a * k * self.tile_count * (2 * g.channels + 2 * g.num_output)
