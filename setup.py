@@ -3,6 +3,7 @@ package is in setup.cfg. Without a C compiler the install goes on and the numpy 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("poseidon_caffe.backend._kernels",
-                             ["poseidon_caffe/backend/kernels.c"],
+                             ["poseidon_caffe/backend/kernels.c",
+                              "poseidon_caffe/backend/lrn.c"],
                              extra_compile_args=["-O3", "-std=c99"],
                              optional=True)])

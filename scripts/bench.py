@@ -1,7 +1,8 @@
 """Time one training iteration (forward + backward) of five nets, ours against PyTorch.
 
-    python scripts/bench.py [--threads 1,2] [--iters N] [--nets lenet,cifar10_quick,alexnet,
-                            googlenet,vgg16] [--torch PYTHON] [--profile] [--check]
+    python scripts/bench.py [--threads 1,2] [--iters N] [--rounds R] [--nets lenet,
+                            cifar10_quick,alexnet,googlenet,vgg16] [--torch PYTHON]
+                            [--profile] [--check]
 
 Nets (batch, input):
   lenet           64, 1x28x28      Caffe's examples/mnist LeNet
@@ -286,7 +287,9 @@ def _torch_graph(layers, batch, shape):
                 elif kind == "ReLU":
                     op = nn.ReLU(inplace=d["top"] == d["bottom"])
                 elif kind == "Dropout":
-                    op = nn.Dropout(d["ratio"], inplace=d["top"] == d["bottom"])
+                    # not in place: PyTorch's ReLU backward reads the output dropout would
+                    # overwrite (Caffe's reads its own copy of the mask instead)
+                    op = nn.Dropout(d["ratio"])
                 elif kind == "Concat":
                     op = None
                     channels[d["top"][0]] = sum(channels[x] for x in d["bottom"])
@@ -556,6 +559,19 @@ def _run(python, net, threads, iters, engine, profile, stdin=""):
     return None
 
 
+def _best(a, b):
+    """The faster of two results of one engine, with the larger of their peaks (the peak does
+    not depend on the load)."""
+    if a is None or b is None:
+        return a or b
+    best = dict(min((a, b), key=lambda r: r["cpu_ms"] + r["ms"]))
+    for key in ("ms", "cpu_ms", "mean_ms"):
+        best[key] = min(a[key], b[key])
+    best["peak_mb"] = max(a["peak_mb"], b["peak_mb"])
+    best["base_mb"] = max(a["base_mb"], b["base_mb"])
+    return best
+
+
 def _torch_python(requested):
     candidates = [requested] if requested else [sys.executable, "/tmp/torchvenv/bin/python"]
     for python in candidates:
@@ -572,6 +588,9 @@ def main(argv=None):
                         help="best of N iterations (default: %s)" %
                         ", ".join("%s %d" % kv for kv in ITERS.items()))
     parser.add_argument("--nets", default=",".join(NETS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run ours and PyTorch alternately this many times each and keep "
+                             "the best of each (a shared machine's load comes and goes)")
     parser.add_argument("--torch", default=None, help="a python that can import torch")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--check", action="store_true",
@@ -597,6 +616,8 @@ def main(argv=None):
         return
     print("ms per training iteration, best of N (1 thread: ratio of process CPU times; more: "
           "of wall times); peak RSS in MB (in brackets: above the libraries' own)")
+    print("load: the highest 1-minute load average seen during the row, on %d cores"
+          % (os.cpu_count() or 1))
     print("%-13s %2s %3s %16s %16s %6s %13s %13s %5s %9s" % (
         "net", "t", "N", "ours wall/cpu", "torch wall/cpu", "ratio", "ours RSS", "torch RSS",
         "load", "ref c/t"))
@@ -604,10 +625,17 @@ def main(argv=None):
         iters = args.iters or ITERS[net]
         layers = json.dumps(torch_layers(net)) if net in ("googlenet", "vgg16") else ""
         for threads in (int(t) for t in args.threads.split(",")):
-            ours = _run(sys.executable, net, threads, iters, "ours", args.profile)
-            theirs = (_run(torch_python, net, threads, iters, "torch", False, layers)
-                      if torch_python else None)
-            load = os.getloadavg()[0]
+            ours = theirs = None
+            loads = []
+            for _ in range(args.rounds):
+                ours = _best(ours, _run(sys.executable, net, threads, iters, "ours",
+                                        args.profile))
+                loads.append(os.getloadavg()[0])
+                if torch_python:
+                    theirs = _best(theirs, _run(torch_python, net, threads, iters, "torch",
+                                                False, layers))
+                    loads.append(os.getloadavg()[0])
+            load = max(loads)
             ref = REFERENCE_1T.get(net, ("-", "-")) if threads == 1 else ("-", "-")
             key = "cpu_ms" if threads == 1 else "ms"    # one thread: CPU time, steadier
             ratio = "%.2f" % (ours[key] / theirs[key]) if ours and theirs else "-"

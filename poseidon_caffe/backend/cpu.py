@@ -27,6 +27,17 @@ GEMM_FLOPS = 85e9
 COPY_BYTES = 10e9
 FFT_FLOPS = 6e9
 CGEMM_FLOPS = 50e9
+# the share of GEMM_FLOPS Winograd's batched GEMMs and transforms reach (36 GEMMs of a chunk
+# of images each, and small-matrix transforms)
+WINOGRAD_GEMM_SHARE = 0.7
+# Winograd is taken when priced within this factor of the cheapest: it keeps no memory
+# between forward and backward, which FFT does
+KEEPS_NOTHING_MARGIN = 1.25
+# tiles in a row from which the copies in and out of tiles run at COPY_BYTES
+WINOGRAD_FULL_ROW = 8
+# the im2col columns a plan keeps at most: larger batches run a chunk of images at a time
+# (a chunk's GEMMs stay thousands of columns wide)
+IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
 # Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
@@ -34,30 +45,64 @@ FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
 def conv_algorithm(geom, batch):
-    """'fft' or 'im2col': whichever a cost model of one forward + backward says is cheaper.
+    """'pointwise', 'winograd', 'fft' or 'im2col': whichever a cost model of one forward +
+    backward says is cheaper.
 
+    pointwise: 1x1 stride-1 unpadded layers are plain GEMMs on the arrays as they lie.
     im2col: three GEMMs (forward, filter, data) and two copies of the columns.
     FFT: transforms of input and output, each forward and back, and three batched complex
-    GEMMs. FFT needs stride 1; it wins for 3x3 and 5x5 kernels on the maps of CIFAR-10 and
-    AlexNet, and loses when the input has only a few channels (a net's first layer), where
-    the transforms of the outputs outweigh the small GEMMs they replace.
+    GEMMs. FFT needs stride 1; it wins for 5x5 kernels on the maps of CIFAR-10 and AlexNet,
+    and loses when the input has only a few channels (a net's first layer), where the
+    transforms of the outputs outweigh the small GEMMs they replace.
+    Winograd F(4x4, 3x3) (3x3 stride 1): three GEMMs with a quarter of im2col's multiplies on
+    the tiles that cover the map, plus the tiles' transforms (small GEMMs) and copies.
     """
+    if geom.is_pointwise:
+        return "pointwise"
     if any(s != 1 for s in geom.stride) or geom.taps == 1:
-        return "im2col"
-    try:
-        from .fftconv import fft_shape
-    except ImportError:                       # scipy is optional; im2col needs only numpy
         return "im2col"
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
     gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
-    im2col_time = 3 * gemm / GEMM_FLOPS + 2 * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES
-    shape = fft_shape(geom)
-    points = float(np.prod(shape))
-    freqs = points / shape[-1] * (shape[-1] // 2 + 1)
-    transforms = 2 * (n * c + n * m)          # the weights' few taps go by small DFT GEMMs
-    fft_time = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
-        3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
-    return "fft" if fft_time < im2col_time else "im2col"
+    times = {"im2col": 3 * gemm / GEMM_FLOPS +
+             2 * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
+    from . import winograd
+    if winograd.serves(geom):
+        times["winograd"] = winograd_time(geom, batch)
+    try:
+        from .fftconv import fft_shape
+    except ImportError:                       # scipy is optional
+        fft_shape = None
+    if fft_shape is not None:
+        shape = fft_shape(geom)
+        points = float(np.prod(shape))
+        freqs = points / shape[-1] * (shape[-1] // 2 + 1)
+        transforms = 2 * (n * c + n * m)      # the weights' few taps go by small DFT GEMMs
+        times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
+            3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
+    best = min(times, key=times.get)
+    if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
+        # FFT keeps its input's and its weights' spectra from forward to backward (80 MB on
+        # a 14x14 map of 160 -> 320 channels); Winograd keeps nothing
+        return "winograd"
+    return best
+
+
+def winograd_time(geom, batch):
+    """Seconds of one forward + backward by Winograd F(4x4, 3x3) on ``batch`` images: the
+    36 GEMMs of each direction over the tiles, the tiles' transforms (GEMMs with the 36x36,
+    16x36 and 36x16 matrices) and the copies in and out of tiles, at the rates measured on
+    this kind of CPU (its small GEMMs and strided copies run below the big GEMMs' rate)."""
+    from .winograd import TILE
+    n, c, m, g = batch, geom.channels, geom.num_output, geom.group
+    per_axis = [-(-o // TILE) for o in geom.out_shape]
+    tiles = n * int(np.prod(per_axis))
+    core = 3 * 2.0 * 36 * tiles * m * (c // g)
+    transforms = 2.0 * tiles * (36 * 36 * (2 * c + m) + 16 * 36 * (2 * m + c))
+    copies = 4.0 * tiles * (36 * (2 * c + m) * 3 + 16 * (2 * m + c) * 2)
+    # the copies in and out of tiles run a row of tiles at a time: short rows copy slowly
+    row = min(1.0, per_axis[-1] / float(WINOGRAD_FULL_ROW))
+    return (core + transforms) / (GEMM_FLOPS * WINOGRAD_GEMM_SHARE) + \
+        copies / (COPY_BYTES * row)
 
 
 # glibc's mallopt parameters, and the values the backend sets (32 MB is glibc's largest mmap
@@ -179,11 +224,17 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         algorithm = conv_algorithm(geom, batch) if batch else "im2col"
         if batch and self.split_threads > 1 and batch >= self.split_threads:
             from .split import SplitConvPlan
-            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1),
+            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1, n),
                                  self.split_threads)
-        return self._conv_plan(geom, algorithm)
+        return self._conv_plan(geom, algorithm, batch=batch)
 
-    def _conv_plan(self, geom, algorithm, fft_workers=None):
+    def _conv_plan(self, geom, algorithm, fft_workers=None, batch=None):
+        if algorithm == "pointwise":
+            from .pointwise import PointwiseConvPlan
+            return PointwiseConvPlan(geom, self.dtype)
+        if algorithm == "winograd":
+            from .winograd import WinogradConvPlan
+            return WinogradConvPlan(geom, self.dtype)
         if algorithm == "fft":
             from .fftconv import FFTConvPlan
             plan = FFTConvPlan(geom, self.dtype)
@@ -191,6 +242,12 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
                 plan.workers = fft_workers
             return plan
         from .conv import ConvPlan
+        per_image = geom.col_rows * geom.out_count * np.dtype(self.dtype).itemsize
+        if batch and not geom.is_pointwise and batch * per_image > IM2COL_CHUNK_BYTES:
+            # columns of the whole batch would be hundreds of MB: a chunk at a time
+            from .split import ChunkedConvPlan
+            return ChunkedConvPlan(geom, lambda k: ConvPlan(geom, self.dtype),
+                                   max(1, IM2COL_CHUNK_BYTES // per_image))
         return ConvPlan(geom, self.dtype)
 
     def im2col(self, x, geom):

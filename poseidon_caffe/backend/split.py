@@ -1,10 +1,16 @@
-"""Convolution and pooling cut into batch parts, one per thread, each running its whole chain.
+"""Convolution and pooling cut into batch parts, one per thread, each running its whole chain;
+and im2col convolution cut into chunks of images, one after another, to bound its columns.
 
 BLAS and the FFT thread only their own calls; the copies around them (im2col, transposes,
 spectrum fills, the small per-frequency GEMMs) and pooling's passes run on one core. With
 several threads configured, these plans give each thread a contiguous part of the batch and a
 plan of its own, with BLAS held to one thread, so every step runs on every core. Parameter
 gradients are summed over the parts: each part writes its own partial, then one add.
+
+The columns of a large map (a net's first layer at 224x224: 236 MB for 32 images) cost more
+memory than the GEMMs need to run wide: ChunkedConvPlan runs a part's images a chunk at a
+time, each chunk's GEMMs still thousands of columns wide, and remakes a chunk's columns in
+backward instead of keeping the whole batch's.
 """
 import numpy as np
 
@@ -30,6 +36,12 @@ class SplitConvPlan:
         plan = self._plans[0][1] if self._plans else self._make_plan(1)
         weights = int(np.prod(self.geom.weight_shape, dtype=np.int64)) * 4
         return plan.workspace_bytes(n) + (self.threads - 1) * weights
+
+    def shared_workspace_bytes(self, n):
+        """Each thread's scratch holds the work arrays of its part."""
+        plan = self._plans[0][1] if self._plans else self._make_plan(1)
+        part = -(-n // self.threads)
+        return self.threads * getattr(plan, "shared_workspace_bytes", lambda n: 0)(part)
 
     def _plan(self, i, size):
         while len(self._plans) <= i:
@@ -95,6 +107,62 @@ class SplitConvPlan:
             for p in parts[1:]:
                 total += p
             target += total
+
+
+class ChunkedConvPlan:
+    """The ConvPlan calls over chunks of ``chunk`` images, one after another, each by a plan
+    for that chunk size (``make_plan(k)``); only the last chunk's columns stay between calls.
+    Parameter gradients accumulate over the chunks (the plans add into dw and dbias)."""
+
+    def __init__(self, geom, make_plan, chunk):
+        self.geom = geom
+        self.chunk = chunk
+        self._make_plan = make_plan
+        self._plans = {}            # chunk size -> plan (two sizes at most: k and the rest)
+        self._last = None           # (array, view) of the last chunk of the last forward
+
+    def _plan(self, k):
+        if k not in self._plans:
+            self._plans[k] = self._make_plan(k)
+        return self._plans[k]
+
+    def workspace_bytes(self, n):
+        k = min(n, self.chunk)
+        sizes = {k, n % k} - {0}
+        return sum(self._plan(size).workspace_bytes(size) for size in sizes)
+
+    def _bounds(self, n):
+        return [(lo, min(n, lo + self.chunk)) for lo in range(0, n, self.chunk)]
+
+    def _view(self, x, lo, hi, last):
+        # the last chunk's plan knows its input by identity: give it the view it saw
+        if last and self._last is not None and self._last[0] is x:
+            return self._last[1]
+        return x[lo:hi]
+
+    def prepare(self, x):
+        bounds = self._bounds(x.shape[0])
+        lo, hi = bounds[-1]
+        view = x[lo:hi]
+        self._plan(hi - lo).prepare(view)
+        self._last = (x, view)
+
+    def forward(self, x, w, bias, y):
+        bounds = self._bounds(x.shape[0])
+        for lo, hi in bounds:
+            view = x[lo:hi]
+            self._plan(hi - lo).forward(view, w, bias, y[lo:hi])
+        self._last = (x, view)
+        return y
+
+    def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
+        bounds = self._bounds(dy.shape[0])
+        # the last chunk first: its columns are still there
+        for i, (lo, hi) in reversed(list(enumerate(bounds))):
+            xi = None if x is None else self._view(x, lo, hi, i == len(bounds) - 1)
+            self._plan(hi - lo).backward(xi, dy[lo:hi], w,
+                                         dx=None if dx is None else dx[lo:hi],
+                                         dw=dw, dbias=dbias)
 
 
 class SplitPoolPlan:

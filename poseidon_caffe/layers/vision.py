@@ -149,6 +149,13 @@ class _ConvolutionBase(Layer):
         batch = self._geom_key[1] if self._geom_key else 0
         return sum(getattr(plan, "workspace_bytes", lambda n: 0)(batch) for plan in self._plans)
 
+    def shared_workspace_bytes(self):
+        """Work arrays in the threads' scratch, which every layer shares (the net counts the
+        largest layer's once)."""
+        batch = self._geom_key[1] if self._geom_key else 0
+        return max([getattr(plan, "shared_workspace_bytes", lambda n: 0)(batch)
+                    for plan in self._plans] or [0])
+
     def _batch_view(self, array, channels, spatial):
         """``array`` as (samples, channels, *spatial): axes before the channel axis are all
         independent samples. The same array gives the same object every call, as a plan knows
