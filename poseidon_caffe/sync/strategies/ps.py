@@ -9,6 +9,10 @@ solver's update to its rows with the history it keeps, and pushes the fresh rows
 host (server push). A host at clock c may go on once every shard of a blob has applied clock
 c - s (s = staleness; 0 is bulk-synchronous).
 
+A blob's exchange is one push message to each remote shard, then a wait (``Until``) for each
+shard's pull, which the progress hook receives into the host's replica; the engine keeps
+several blobs' exchanges in flight, so several layers' pushes and pulls travel at once, and
+one blob is never in flight twice (its next push follows the forward that waited for it).
 Pushes and pulls travel on duplicates of ``topology.ps_comm`` (leaders, then dedicated
 servers), with the blob's index as tag; a third duplicate carries the control messages to
 dedicated servers (gather the history for a snapshot, stop).
@@ -16,6 +20,7 @@ dedicated servers (gather the history for a snapshot, stop).
 import numpy as np
 
 from ..strategy import ITEMSIZE, Strategy, register
+from ..transport import Until
 
 CONTROL_TAG = 1
 SNAPSHOT, STOP = "snapshot", "stop"
@@ -97,8 +102,8 @@ class ShardStore:
             own.applied += 1
             if self.on_applied is not None:
                 self.on_applied(own)
+            fresh = own.data.copy() if own.sources else None   # one copy for every pull
             for dest in own.sources:
-                fresh = own.data.copy()
                 self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
                                        fresh))
                 self.counters.add(own.name, sent=fresh.nbytes)
@@ -276,18 +281,24 @@ class ParameterServer(Strategy):
 
     # -- worker side --------------------------------------------------------------------------
     def run(self, bucket, payloads, clock, what):
+        return self.transport.drive(self.start(bucket, payloads, clock, what,
+                                               self.transport.default_channel), what)
+
+    def start(self, bucket, payloads, clock, what, channel):
         """Push the gradients, pull the shards' weights into the items (one blob a bucket)."""
         for item, flat_grad in zip(bucket.items, payloads):
-            read = self.exchange(item, flat_grad, item.data_flat, clock, what)
+            read = yield from self.exchange(channel, item, flat_grad, item.data_flat, clock)
             self.stale_reads[item.index] = max(self.stale_reads.get(item.index, 0), read)
         return None
 
-    def exchange(self, item, flat_grad, data_out, clock, what):
+    def exchange(self, channel, item, flat_grad, data_out, clock):
         """Push this worker's gradient for ``clock``; leave in ``data_out`` the blob's value
-        from the shards, at most ``staleness`` clocks behind. Returns the staleness read."""
+        from the shards, at most ``staleness`` clocks behind (the steps of an exchange: one
+        push message per remote shard, then the wait for each shard's pull). Returns the
+        staleness read."""
         key = item.name
         topo = self.topology
-        self.transport.local_sum_to_leader(flat_grad, key, what)
+        yield from self.transport.local_sum(channel, flat_grad, key)
         staleness_read = 0
         if topo.is_leader:
             me = None if self.dedicated else topo.host
@@ -301,11 +312,12 @@ class ParameterServer(Strategy):
                     self.counters.add(key, sent=piece.nbytes)
             needed = clock + 1 - self.staleness
             versions = self.versions[item.index]
-            owners = [topo.shard_job_ranks[s] for s in versions]
-            self.transport.wait_until(lambda: min(versions.values()) >= needed, what, owners)
+            if min(versions.values()) < needed:
+                owners = [topo.shard_job_ranks[s] for s in versions]
+                yield Until(lambda: min(versions.values()) >= needed, owners)
             staleness_read = clock + 1 - min(versions.values())
             data_out[...] = self.replicas[item.index]
-        self.transport.local_broadcast(data_out, key, what)
+        yield from self.transport.local_bcast(channel, data_out, key)
         return staleness_read
 
     def wait(self, clock):
