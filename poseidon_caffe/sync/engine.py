@@ -295,6 +295,8 @@ class SyncEngine:
             "exchanges": self.scheduler.exchanges,
             "overlapped_exchanges": self.scheduler.overlapped,
             "in_flight_peak": self.scheduler.in_flight_peak,
+            "comm_polls": self.scheduler.polls,
+            "comm_cpu_seconds": self.scheduler.cpu_seconds,
         }
 
     def items_by_index(self):

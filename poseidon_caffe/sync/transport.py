@@ -2,13 +2,14 @@
 
 An exchange is written as a generator: it starts non-blocking MPI calls and yields what it
 needs before it can go on -- ``Wait(requests, peers)`` (every request complete) or
-``Until(condition, peers)`` (a condition that the progress hooks make true, e.g. a parameter
+``Until(condition, peers)`` (a condition that the services make true, e.g. a parameter
 server's fresh rows) -- and returns its result. The scheduler (``dwbp.py``) keeps several
 such generators in flight and resumes each as its requests complete; ``drive`` runs one to
 the end on its own, waiting where it yields (snapshots, the end of a run, direct callers).
 
-Every wait polls its requests and, between polls, lets the parameter-server shard of this rank
-make progress (so a rank that waits for its peers still serves them). A wait that passes its
+Every wait tests its requests together with the services' (the parameter-server shard of this
+rank, its pulls, the stop agreement) in one MPI_Testsome, so a rank that waits for its peers
+still serves them. A wait that passes its
 deadline raises SyncTimeout naming the ranks it waited for, instead of hanging.
 
 A ``Channel`` is the set of communicators one exchange at a time uses for its collectives
@@ -34,7 +35,7 @@ class Wait:
 
 
 class Until:
-    """What an exchange yields: go on once ``condition()`` holds (the progress hooks make it
+    """What an exchange yields: go on once ``condition()`` holds (the services make it
     true)."""
     __slots__ = ("condition", "peers")
 
@@ -76,28 +77,46 @@ class Transport:
         self.topology = topology
         self.counters = counters
         self.timeout = float(timeout)
-        self.progress_hooks = []
+        # what must be served while anything waits (this rank's parameter-server shard and
+        # pulls, the stop agreement): objects with requests_in_flight() and
+        # progress() -- take the requests that have completed (null ones)
+        self.services = []
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
         self.default_channel = Channel(-1, topology.local, topology.leaders)
 
-    def progress(self):
-        for hook in self.progress_hooks:
-            hook()
+    def progress(self, extra=()):
+        """Test ``extra`` and every service's requests in one call into MPI (which moves them
+        all on; completed ones become null), then let the services whose requests completed
+        take them. Whether anything completed."""
+        requests = list(extra)
+        spans = []
+        for service in self.services:
+            start = len(requests)
+            requests.extend(service.requests_in_flight())
+            spans.append((service, start, len(requests)))
+        if not requests:
+            return False
+        done = MPI.Request.Testsome(requests)
+        if not done:
+            return False
+        for service, start, end in spans:
+            if any(start <= i < end for i in done):
+                service.progress()
+        return True
 
     def wait(self, requests, what, peers=()):
         """Wait for all ``requests``; ``peers`` are the world ranks they depend on."""
         requests = [r for r in requests if r is not None]
-        self.wait_until(lambda: not requests or MPI.Request.Testall(requests), what, peers)
-        self.progress()
+        self.wait_until(lambda: not any(requests), what, peers, requests)
 
-    def wait_until(self, condition, what, peers=()):
-        """Poll ``condition`` (serving this rank's shard between polls) until it holds, backing
-        off to at most 1 ms between polls; past the deadline, name the ranks waited for."""
+    def wait_until(self, condition, what, peers=(), requests=()):
+        """Test (serving this rank's shard between tests) until ``condition`` holds, backing
+        off to at most 1 ms between tests; past the deadline, name the ranks waited for."""
         deadline = time.monotonic() + self.timeout
         pause = 0.0
         while True:
-            self.progress()
+            self.progress(requests)
             if condition():
                 return
             if time.monotonic() > deadline:

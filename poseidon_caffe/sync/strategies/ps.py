@@ -18,6 +18,7 @@ servers), with the blob's index as tag; a third duplicate carries the control me
 dedicated servers (gather the history for a snapshot, stop).
 """
 import numpy as np
+from mpi4py import MPI
 
 from ..strategy import ITEMSIZE, Strategy, register
 from ..transport import Until
@@ -72,6 +73,7 @@ class ShardStore:
         self.on_applied = on_applied       # a co-located shard refreshes its host's replica
         self.shards = {}
         self.in_flight = []                # (request, buffer kept alive until sent)
+        self.listed = None                 # requests_in_flight(), until one is replaced
 
     def add(self, index, name, lo, hi, data_rows, history_rows, sources, start_clock):
         own = _Shard(index, name, lo, hi, np.array(data_rows, dtype=np.float32, copy=True),
@@ -80,6 +82,7 @@ class ShardStore:
         self.shards[index] = own
         for src in sources:
             own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src, tag=index)
+        self.listed = None
         return own
 
     def deposit(self, index, clock, grad_rows):
@@ -107,23 +110,40 @@ class ShardStore:
                 self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
                                        fresh))
                 self.counters.add(own.name, sent=fresh.nbytes)
+                self.listed = None
+
+    def requests_in_flight(self):
+        if self.listed is None:
+            self.listed = [req for own in self.shards.values()
+                           for req in own.requests.values()]
+            self.listed += [req for req, _ in self.in_flight]
+        return self.listed
+
+    def poll(self):
+        """Test every request of the store (one call into MPI), then take what arrived."""
+        requests = self.requests_in_flight()
+        if requests and MPI.Request.Testsome(requests):
+            return self.progress()
+        return 0
 
     def progress(self):
-        """Take every push that has arrived; returns how many."""
+        """Take every push that has arrived (its request tested complete, now null);
+        returns how many."""
         taken = 0
         for index, own in self.shards.items():
             for src in own.sources:
-                req = own.requests[src]
-                while req.Test():
-                    clock = own.next_clock[src]
-                    own.next_clock[src] += 1
-                    self.counters.add(own.name, received=own.buffers[src].nbytes)
-                    self.deposit(index, clock, own.buffers[src])
-                    taken += 1
-                    req = own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
-                                                                  tag=index)
+                if own.requests[src]:
+                    continue
+                clock = own.next_clock[src]
+                own.next_clock[src] += 1
+                self.counters.add(own.name, received=own.buffers[src].nbytes)
+                self.deposit(index, clock, own.buffers[src])
+                taken += 1
+                own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
+                                                         tag=index)
         if self.in_flight:
-            self.in_flight = [(r, b) for r, b in self.in_flight if not r.Test()]
+            self.in_flight = [(r, b) for r, b in self.in_flight if r]
+        self.listed = None
         return taken
 
     def applied_all(self, clock):
@@ -139,8 +159,9 @@ class ShardStore:
     def close(self):
         for own in self.shards.values():
             for req in own.requests.values():
-                req.Cancel()
-                req.Wait()
+                if req:
+                    req.Cancel()
+                    req.Wait()
         for req, _ in self.in_flight:
             req.Wait()
         self.in_flight = []
@@ -226,6 +247,7 @@ class ParameterServer(Strategy):
         self.stages = {}          # (index, shard) -> receive buffer
         self.pull_requests = {}
         self.in_flight = []       # (request, buffer kept alive until sent)
+        self.listed = None        # this side's requests in flight, until one is replaced
         self.push_comm = self.pull_comm = self.control_comm = None
         self.store = None
         if topology.is_leader:
@@ -238,7 +260,7 @@ class ParameterServer(Strategy):
                 self.store = ShardStore(self.push_comm, self.pull_comm, counters, rule,
                                         topology.num_hosts, workers, self._own_rows_applied,
                                         worker_updates)
-            transport.progress_hooks.append(self.progress)
+            transport.services.append(self)
 
     def add(self, item, flat_data):
         """Register a blob; ``flat_data`` is its current value (the same on every rank)."""
@@ -262,6 +284,7 @@ class ParameterServer(Strategy):
                 self.stages[(item.index, shard)] = stage
                 self.pull_requests[(item.index, shard)] = self.pull_comm.Irecv(
                     stage, source=topo.shard_comm_ranks[shard], tag=item.index)
+        self.listed = None
 
     def seed_servers(self):
         """Rank 0 hands every dedicated server the rows it owns: the blobs' values and the
@@ -310,6 +333,7 @@ class ParameterServer(Strategy):
                     self.in_flight.append((self.push_comm.Isend(
                         piece, dest=topo.shard_comm_ranks[shard], tag=item.index), piece))
                     self.counters.add(key, sent=piece.nbytes)
+                    self.listed = None
             needed = clock + 1 - self.staleness
             versions = self.versions[item.index]
             if min(versions.values()) < needed:
@@ -345,20 +369,32 @@ class ParameterServer(Strategy):
     def current_value(self, index):
         return self.replicas[index]
 
+    def requests_in_flight(self):
+        if self.listed is None:
+            self.listed = (list(self.pull_requests.values())
+                           + [req for req, _ in self.in_flight])
+        if self.store is None:
+            return self.listed
+        return self.listed + self.store.requests_in_flight()
+
     def progress(self):
+        """Take the pulls that have arrived into the replicas (and, co-located, the pushes
+        into this host's shard); every request was tested by the transport."""
         if self.store is not None:
             self.store.progress()
-        for (index, shard), req in list(self.pull_requests.items()):
-            while req.Test():
-                stage = self.stages[(index, shard)]
-                lo, hi = self._range(index, shard)
-                self.replicas[index][lo:hi] = stage
-                self.versions[index][shard] += 1
-                self.counters.add(self.items[index].name, received=stage.nbytes)
-                req = self.pull_requests[(index, shard)] = self.pull_comm.Irecv(
-                    stage, source=self.topology.shard_comm_ranks[shard], tag=index)
+        for (index, shard), req in self.pull_requests.items():
+            if req:
+                continue
+            stage = self.stages[(index, shard)]
+            lo, hi = self._range(index, shard)
+            self.replicas[index][lo:hi] = stage
+            self.versions[index][shard] += 1
+            self.counters.add(self.items[index].name, received=stage.nbytes)
+            self.pull_requests[(index, shard)] = self.pull_comm.Irecv(
+                stage, source=self.topology.shard_comm_ranks[shard], tag=index)
         if self.in_flight:
-            self.in_flight = [(r, b) for r, b in self.in_flight if not r.Test()]
+            self.in_flight = [(r, b) for r, b in self.in_flight if r]
+        self.listed = None
 
     def _own_rows_applied(self, own):
         self.replicas[own.index][own.lo:own.hi] = own.data
@@ -421,8 +457,9 @@ class ParameterServer(Strategy):
                 self.transport.wait([req], what, self.topology.leader_ranks)
             self.stop_servers(clock)
         for req in self.pull_requests.values():
-            req.Cancel()
-            req.Wait()
+            if req:
+                req.Cancel()
+                req.Wait()
         for req, _ in self.in_flight:
             req.Wait()
         self.in_flight = []
@@ -430,7 +467,7 @@ class ParameterServer(Strategy):
         if self.store is not None:
             self.store.close()
         if self.push_comm is not None:
-            self.transport.progress_hooks.remove(self.progress)
+            self.transport.services.remove(self)
             for comm in (self.push_comm, self.pull_comm, self.control_comm):
                 if comm is not None:
                     comm.Free()
