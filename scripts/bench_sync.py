@@ -35,7 +35,9 @@ Definitions (per net, host count and mode; JSON field names):
   hidden_share_iter  1 - (iter_ms_dwbp_on - compute_ms) / (iter_ms_dwbp_off - compute_ms):
                    the share of the communication's cost that DWBP removed from the iteration.
   stall_ms_on / stall_ms_off   the compute thread's waits for the communication per iteration
-                   (timeline spans "wait"), and copy_ms_on its copies of gradients handed over.
+                   (the engine's wait_seconds over the measured iterations), and copy_ms_on
+                   its copies of gradients handed over (timeline spans "sync").
+  engine           after<N>: this tree's engine with N channels; before: --before's tree.
   wire_bytes_per_iter  bytes a host's link carried (sent plus received, Ethernet/IP/TCP
                    headers included; the namespace's interface counters, read by each rank
                    around the measured iterations), averaged over the hosts; null on loopback.
@@ -44,8 +46,9 @@ Definitions (per net, host count and mode; JSON field names):
 
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
         [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
-        [--repeat 1] [--channels 4] [--sacp] [--sacp-bandwidth RATE] [--json FILE]
-        [--pythonpath DIR] [--traces DIR]
+        [--alexnet-iters 5] [--repeat 1] [--channels 4[,1]] [--before DIR] [--sacp]
+        [--sacp-bandwidth RATE] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
+        [--traces DIR]
 """
 import argparse
 import json
@@ -108,6 +111,7 @@ comm.Barrier()
 phases = dict.fromkeys(phases, 0.0)
 timeline = runner.timeline if runner else None
 window = [timeline.now_us() if timeline else 0.0]
+stall0 = runner.engine.wait_seconds if runner else 0.0
 wire0, cpu0, t0 = wire_bytes(), time.process_time(), time.perf_counter()
 solver.step(cfg["iters"])
 if runner:
@@ -116,7 +120,9 @@ seconds = (time.perf_counter() - t0) / cfg["iters"]
 cpu = (time.process_time() - cpu0) / cfg["iters"]
 wire = (wire_bytes() - wire0) / cfg["iters"]
 window.append(timeline.now_us() if timeline else 0.0)
+stall = ((runner.engine.wait_seconds - stall0) / cfg["iters"]) if runner else 0.0
 result = {"seconds": seconds, "cpu_seconds": cpu, "wire": wire, "window_us": window,
+          "stall": stall,
           "forward": phases["forward"] / cfg["iters"],
           "backward": phases["backward"] / cfg["iters"]}
 if runner:
@@ -244,7 +250,7 @@ class Runner:
         self.count = 0
 
     def run(self, net_text, hosts, mode, dwbp=True, iters=10, warmup=3, channels=4,
-            plan_for=None):
+            plan_for=None, pythonpath=None):
         self.count += 1
         tag = "run%d" % self.count
         net_path = os.path.join(self.tmp, tag + ".prototxt")
@@ -258,7 +264,8 @@ class Runner:
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
         threads = str(max(1, (os.cpu_count() or 1) // hosts))
-        env = dict(os.environ, POSEIDON_NO_PROGRESS="1", PYTHONPATH=self.pythonpath,
+        env = dict(os.environ, POSEIDON_NO_PROGRESS="1",
+                   PYTHONPATH=pythonpath or self.pythonpath,
                    OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads,
                    MKL_NUM_THREADS=threads)
         mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -322,9 +329,9 @@ def _intersection(a, b):
 
 
 def timeline_figures(ranks, iters):
-    """hidden share (see the docstring), and per iteration the compute thread's waits and
-    copies, in ms, over every rank's measured window."""
-    hidden = comm = stall = copy = 0.0
+    """hidden share (see the docstring), and per iteration the time exchanges were in flight
+    and the compute thread's copies of gradients, in ms, over every rank's measured window."""
+    hidden = comm = copy = 0.0
     for rank in ranks:
         lo, hi = rank["window_us"]
 
@@ -336,11 +343,10 @@ def timeline_figures(ranks, iters):
         exchanges = spans(lambda e: e["cat"] == "exchange")
         comm += _length(exchanges)
         hidden += _length(_intersection(compute, exchanges))
-        stall += _length(spans(lambda e: e["cat"] == "wait"))
         copy += _length(spans(lambda e: e["cat"] == "sync"))
     n = len(ranks) * iters * 1e3
     return {"hidden_share": hidden / comm if comm else None, "comm_ms": comm / n,
-            "stall_ms": stall / n, "copy_ms": copy / n}
+            "copy_ms": copy / n}
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -348,15 +354,15 @@ def summary(ranks):
     leaders = [r for r in ranks]       # one rank per host: every rank leads its host
     return {"seconds": max(r["seconds"] for r in ranks),
             "cpu_seconds": sum(r["cpu_seconds"] for r in ranks) / len(ranks),
+            "stall": sum(r["stall"] for r in ranks) / len(ranks),
             "engine_bytes": sum(r.get("engine_bytes", 0) for r in leaders) / len(leaders),
             "wire": sum(r["wire"] for r in leaders) / len(leaders),
             "predicted": ranks[0].get("predicted"), "plan": ranks[0].get("plan"),
             "in_flight_peak": max((r.get("in_flight_peak") or 0) for r in ranks)}
 
 
-def compute_alone(runner, net_text, hosts, a):
-    ranks = runner.run(net_text, hosts, "none", iters=a.iters, warmup=a.warmup,
-                       plan_for=hosts)
+def compute_alone(runner, net_text, hosts, iters, a):
+    ranks = runner.run(net_text, hosts, "none", iters=iters, warmup=a.warmup, plan_for=hosts)
     return {"seconds": max(r["seconds"] for r in ranks),
             "backward": max(r["backward"] for r in ranks),
             "forward": max(r["forward"] for r in ranks),
@@ -370,36 +376,46 @@ def auto_rate(predicted_bytes, backward_seconds):
     return max(100000, int(round(bits / 1e5)) * 100000)
 
 
-def measure_dwbp(runner, name, net_text, hosts, mode, a, alone, rate):
-    best = {True: None, False: None}
+def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, alone):
+    """Per variant (label, tree, channels): the fastest of --repeat runs with DWBP on and off,
+    interleaved with each other and with runs of the ranks computing alone."""
+    best = {}
     for _ in range(a.repeat):
-        for dwbp in (True, False):           # interleaved: the machine's load hits both alike
-            ranks = runner.run(net_text, hosts, mode, dwbp, a.iters, a.warmup, a.channels)
-            figures = dict(summary(ranks), **timeline_figures(ranks, a.iters))
-            if best[dwbp] is None or figures["seconds"] < best[dwbp]["seconds"]:
-                best[dwbp] = figures
-    on, off = best[True], best[False]
-    comm_cost = off["seconds"] - alone["seconds"]
-    row = {
-        "net": name, "hosts": hosts, "mode": mode, "bandwidth": rate,
-        "channels": a.channels,
-        "iter_ms_dwbp_on": on["seconds"] * 1e3, "iter_ms_dwbp_off": off["seconds"] * 1e3,
-        "compute_ms": alone["seconds"] * 1e3, "backward_ms": alone["backward"] * 1e3,
-        "hidden_share": on["hidden_share"], "hidden_share_off": off["hidden_share"],
-        "hidden_share_iter": (1 - (on["seconds"] - alone["seconds"]) / comm_cost
-                              if comm_cost > 0 else None),
-        "comm_ms_on": on["comm_ms"], "comm_ms_off": off["comm_ms"],
-        "stall_ms_on": on["stall_ms"], "stall_ms_off": off["stall_ms"],
-        "copy_ms_on": on["copy_ms"],
-        "wire_bytes_per_iter": on["wire"] if runner.lab is not None else None,
-        "engine_bytes_per_iter": on["engine_bytes"],
-        "predicted_bytes_per_iter": on["predicted"],
-        "in_flight_peak": on["in_flight_peak"],
-        "cpu_ms_per_rank_on": on["cpu_seconds"] * 1e3,
-        "cpu_ms_per_rank_off": off["cpu_seconds"] * 1e3,
-        "plan": on["plan"],
-    }
-    return row
+        again = compute_alone(runner, net_text, hosts, iters, a)
+        if again["seconds"] < alone["seconds"]:
+            alone = again
+        for label, tree, channels in variants:
+            for dwbp in (True, False):       # interleaved: the machine's load hits all alike
+                ranks = runner.run(net_text, hosts, mode, dwbp, iters, a.warmup, channels,
+                                   pythonpath=tree)
+                figures = dict(summary(ranks), **timeline_figures(ranks, iters))
+                key = (label, dwbp)
+                if key not in best or figures["seconds"] < best[key]["seconds"]:
+                    best[key] = figures
+    rows = []
+    for label, tree, channels in variants:
+        on, off = best[(label, True)], best[(label, False)]
+        comm_cost = off["seconds"] - alone["seconds"]
+        rows.append({
+            "net": name, "hosts": hosts, "mode": mode, "bandwidth": rate, "engine": label,
+            "channels": channels, "iters": iters,
+            "iter_ms_dwbp_on": on["seconds"] * 1e3, "iter_ms_dwbp_off": off["seconds"] * 1e3,
+            "compute_ms": alone["seconds"] * 1e3, "backward_ms": alone["backward"] * 1e3,
+            "hidden_share": on["hidden_share"], "hidden_share_off": off["hidden_share"],
+            "hidden_share_iter": (1 - (on["seconds"] - alone["seconds"]) / comm_cost
+                                  if comm_cost > 0 else None),
+            "comm_ms_on": on["comm_ms"], "comm_ms_off": off["comm_ms"],
+            "stall_ms_on": on["stall"] * 1e3, "stall_ms_off": off["stall"] * 1e3,
+            "copy_ms_on": on["copy_ms"],
+            "wire_bytes_per_iter": on["wire"] if runner.lab is not None else None,
+            "engine_bytes_per_iter": on["engine_bytes"],
+            "predicted_bytes_per_iter": on["predicted"],
+            "in_flight_peak": on["in_flight_peak"],
+            "cpu_ms_per_rank_on": on["cpu_seconds"] * 1e3,
+            "cpu_ms_per_rank_off": off["cpu_seconds"] * 1e3,
+            "plan": on["plan"],
+        })
+    return rows
 
 
 def fmt(value, pattern):
@@ -407,11 +423,11 @@ def fmt(value, pattern):
 
 
 def print_row(row):
-    print("%-15s %d hosts %-10s %-9s on %8.1f ms  off %8.1f ms  alone %7.1f ms (bwd %7.1f)  "
+    print("%-15s %d hosts %-10s %-9s %-7s on %8.1f ms  off %8.1f ms  alone %7.1f ms (bwd %7.1f)  "
           "hidden %s (iter %s, off %s)  stall on/off %s/%s ms  wire %s  engine %.0f  "
           "predicted %.0f B/iter  peak %s"
           % (row["net"], row["hosts"], row["bandwidth"] or "loopback", row["mode"],
-             row["iter_ms_dwbp_on"], row["iter_ms_dwbp_off"], row["compute_ms"],
+             row["engine"], row["iter_ms_dwbp_on"], row["iter_ms_dwbp_off"], row["compute_ms"],
              row["backward_ms"], fmt(row["hidden_share"], "%.2f"),
              fmt(row["hidden_share_iter"], "%.2f"), fmt(row["hidden_share_off"], "%.2f"),
              fmt(row["stall_ms_on"], "%.1f"), fmt(row["stall_ms_off"], "%.1f"),
@@ -428,7 +444,8 @@ def measure_sacp(runner, hosts, rate, a):
     modes = ["auto", "ps", "sfb", "allreduce"]
     for _ in range(a.repeat):
         for mode in modes:
-            ranks = runner.run(net_text, hosts, mode, True, a.sacp_iters, 1, a.channels)
+            ranks = runner.run(net_text, hosts, mode, True, a.sacp_iters, 1,
+                               int(a.channels.split(",")[0]))
             figures = summary(ranks)
             if mode not in best or figures["seconds"] < best[mode]["seconds"]:
                 best[mode] = figures
@@ -462,7 +479,11 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--channels", default="4", help="exchanges in flight (a list: one "
+                        "variant of the engine each)")
+    parser.add_argument("--before", default="", help="also measure the engine of this tree "
+                        "(another commit's files), one exchange at a time")
+    parser.add_argument("--alexnet-iters", type=int, default=5)
     parser.add_argument("--sacp", action="store_true", help="also compare -sync=auto with "
                         "every forced mode on AlexNet")
     parser.add_argument("--sacp-bandwidth", default="200mbit")
@@ -475,15 +496,19 @@ def main():
     lab_hosts = [int(h) for h in a.netlab.split(",") if h]
     host_counts = lab_hosts or [int(h) for h in a.hosts.split(",") if h]
     report = {"machine": {"cores": os.cpu_count(), "load_before": load()},
-              "netlab": bool(lab_hosts), "engine": a.pythonpath, "channels": a.channels,
+              "netlab": bool(lab_hosts), "engine": a.pythonpath, "before": a.before,
               "rows": [], "sacp": []}
     sys.path.insert(0, ROOT)
+    variants = [("after%s" % c, a.pythonpath, int(c)) for c in a.channels.split(",")]
+    if a.before:
+        variants.append(("before", os.path.abspath(a.before), 1))
     with tempfile.TemporaryDirectory() as tmp:
         loopback = Runner(tmp, a.pythonpath, traces=a.traces)
         for hosts in host_counts:
             for key in [n for n in a.nets.split(",") if n]:
                 name, net_text = NETS[key]
-                alone = compute_alone(loopback, net_text, hosts, a)
+                iters = a.alexnet_iters if key == "alexnet" else a.iters
+                alone = compute_alone(loopback, net_text, hosts, iters, a)
                 rate = None
                 runner = loopback
                 lab = None
@@ -496,9 +521,11 @@ def main():
                     runner = Runner(tmp, a.pythonpath, lab, a.traces)
                 try:
                     for mode in a.modes.split(","):
-                        row = measure_dwbp(runner, name, net_text, hosts, mode, a, alone, rate)
-                        report["rows"].append(row)
-                        print_row(row)
+                        rows = measure_dwbp(runner, name, net_text, hosts, mode, a, iters,
+                                            variants, rate, alone)
+                        for row in rows:
+                            report["rows"].append(row)
+                            print_row(row)
                 finally:
                     if lab is not None:
                         lab.destroy()
