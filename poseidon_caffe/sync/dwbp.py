@@ -280,8 +280,6 @@ class Scheduler:
             if moved:
                 pause = 0.0
                 continue
-            if waiting and not active:
-                continue
             # nothing to do until a request completes or the compute thread hands something
             # over: sleep (without the GIL, without a core), backing off
             pause = min(pause * 2 or 5e-5, BUSY_PAUSE if active else IDLE_PAUSE)
