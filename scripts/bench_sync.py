@@ -53,6 +53,7 @@ Definitions (per net, host count and mode; JSON field names):
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -493,6 +494,8 @@ def main():
     parser.add_argument("--pythonpath", default=ROOT, help="the tree whose poseidon_caffe runs "
                         "(another commit's engine, for a before/after)")
     a = parser.parse_args()
+    # a TERM ends the run through the finally blocks, which take the labs down
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     lab_hosts = [int(h) for h in a.netlab.split(",") if h]
     host_counts = lab_hosts or [int(h) for h in a.hosts.split(",") if h]
     report = {"machine": {"cores": os.cpu_count(), "load_before": load()},
