@@ -34,6 +34,14 @@ Definitions (per net, host count and mode; JSON field names):
   hidden_share_off the same with DWBP off (near 0 by construction: a check of the measure).
   hidden_share_iter  1 - (iter_ms_dwbp_on - compute_ms) / (iter_ms_dwbp_off - compute_ms):
                    the share of the communication's cost that DWBP removed from the iteration.
+  exposed_ms_on / exposed_ms_off / exposed_ms_alone  per iteration, wall time minus the
+                   compute thread's time inside layers (timeline; the median over the measured
+                   iterations, averaged over the ranks; alone: iteration minus forward and
+                   backward, the solver's own work). Unlike iteration times these do not move
+                   when other jobs on the machine slow the layers down.
+  hidden_share_exposed  1 - (exposed_ms_on - exposed_ms_alone) / (exposed_ms_off -
+                   exposed_ms_alone): the same share as hidden_share_iter, from the exposed
+                   times of the same runs.
   stall_ms_on / stall_ms_off   the compute thread's waits for the communication per iteration
                    (the engine's wait_seconds over the measured iterations), and copy_ms_on
                    its copies of gradients handed over (timeline spans "sync").
@@ -330,9 +338,11 @@ def _intersection(a, b):
 
 
 def timeline_figures(ranks, iters):
-    """hidden share (see the docstring), and per iteration the time exchanges were in flight
-    and the compute thread's copies of gradients, in ms, over every rank's measured window."""
+    """hidden share (see the docstring); per iteration the time exchanges were in flight and
+    the compute thread's copies of gradients, in ms; and the exposed time: the median over
+    the measured iterations of wall time minus the compute thread's time in layers."""
     hidden = comm = copy = 0.0
+    exposed = []
     for rank in ranks:
         lo, hi = rank["window_us"]
 
@@ -345,9 +355,19 @@ def timeline_figures(ranks, iters):
         comm += _length(exchanges)
         hidden += _length(_intersection(compute, exchanges))
         copy += _length(spans(lambda e: e["cat"] == "sync"))
+        # an iteration starts with the first layer's forward
+        layers = sorted((e for e in rank["trace"] if e.get("ph") == "X"
+                         and e["cat"] == "compute" and lo <= e["ts"] < hi),
+                        key=lambda e: e["ts"])
+        if layers:
+            starts = [e["ts"] for e in layers if e["name"] == layers[0]["name"]] + [hi]
+            gaps = [(b - a) - _length(_intersection(compute, [[a, b]]))
+                    for a, b in zip(starts, starts[1:])]
+            exposed.append(sorted(gaps)[len(gaps) // 2])
     n = len(ranks) * iters * 1e3
     return {"hidden_share": hidden / comm if comm else None, "comm_ms": comm / n,
-            "copy_ms": copy / n}
+            "copy_ms": copy / n,
+            "exposed_ms": sum(exposed) / len(exposed) / 1e3 if exposed else None}
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -365,6 +385,8 @@ def summary(ranks):
 def compute_alone(runner, net_text, hosts, iters, a):
     ranks = runner.run(net_text, hosts, "none", iters=iters, warmup=a.warmup, plan_for=hosts)
     return {"seconds": max(r["seconds"] for r in ranks),
+            "exposed": sum(r["seconds"] - r["forward"] - r["backward"] for r in ranks)
+            / len(ranks),
             "backward": max(r["backward"] for r in ranks),
             "forward": max(r["forward"] for r in ranks),
             "predicted_auto": ranks[0]["predicted_auto"]}
@@ -375,6 +397,13 @@ def auto_rate(predicted_bytes, backward_seconds):
     way on a full-duplex link, take as long as the backward pass."""
     bits = 8.0 * (predicted_bytes / 2.0) / max(backward_seconds, 1e-3)
     return max(100000, int(round(bits / 1e5)) * 100000)
+
+
+def _hidden_exposed(on, off, alone):
+    base = alone["exposed"] * 1e3
+    if on["exposed_ms"] is None or off["exposed_ms"] is None or off["exposed_ms"] <= base:
+        return None
+    return 1 - (on["exposed_ms"] - base) / (off["exposed_ms"] - base)
 
 
 def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, alone):
@@ -406,6 +435,9 @@ def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, 
             "hidden_share_iter": (1 - (on["seconds"] - alone["seconds"]) / comm_cost
                                   if comm_cost > 0 else None),
             "comm_ms_on": on["comm_ms"], "comm_ms_off": off["comm_ms"],
+            "exposed_ms_on": on["exposed_ms"], "exposed_ms_off": off["exposed_ms"],
+            "exposed_ms_alone": alone["exposed"] * 1e3,
+            "hidden_share_exposed": _hidden_exposed(on, off, alone),
             "stall_ms_on": on["stall"] * 1e3, "stall_ms_off": off["stall"] * 1e3,
             "copy_ms_on": on["copy_ms"],
             "wire_bytes_per_iter": on["wire"] if runner.lab is not None else None,
@@ -425,12 +457,13 @@ def fmt(value, pattern):
 
 def print_row(row):
     print("%-15s %d hosts %-10s %-9s %-7s on %8.1f ms  off %8.1f ms  alone %7.1f ms (bwd %7.1f)  "
-          "hidden %s (iter %s, off %s)  stall on/off %s/%s ms  wire %s  engine %.0f  "
+          "hidden %s (iter %s, exposed %s, off %s)  stall on/off %s/%s ms  wire %s  engine %.0f  "
           "predicted %.0f B/iter  peak %s"
           % (row["net"], row["hosts"], row["bandwidth"] or "loopback", row["mode"],
              row["engine"], row["iter_ms_dwbp_on"], row["iter_ms_dwbp_off"], row["compute_ms"],
              row["backward_ms"], fmt(row["hidden_share"], "%.2f"),
-             fmt(row["hidden_share_iter"], "%.2f"), fmt(row["hidden_share_off"], "%.2f"),
+             fmt(row["hidden_share_iter"], "%.2f"), fmt(row["hidden_share_exposed"], "%.2f"),
+             fmt(row["hidden_share_off"], "%.2f"),
              fmt(row["stall_ms_on"], "%.1f"), fmt(row["stall_ms_off"], "%.1f"),
              fmt(row["wire_bytes_per_iter"], "%.0f"), row["engine_bytes_per_iter"],
              row["predicted_bytes_per_iter"], row["in_flight_peak"]))
