@@ -55,7 +55,7 @@ Definitions (per net, host count and mode; JSON field names):
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
         [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
         [--alexnet-iters 5] [--repeat 1] [--channels 4[,1]] [--before DIR] [--sacp]
-        [--sacp-bandwidth RATE] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
+        [--sacp-bandwidth RATE[,RATE]] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
         [--traces DIR]
 """
 import argparse
@@ -520,7 +520,8 @@ def main():
     parser.add_argument("--alexnet-iters", type=int, default=5)
     parser.add_argument("--sacp", action="store_true", help="also compare -sync=auto with "
                         "every forced mode on AlexNet")
-    parser.add_argument("--sacp-bandwidth", default="200mbit")
+    parser.add_argument("--sacp-bandwidth", default="200mbit", help="link rates for --sacp "
+                        "(a list)")
     parser.add_argument("--sacp-iters", type=int, default=3)
     parser.add_argument("--json", default="")
     parser.add_argument("--traces", default="", help="keep every run's timelines here")
@@ -565,11 +566,11 @@ def main():
                 finally:
                     if lab is not None:
                         lab.destroy()
-            if a.sacp:
+            for sacp_rate in (a.sacp_bandwidth.split(",") if a.sacp else []):
                 runner, lab, rate = loopback, None, None
                 if lab_hosts:
                     from poseidon_caffe import netlab
-                    rate = a.sacp_bandwidth
+                    rate = sacp_rate
                     lab = netlab.Lab.create(hosts, rate)
                     runner = Runner(tmp, a.pythonpath, lab, a.traces)
                 try:
@@ -577,6 +578,8 @@ def main():
                 finally:
                     if lab is not None:
                         lab.destroy()
+                if not lab_hosts:
+                    break
     report["machine"]["load_after"] = load()
     print("machine: %d cores, load average %s before, %s after"
           % (os.cpu_count(), report["machine"]["load_before"], report["machine"]["load_after"]))
