@@ -1,6 +1,7 @@
 """``poseidon-caffe simulate -model NET -nodes 1,2,4,8 -bandwidth 10gbit ...``: predicted
 iteration time, throughput and speedup of distributed training on clusters of any size
 (``simulator/``)."""
+import logging
 import sys
 
 from .. import log
@@ -65,7 +66,6 @@ def _times(values, model, net_path, data_shape):
             raise flagmod.FlagError("-iterations=%d: time at least one pass"
                                     % values["iterations"])
         net, _ = build_net(net_path, data_shape, allocate=True)
-        log.info("Timing %s here, %d iterations", net_path, values["iterations"])
         return simulator.measure(net, values["iterations"])
     if spec.startswith("total="):
         from ..simulator.model import build_net
@@ -128,7 +128,12 @@ def simulate_main(argv):
         if args:
             raise flagmod.FlagError("simulate takes only flags; unexpected argument(s): %s"
                                     % " ".join(args))
-        rows, inputs = simulate_rows(values)
+        # the nets' set-up lines are not the answer: only warnings and errors reach the console
+        log.set_console_level(logging.WARNING)
+        try:
+            rows, inputs = simulate_rows(values)
+        finally:
+            log.set_console_level(logging.NOTSET)
         sys.stdout.write("%s (batch %d per GPU), %s each way, latency %s, %d GPU(s) per node, "
                          "-sync=%s, dwbp %s; compute %s (%.1f ms per iteration); speedup over "
                          "%s\n" % (inputs["net"] or inputs["model"], inputs["batch_per_gpu"],
