@@ -270,3 +270,26 @@ def spread_total(net, total_ms, source):
     scale = total_ms / whole
     return LayerTimes([w * scale for w in forward], [w * scale for w in backward],
                       source="%g ms per iteration spread by multiply-adds" % total_ms)
+
+
+def measure_update_rate(values=1 << 22, repeats=3):
+    """Parameter values per second this machine updates the way the sync engine does after an
+    exchange: the gradient copied out, the sum averaged, weight decay, SGD with momentum
+    (``solver.updates``), the weights moved. The best of ``repeats``."""
+    import time
+    import numpy as np
+    from ..solver import updates
+    data = np.ones(values, np.float32)
+    diff = np.full(values, 1e-3, np.float32)
+    history = [np.zeros(values, np.float32)]
+    best = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = np.array(diff, copy=True)
+        total *= 0.5
+        updates.regularize(data, total, 5e-4)
+        updates.sgd(total, history[0], 0.01, 0.9)
+        data -= total
+        seconds = time.perf_counter() - start
+        best = seconds if best is None else min(best, seconds)
+    return values / max(best, 1e-9)

@@ -76,15 +76,13 @@ def parse_data_shape(text):
     return dims
 
 
-def _input_for(layer, data_shape, source):
+def _input_for(layer, data_shape, source, batch=None):
     """The Input layer that stands for a dataset layer: same name, tops and phase rules."""
     kind = layer.type
-    if kind == "Data":
-        batch = layer.data_param.batch_size
-    elif kind == "ImageData":
-        batch = layer.image_data_param.batch_size
-    else:
-        batch = layer.window_data_param.batch_size
+    if not batch:
+        batch = (layer.data_param.batch_size if kind == "Data" else
+                 layer.image_data_param.batch_size if kind == "ImageData" else
+                 layer.window_data_param.batch_size)
     if batch <= 0:
         raise SimulationError("%s: layer %s has no batch_size" % (source, layer.name))
     if data_shape is None:
@@ -109,8 +107,9 @@ def _input_for(layer, data_shape, source):
     return replacement
 
 
-def net_param_for_simulation(net_param, data_shape=None, source=""):
-    """A copy of ``net_param`` whose dataset layers are Input layers (see the module's text)."""
+def net_param_for_simulation(net_param, data_shape=None, source="", batch=None):
+    """A copy of ``net_param`` whose dataset layers are Input layers (see the module's text);
+    ``batch``, when given, replaces the first axis of every input (the batch per worker)."""
     if net_param.layers and not net_param.layer:
         from ..upgrade import upgrade_net
         net_param = caffe_pb2.NetParameter.FromString(net_param.SerializeToString())
@@ -120,7 +119,13 @@ def net_param_for_simulation(net_param, data_shape=None, source=""):
     del out.layer[:]
     for layer in net_param.layer:
         if layer.type in DATASET_LAYERS:
-            out.layer.add().CopyFrom(_input_for(layer, data_shape, source))
+            out.layer.add().CopyFrom(_input_for(layer, data_shape, source, batch))
+        elif layer.type == "Input" and batch:
+            copy = out.layer.add()
+            copy.CopyFrom(layer)
+            for shape in copy.input_param.shape:
+                if len(shape.dim):
+                    shape.dim[0] = batch
         elif layer.type == "HDF5Data":
             raise SimulationError("%s: layer %s reads HDF5 files, whose shapes the simulator "
                                   "cannot know; put an Input layer of the same tops in its "
@@ -145,16 +150,19 @@ def shapes_only():
             os.environ[memory.LIMIT_VARIABLE] = old
 
 
-def build_net(net_path, data_shape=None, allocate=False):
+def build_net(net_path, data_shape=None, allocate=False, batch=None):
     """The TRAIN net of ``net_path`` (a prototxt path or a NetParameter) with its dataset
-    layers as Input layers; ``allocate`` False builds it for its shapes only."""
+    layers as Input layers (``batch`` per worker when given); ``allocate`` False builds it
+    for its shapes only."""
     from ..io import read_net_param
     from ..net import Net
     if isinstance(net_path, caffe_pb2.NetParameter):
         param, source = net_path, net_path.name or "(net)"
     else:
         param, source = read_net_param(net_path), net_path
-    param = net_param_for_simulation(param, data_shape, source)
+    if batch is not None and batch < 1:
+        raise SimulationError("-batch=%d: a worker's batch is at least 1" % batch)
+    param = net_param_for_simulation(param, data_shape, source, batch)
     context = contextlib.nullcontext() if allocate else shapes_only()
     with context:
         net = Net(param, caffe_pb2.TRAIN)
@@ -199,7 +207,7 @@ def _batch(net):
     return 1
 
 
-def load(net_path, data_shape=None):
+def load(net_path, data_shape=None, batch=None):
     """(NetModel, built net) of a prototxt, shaped only."""
-    net, source = build_net(net_path, data_shape)
+    net, source = build_net(net_path, data_shape, batch=batch)
     return net_model(net, source), net

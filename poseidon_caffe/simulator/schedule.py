@@ -9,13 +9,17 @@ plus received; every strategy moves half of them each way (a parameter-server sh
 with each host leader: the host pushes (H-1)/H of a blob to the other shards and takes the
 other hosts' pushes of its 1/H, then the same again for the pulls; sufficient factors go to and
 come from every other host; the ring sends and receives 2(H-1)/H of the blob), so the wire time
-is (bytes / 2) / bandwidth. Latency is paid once per round of messages: 2 for ps (push, then
+is (bytes / 2) / bandwidth, the bandwidth counted in payload (``wire_efficiency`` of it:
+Ethernet, IP and TCP headers take the rest). Latency is paid once per round of messages: 2 for ps (push, then
 pull), 1 for sfb (one broadcast), 2(H-1) for the ring. With ``gpus_per_node`` G > 1 each
 exchange first sums (ps, allreduce) or gathers (sfb) the G devices' part over the host's
 ``local_bandwidth`` and hands the result back the same way. Sufficient factors cost compute at
 the receiver: rebuilding the summed gradient from all H*G workers' factors is taken as H*G times
 the weight-gradient half of that layer's backward time. ``overhead`` is a fixed cost per
-exchange (the software's own, per message batch).
+exchange (the software's own, per message batch). With ``update_rate`` (parameter values per
+second) the update that follows an exchange is counted too: on 1/H of the blob at its shard for
+ps, on the whole blob at every worker for sfb and allreduce (on a GPU it is small; on a CPU it
+is not).
 
 The schedule (``sync/dwbp.py``). A bucket's exchange is submitted as soon as backward has made
 all its blobs final (with ``dwbp`` off, all of them after backward, and the next forward waits
@@ -29,6 +33,10 @@ from ..sync.dwbp import make_buckets
 from ..sync import strategy as registry
 from .model import SimulationError
 
+# payload bytes per byte on the wire: 1448 of a 1514-byte Ethernet frame (IP and TCP with
+# timestamps), and the acknowledgements going the other way
+WIRE_EFFICIENCY = 0.94
+
 LATENCY_ROUNDS = {"ps": lambda hosts: 2, "sfb": lambda hosts: 1,
                   "allreduce": lambda hosts: 2 * (hosts - 1)}
 
@@ -38,7 +46,8 @@ class Cluster:
     (bytes/s), the one-way latency (s), the on-host rate between devices (bytes/s)."""
 
     def __init__(self, hosts, bandwidth, gpus_per_node=1, latency=0.0,
-                 local_bandwidth=12.5e9, in_flight=1, overhead=0.0):
+                 local_bandwidth=12.5e9, in_flight=1, overhead=0.0, update_rate=None,
+                 wire_efficiency=WIRE_EFFICIENCY):
         if hosts < 1 or gpus_per_node < 1:
             raise SimulationError("a cluster needs at least one node of at least one GPU "
                                   "(nodes %r, gpus per node %r)" % (hosts, gpus_per_node))
@@ -52,10 +61,16 @@ class Cluster:
         self.local_bandwidth = float(local_bandwidth)
         self.in_flight = int(in_flight)
         self.overhead = float(overhead)
+        self.update_rate = float(update_rate) if update_rate else None
+        if not 0 < wire_efficiency <= 1:
+            raise SimulationError("wire efficiency %r: the share of a link's bytes that are "
+                                  "payload is more than 0 and at most 1" % (wire_efficiency,))
+        self.wire_efficiency = float(wire_efficiency)
 
     def with_hosts(self, hosts):
         return Cluster(hosts, self.bandwidth, self.gpus_per_node, self.latency,
-                       self.local_bandwidth, self.in_flight, self.overhead)
+                       self.local_bandwidth, self.in_flight, self.overhead, self.update_rate,
+                       self.wire_efficiency)
 
     @property
     def workers(self):
@@ -105,9 +120,15 @@ def plan_exchanges(model, times, cluster, mode="auto", svb=None, fuse_bytes=1 <<
         if bucket.strategy == "sfb":
             layer = bucket.items[0].ready_layer
             post = H * G * 0.5 * times.backward_ms[layer] * 1e-3
+        if cluster.update_rate:
+            # the update after the exchange: a shard's 1/H of each blob (ps), or the whole
+            # blob on every worker (the others)
+            updated = bucket.count / float(H) if bucket.strategy == "ps" else bucket.count
+            post += updated / cluster.update_rate
         submit = min(p.ready_layer for p in bucket.items)
         exchanges.append(Exchange(bucket.index, bucket.name, bucket.strategy, bucket.items,
-                                  submit, host_bytes / 2.0, fixed, post, host_bytes))
+                                  submit, host_bytes / 2.0 / cluster.wire_efficiency, fixed,
+                                  post, host_bytes))
     return plan, exchanges
 
 

@@ -27,10 +27,15 @@ SIMULATE_FLAGS = [
                  "backward ends (false: all after backward)"),
     flagmod.Flag("in_flight", 1, "Exchanges running at once (they share the NIC)"),
     flagmod.Flag("overhead", "0", "Fixed software cost of each exchange (e.g. 0.2ms)"),
+    flagmod.Flag("update_rate", 0.0, "Parameter values per second the update after an "
+                 "exchange runs at (0: measured here with -compute measured, else not counted)"),
+    flagmod.Flag("wire_efficiency", 0.94, "Share of the link's bytes that are payload "
+                 "(Ethernet, IP, TCP headers take the rest)"),
     flagmod.Flag("fuse_bytes", 1 << 16, "Small blobs are fused up to this many bytes, as "
                  "train's -fuse_bytes"),
     flagmod.Flag("data_shape", "", "C,H,W of the images a Data layer would produce (default: "
                  "3,crop_size,crop_size)"),
+    flagmod.Flag("batch", 0, "Images per GPU and iteration (default: the net's own batch)"),
     flagmod.Flag("plot", "", "Also draw speedup against nodes into this PNG (or .svg, .pdf)"),
     flagmod.Flag("json", "", "Also write the rows to this JSON file"),
 ]
@@ -65,7 +70,8 @@ def _times(values, model, net_path, data_shape):
         if values["iterations"] < 1:
             raise flagmod.FlagError("-iterations=%d: time at least one pass"
                                     % values["iterations"])
-        net, _ = build_net(net_path, data_shape, allocate=True)
+        net, _ = build_net(net_path, data_shape, allocate=True,
+                           batch=values["batch"] or None)
         return simulator.measure(net, values["iterations"])
     if spec.startswith("total="):
         from ..simulator.model import build_net
@@ -76,7 +82,7 @@ def _times(values, model, net_path, data_shape):
         if not total > 0:
             raise flagmod.FlagError("-compute=%s: total= takes one iteration's milliseconds "
                                     "(> 0)" % spec)
-        net, _ = build_net(net_path, data_shape)
+        net, _ = build_net(net_path, data_shape, batch=values["batch"] or None)
         return simulator.spread_total(net, total, net_path)
     return simulator.read_compute_file(spec, model)
 
@@ -98,10 +104,17 @@ def simulate_rows(values):
     overhead = simulator.parse_delay(values["overhead"], "-overhead")
     data_shape = net_models.parse_data_shape(values["data_shape"]) if values["data_shape"] \
         else None
-    model, _ = simulator.load(values["model"], data_shape)
+    model, _ = simulator.load(values["model"], data_shape, values["batch"] or None)
     times = _times(values, model, values["model"], data_shape)
+    update_rate = values["update_rate"]
+    if update_rate < 0:
+        raise flagmod.FlagError("-update_rate=%g: values per second, 0 or more" % update_rate)
+    if not update_rate and values["compute"] == "measured":
+        from ..simulator.compute import measure_update_rate
+        update_rate = measure_update_rate()
     cluster = simulator.Cluster(1, bandwidth, values["gpus_per_node"], latency, local,
-                                values["in_flight"], overhead)
+                                values["in_flight"], overhead, update_rate,
+                                values["wire_efficiency"])
     predictions, baseline = simulator.predict(model, times, nodes, cluster, values["sync"],
                                               values["svb"], values["dwbp"],
                                               values["fuse_bytes"])
@@ -111,6 +124,7 @@ def simulate_rows(values):
               "compute": values["compute"], "compute_ms_per_iteration": times.total_ms,
               "sync": values["sync"], "svb": values["svb"], "dwbp": values["dwbp"],
               "in_flight": values["in_flight"], "overhead": values["overhead"],
+              "update_rate": update_rate, "wire_efficiency": values["wire_efficiency"],
               "speedup_over": "one node of %d GPU(s)" % values["gpus_per_node"]}
     if times.note:
         inputs["compute_note"] = times.note
