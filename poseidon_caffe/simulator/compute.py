@@ -50,12 +50,20 @@ _TIME_LINE = re.compile(r"(?:^|\]\s|\s)\s*(\S+)\s*\t(forward|backward): ([-+0-9.
 def _number(text, path, where):
     try:
         value = float(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = float("nan")
     if not math.isfinite(value) or value < 0:
         raise SimulationError("%s: %s: %r is not a time in milliseconds (a number >= 0)"
                               % (path, where, text))
     return value
+
+
+def _cells(line, path, number):
+    try:
+        return [c.strip() for c in next(csv.reader([line]))]
+    except (csv.Error, StopIteration) as exc:
+        raise SimulationError("%s: line %d is not a CSV line (%s)" % (path, number, exc)) \
+            from None
 
 
 def _from_csv(text, path):
@@ -74,12 +82,12 @@ def _from_csv(text, path):
     if not lines:
         raise SimulationError("%s: no layer times (expected a header layer,forward_ms,"
                               "backward_ms and one line per layer)" % path)
-    header = [h.strip() for h in next(csv.reader([lines[0][1]]))]
+    header = _cells(lines[0][1], path, lines[0][0])
     if header[:3] != ["layer", "forward_ms", "backward_ms"]:
         raise SimulationError("%s: line %d: the header must be layer,forward_ms,backward_ms, "
                               "not %s" % (path, lines[0][0], ",".join(header)))
     for number, line in lines[1:]:
-        cells = [c.strip() for c in next(csv.reader([line]))]
+        cells = _cells(line, path, number)
         if len(cells) < 3:
             raise SimulationError("%s: line %d: expected layer,forward_ms,backward_ms, got %r"
                                   % (path, number, line.strip()))
@@ -92,7 +100,7 @@ def _from_csv(text, path):
 def _batch_value(value, path, where):
     try:
         batch = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         batch = 0
     if batch <= 0 or str(value).strip() not in (str(batch), "%d.0" % batch):
         raise SimulationError("%s: %s: batch must be a whole number > 0, not %r"
@@ -103,8 +111,9 @@ def _batch_value(value, path, where):
 def _from_json(text, path):
     try:
         doc = json.loads(text)
-    except ValueError as exc:
-        raise SimulationError("%s: not valid JSON (%s)" % (path, exc)) from None
+    except (ValueError, RecursionError) as exc:
+        raise SimulationError("%s: not valid JSON (%s)" % (path, str(exc).splitlines()[0]
+                                                          if str(exc) else "too deep")) from None
     batch = None
     if isinstance(doc, dict):
         if "batch" in doc:
