@@ -236,5 +236,8 @@ def test_timeline_is_chrome_trace_json_with_layers_and_exchanges(tmp_path):
         for layer in ("conv", "ip", "loss"):
             assert "backward " + layer in names
         exchanges = [e for e in spans if e["cat"] == "exchange"]
-        assert exchanges and all(e["tid"] == 1 for e in exchanges)
+        # an exchange is drawn on the thread of its channel: 1 + the channel's number
+        threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+        assert exchanges and all(threads[e["tid"]] == "communication, channel %d"
+                                 % (e["tid"] - 1) for e in exchanges)
         assert {e["args"]["clock"] for e in exchanges} == {0, 1, 2}

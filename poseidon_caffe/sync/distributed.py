@@ -24,7 +24,7 @@ import numpy as np
 from .. import log
 from .. import rng
 from ..solver import signals
-from .engine import FactorSource, Item, SyncEngine
+from .engine import CHANNELS, FactorSource, Item, SyncEngine
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
 from .stop import StopAgreement
@@ -201,7 +201,8 @@ class DistributedRunner:
             start_clock=solver.iter, clip=p.clip_gradients,
             fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
             timeout=float(timeout), timeline=self.timeline, announce=True,
-            update=_opt(options, "ps_update", "server"))
+            update=_opt(options, "ps_update", "server"),
+            channels=int(_opt(options, "comm_channels", CHANNELS)))
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)
         net.set_before_forward_hook(self.engine.before_forward)

@@ -6,15 +6,38 @@ goes on below. The next forward waits for a layer's fresh weights only when it r
 layer (the before-forward hook), so the bottom layers -- whose gradients came last -- are also
 the ones needed first. Small blobs that become ready one after another are fused into one
 message (a bucket), decided once at start so that every rank fuses alike. With ``dwbp`` off,
-the same exchanges run after backward, one after another, before the next iteration.
+the same exchanges start after backward, all at once, before the next iteration.
 
-Every MPI call after start-up runs on the communication thread, in the same order on every
-rank (backward order), which is what keeps the collectives matched.
+Several exchanges are in flight at once (Poseidon gave every layer its own sync thread and
+each client several comm channels): bucket ``b`` travels on channel ``b % channels``; a
+channel carries one exchange at a time, and exchanges start strictly in bucket (backward)
+order, so every communicator sees its collectives in the same order on every rank while up to
+``channels`` buckets' messages are on the wire together. An exchange is a generator
+(``Strategy.start``) that yields its non-blocking requests; the communication thread tests all
+of them and resumes each exchange whose requests have completed.
+
+Each round, one MPI_Testsome tests every request in flight (the exchanges' and those of the
+services: this rank's parameter-server shard, its pulls, the stop agreement). Between rounds the
+communication thread sleeps (backing off to ``BUSY_PAUSE`` while exchanges are in flight)
+rather than blocking in MPI: MPICH's blocking waits poll a core at full speed, which on a host
+whose cores run backward costs about as much compute as they could hide (measured: a thread in
+MPI_Waitsome doubled the time of a numpy workload beside it on 2 cores). The compute thread
+never calls MPI: it appends to a queue and releases a lock that wakes the thread at once.
+
+Every MPI call after start-up runs on the communication thread. Functions handed over with
+``post`` and ``call`` run with no exchange in flight, in the order queued, so their blocking
+collectives are matched too.
 """
-import queue
+import collections
 import threading
 import time
 
+from mpi4py import MPI
+
+from .transport import Wait
+
+BUSY_PAUSE = 5e-4      # longest sleep between tests while an exchange is in flight
+IDLE_PAUSE = 5e-3      # ... while none is (this rank's parameter-server shard is still served)
 
 
 class SyncError(RuntimeError):
@@ -28,6 +51,7 @@ class Bucket:
         self.items = items
         self.name = items[0].name if len(items) == 1 else "%s..%s" % (items[0].name, items[-1].name)
         self.count = sum(item.count for item in items)
+        self.channel = 0           # which lane it travels on (set by the engine)
 
 
 def make_buckets(items, plan, fuse_bytes, fusing):
@@ -70,33 +94,67 @@ class Task:
         self.payloads = payloads
 
 
+class _Exchange:
+    """One bucket's exchange in flight: its generator and what it waits for now."""
+    __slots__ = ("task", "channel", "steps", "step", "deadline", "started")
+
+    def __init__(self, task, channel, steps, started):
+        self.task = task
+        self.channel = channel
+        self.steps = steps
+        self.step = None
+        self.deadline = None
+        self.started = started
+
+
 class Scheduler:
     """Owns the communication thread and the per-item freshness the compute thread waits on."""
 
-    def __init__(self, engine, dwbp=True, timeline=None):
+    def __init__(self, engine, dwbp=True, timeline=None, channels=1):
         self.engine = engine
         self.dwbp = dwbp
         self.timeline = timeline
-        self.tasks = queue.Queue()
+        self.channels = max(1, int(channels))
+        self.inbox = collections.deque()   # Task, function or None (stop), in order
+        # the communication thread sleeps on this lock; the compute thread releases it to
+        # wake the thread at once (a bare lock: no Python-level machinery on either side)
+        self.bell = threading.Lock()
+        self.bell.acquire()
         self.cond = threading.Condition()
         self.error = None
         self.done_tasks = 0
         self.queued_tasks = 0
-        self.comm_busy = 0.0       # seconds the communication thread spent on exchanges
+        self.comm_busy = 0.0       # seconds with at least one exchange in flight
+        self.exchanges = 0         # exchanges started
+        self.overlapped = 0        # ... of them while another one was in flight
+        self.in_flight_peak = 0    # the most exchanges in flight at once
+        self.polls = 0             # rounds of tests the communication thread made
+        self.cpu_seconds = 0.0     # the communication thread's own CPU time
+        if timeline is not None:
+            for k in range(self.channels):
+                timeline.name_thread(1 + k, "communication, channel %d" % k)
         self.thread = threading.Thread(target=self._run, name="sync-comm", daemon=True)
         self.thread.start()
 
     # -- compute thread ------------------------------------------------------------------------
     def submit(self, bucket, clock, payloads):
+        self.submit_all([(bucket, clock, payloads)])
+
+    def submit_all(self, tasks):
+        """Hand several exchanges over at once (the communication thread sees all or none)."""
+        if not tasks:
+            return
         with self.cond:
-            self.queued_tasks += 1
-        self.tasks.put(Task(bucket, clock, payloads))
+            self.queued_tasks += len(tasks)
+        self.inbox.extend([Task(bucket, clock, payloads) for bucket, clock, payloads in tasks])
+        self._ring()
 
     def post(self, fn):
         """Run ``fn`` on the communication thread, after everything queued, without waiting."""
         with self.cond:
             self.queued_tasks += 1
-        self.tasks.put(fn)
+        self.inbox.append(fn)
+        self._ring()
 
     def call(self, fn):
         """Run ``fn`` on the communication thread, after everything queued; return its result."""
@@ -108,9 +166,7 @@ class Scheduler:
                 box["value"] = fn()
             finally:
                 done.set()
-        with self.cond:
-            self.queued_tasks += 1
-        self.tasks.put(job)
+        self.post(job)
         self._wait(lambda: done.is_set(), "waiting for the communication thread")
         return box.get("value")
 
@@ -144,36 +200,134 @@ class Scheduler:
                 self.cond.wait(min(remaining, 0.5))
 
     def stop(self):
-        self.tasks.put(None)
+        self.inbox.append(None)
+        self._ring()
         self.thread.join()
+
+    def _ring(self):
+        try:
+            self.bell.release()
+        except RuntimeError:
+            pass                   # rung already: the thread will look at the whole inbox
 
     # -- communication thread -----------------------------------------------------------------
     def _run(self):
-        while True:
-            task = self.tasks.get()
-            if task is None:
-                return
-            try:
-                start = time.perf_counter()
-                if callable(task):
-                    task()
-                else:
-                    self.engine.run_task(task)
-                    self.comm_busy += time.perf_counter() - start
-                    if self.timeline is not None:
-                        t1 = self.timeline.now_us()
-                        self.timeline.span("%s %s" % (task.bucket.strategy, task.bucket.name),
-                                           "exchange", t1 - (time.perf_counter() - start) * 1e6,
-                                           t1, 1, {"clock": task.clock})
-            except BaseException as exc:  # reported to the compute thread, which ends the job
-                with self.cond:
-                    self.error = "%s: %s" % (type(exc).__name__, exc)
-                    self.cond.notify_all()
-                self.engine.on_comm_failure(exc)
-                return
+        try:
+            self._loop()
+        except BaseException as exc:  # reported to the compute thread, which ends the job
             with self.cond:
-                self.done_tasks += 1
+                self.error = "%s: %s" % (type(exc).__name__, exc)
                 self.cond.notify_all()
+            self.engine.on_comm_failure(exc)
+
+    def _loop(self):
+        waiting = collections.deque()      # handed over, not started yet
+        active = []                        # exchanges in flight, in the order started
+        lanes = [None] * self.channels     # the exchange each channel carries
+        transport = self.engine.transport
+        pause = 0.0
+        busy_since = None
+        while True:
+            self.polls += 1
+            self.cpu_seconds = time.thread_time()
+            while self.inbox:
+                waiting.append(self.inbox.popleft())
+            moved = False
+            # start in order: an exchange when its channel is free; a function, or the end,
+            # once nothing is in flight
+            while waiting:
+                head = waiting[0]
+                if isinstance(head, Task):
+                    lane = head.bucket.channel % self.channels
+                    if lanes[lane] is not None:
+                        break
+                    waiting.popleft()
+                    now = time.perf_counter()
+                    if busy_since is None:
+                        busy_since = now
+                    self.exchanges += 1
+                    if active:
+                        self.overlapped += 1
+                    exchange = _Exchange(head, lane, self.engine.exchange(
+                        head, self.engine.channels[lane]), now)
+                    lanes[lane] = exchange
+                    active.append(exchange)
+                    if self._advance(exchange, transport):
+                        self._finished(exchange, active, lanes)
+                    moved = True
+                    continue
+                if active:
+                    break
+                waiting.popleft()
+                if head is None:
+                    return
+                head()
+                self._task_done()
+                moved = True
+            if len(active) > self.in_flight_peak:
+                self.in_flight_peak = len(active)
+            # one test of every request in flight, the exchanges' and the services'
+            transport.progress([r for exchange in active if isinstance(exchange.step, Wait)
+                                for r in exchange.step.requests])
+            for exchange in list(active):
+                if self._ready(exchange, transport, tested=True):
+                    moved = True
+                    if self._advance(exchange, transport):
+                        self._finished(exchange, active, lanes)
+            if busy_since is not None and not active:
+                self.comm_busy += time.perf_counter() - busy_since
+                busy_since = None
+            if moved:
+                pause = 0.0
+                continue
+            if waiting and not active:
+                continue
+            # nothing to do until a request completes or the compute thread hands something
+            # over: sleep (without the GIL, without a core), backing off
+            pause = min(pause * 2 or 5e-5, BUSY_PAUSE if active else IDLE_PAUSE)
+            self.bell.acquire(timeout=pause)
+
+    def _ready(self, exchange, transport, tested=False):
+        """Whether what ``exchange`` waits for is there (``tested``: its requests were just
+        tested, completed ones are null); past its deadline, a SyncTimeout."""
+        step = exchange.step
+        if isinstance(step, Wait):
+            done = not any(step.requests) if tested else (
+                not step.requests or MPI.Request.Testall(step.requests))
+        else:
+            done = step.condition()
+        if not done and time.monotonic() > exchange.deadline:
+            task = exchange.task
+            raise transport.timed_out("exchanging %s (iteration %d)"
+                                      % (task.bucket.name, task.clock), step.peers)
+        return done
+
+    def _advance(self, exchange, transport):
+        """Run ``exchange`` to its next wait that is not over yet; True when it has ended."""
+        try:
+            while True:
+                exchange.step = (next(exchange.steps) if exchange.step is None
+                                 else exchange.steps.send(None))
+                exchange.deadline = time.monotonic() + transport.timeout
+                if not self._ready(exchange, transport):
+                    return False
+        except StopIteration:
+            return True
+
+    def _finished(self, exchange, active, lanes):
+        active.remove(exchange)
+        lanes[exchange.channel] = None
+        if self.timeline is not None:
+            task = exchange.task
+            self.timeline.span_at("%s %s" % (task.bucket.strategy, task.bucket.name),
+                                  "exchange", exchange.started, time.perf_counter(),
+                                  1 + exchange.channel, {"clock": task.clock})
+        self._task_done()
+
+    def _task_done(self):
+        with self.cond:
+            self.done_tasks += 1
+            self.cond.notify_all()
 
     def mark_fresh(self, items, clock):
         with self.cond:

@@ -15,7 +15,9 @@ from . import strategy as registry
 from .counters import ByteCounters
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
-from .transport import Transport
+from .transport import Channel, Transport
+
+CHANNELS = 4      # exchanges in flight at once, by default
 
 
 class FactorSource:
@@ -60,7 +62,8 @@ class Item:
 class SyncEngine:
     def __init__(self, topology, items, rule, mode="auto", staleness=0, svb=None, dwbp=True,
                  batch_rows=None, iter_size=1, start_clock=0, clip=None, fuse_bytes=1 << 16,
-                 timeout=300.0, timeline=None, announce=True, update="server"):
+                 timeout=300.0, timeline=None, announce=True, update="server",
+                 channels=CHANNELS):
         # update "server": one Caffe update of the averaged gradient (one worker with P times
         # the batch); "worker": Poseidon's rule, each worker's solver computes its update from
         # its own gradient and history, and the exchange adds the workers' updates
@@ -92,6 +95,11 @@ class SyncEngine:
                 self.strategies[cls.name] = opened
         fusing = {cls.name for cls in registry.registered() if cls.fuses}
         self.buckets = make_buckets(self.items, self.plan, fuse_bytes, fusing)
+        # the lanes exchanges travel on; no more than there are buckets to fill them
+        channels = max(1, min(int(channels), len(self.buckets)))
+        self.channels = [Channel.duplicate(k, topology) for k in range(channels)]
+        for bucket in self.buckets:
+            bucket.channel = bucket.index % channels
         self.bucket_predicted = {b.name: sum(self.predicted[i.index] for i in b.items)
                                  for b in self.buckets}
         self.by_ready = {}
@@ -103,27 +111,34 @@ class SyncEngine:
         self.submitted = set()
         self.dwbp = bool(dwbp)
         self.closed = False
-        self.wait_seconds = 0.0
+        self.wait_seconds = 0.0        # the compute thread's waits for the communication
+        self.capture_seconds = 0.0     # ... and its copies of gradients handed over
         self.failure_handler = None
-        self.scheduler = Scheduler(self, self.dwbp, timeline)
+        self.scheduler = Scheduler(self, self.dwbp, timeline, len(self.channels))
 
     # -- compute-thread side: the net's hooks --------------------------------------------------
     def grad_ready(self, layer_index):
-        for item in self.by_ready.get(layer_index, ()):
+        items = self.by_ready.get(layer_index)
+        if not items:
+            return
+        start = time.perf_counter()
+        for item in items:
             self._capture(item)
+        end = time.perf_counter()
+        self.capture_seconds += end - start
+        if self.timeline is not None:
+            self.timeline.span_at("copy out layer %d" % layer_index, "sync", start, end, 0)
 
     def before_forward(self, layer_index):
         items = self.by_first_use.get(layer_index)
         if not items:
             return
+        if all(item.fresh >= self.clock for item in items):
+            return
         start = time.perf_counter()
-        t0 = self.timeline.now_us() if self.timeline is not None else None
         self.scheduler.wait_items(items, self.clock, "waiting for fresh weights of layer %d "
                                   "(iteration %d)" % (layer_index, self.clock))
-        self.wait_seconds += time.perf_counter() - start
-        if self.timeline is not None:
-            now = self.timeline.now_us()
-            self.timeline.span("wait layer %d" % layer_index, "wait", t0, now, 0)
+        self._timed(start, time.perf_counter(), "wait layer %d" % layer_index, "wait")
 
     def _capture(self, item):
         strategy = self.strategies[item.strategy]
@@ -138,13 +153,18 @@ class SyncEngine:
             self._submit(bucket)
 
     def _submit(self, bucket):
+        self.scheduler.submit(*self._task(bucket))
+
+    def _task(self, bucket):
         payloads = [self.payloads.pop(i.index) for i in bucket.items]
         self.submitted.add(bucket.index)
-        self.scheduler.submit(bucket, self.clock, payloads)
+        return bucket, self.clock, payloads
 
     def after_backward(self):
         """All passes of this clock's backward are done: send what is left, and (without DWBP,
         or with global clipping) wait for the exchange before the update is taken."""
+        start = time.perf_counter()
+        tasks = []
         for bucket in self.buckets:
             if bucket.index in self.submitted:
                 continue
@@ -154,18 +174,29 @@ class SyncEngine:
                     item.passes = 0
                     self.payloads[item.index] = self.strategies[item.strategy].payload(
                         item, self.clock)
-            self._submit(bucket)
+            tasks.append(self._task(bucket))
+        # handed over together: without DWBP every channel starts at once
+        self.scheduler.submit_all(tasks)
         self.submitted.clear()
         clock = self.clock
-        if self.clip is not None:
-            self.scheduler.wait_idle("waiting for the gradient exchange of iteration %d" % clock)
-            self._clip_and_update(clock)
-        elif not self.dwbp:
+        if tasks:
+            self._timed(start, time.perf_counter(), "copy out", "sync", capture=True)
+        if self.clip is not None or not self.dwbp:
             start = time.perf_counter()
             self.scheduler.wait_idle("waiting for the gradient exchange of iteration %d" % clock)
-            self.wait_seconds += time.perf_counter() - start
+            self._timed(start, time.perf_counter(), "wait for the exchanges", "wait")
+            if self.clip is not None:
+                self._clip_and_update(clock)
         self.counters.end_iteration()
         self.clock = clock + 1
+
+    def _timed(self, start, end, name, category, capture=False):
+        if capture:
+            self.capture_seconds += end - start
+        else:
+            self.wait_seconds += end - start
+        if self.timeline is not None:
+            self.timeline.span_at(name, category, start, end, 0)
 
     def _clip_and_update(self, clock):
         # the solver's global clipping, over the aggregated gradients
@@ -192,7 +223,9 @@ class SyncEngine:
         self.scheduler.call(catch_up)
 
     # -- communication-thread side ---------------------------------------------------------------
-    def run_task(self, task):
+    def exchange(self, task, channel):
+        """One bucket's exchange (a generator the scheduler drives on the communication
+        thread): the strategy's steps on ``channel``, then the update of the items."""
         bucket, clock = task.bucket, task.clock
         what = "exchanging %s (iteration %d)" % (bucket.name, clock)
         inv = 1.0 / self.workers
@@ -202,7 +235,8 @@ class SyncEngine:
             for item, payload in zip(bucket.items, task.payloads):
                 self.rule.compute(item.index, item.data_flat, payload,
                                   self.rule.history(item.index), clock)
-        sums = self.strategies[bucket.strategy].run(bucket, task.payloads, clock, what)
+        sums = yield from self.strategies[bucket.strategy].start(bucket, task.payloads, clock,
+                                                                 what, channel)
         if sums is not None:       # None: the strategy left the fresh weights in the items
             for item, total in zip(bucket.items, sums):
                 if worker_rule:
@@ -255,7 +289,14 @@ class SyncEngine:
                             for k, v in strategy.stale_reads.items()},
             "staleness": self.staleness,
             "wait_seconds": self.wait_seconds,
+            "capture_seconds": self.capture_seconds,
             "comm_seconds": self.scheduler.comm_busy,
+            "channels": len(self.channels),
+            "exchanges": self.scheduler.exchanges,
+            "overlapped_exchanges": self.scheduler.overlapped,
+            "in_flight_peak": self.scheduler.in_flight_peak,
+            "comm_polls": self.scheduler.polls,
+            "comm_cpu_seconds": self.scheduler.cpu_seconds,
         }
 
     def items_by_index(self):
@@ -268,6 +309,8 @@ class SyncEngine:
         def close_all():
             for strategy in self.strategies.values():
                 strategy.close(clock)
+            for channel in self.channels:
+                channel.free()
         self.scheduler.call(close_all)
         self.scheduler.stop()
         self.closed = True

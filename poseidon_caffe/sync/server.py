@@ -82,7 +82,7 @@ def serve(topology):
     clock = start
     try:
         while True:
-            busy = store.progress()
+            busy = store.poll()
             if waiting is None:
                 done, message = request.test()
                 if done:
@@ -95,7 +95,7 @@ def serve(topology):
                     waiting = None
                 elif kind == STOP:
                     while not store.sends_done():
-                        store.progress()
+                        store.poll()
                         time.sleep(1e-4)
                     break
             if busy:

@@ -37,8 +37,8 @@ class StopAgreement:
     """``requested_action()`` returns the same action on every worker at the same boundary.
 
     ``scheduler`` runs functions on the communication thread (``post``: without waiting;
-    ``call``: waiting for the result); ``transport`` polls with a deadline and calls its
-    progress hooks while it waits.
+    ``call``: waiting for the result); ``transport`` tests its requests with every other
+    service's while the communication thread waits (this object is one of its services).
     """
 
     def __init__(self, comm, local_action, scheduler, transport, lag=1):
@@ -51,7 +51,7 @@ class StopAgreement:
         self.requests = {}        # boundary -> (send, recv, request): communication thread
         self.answers = {}         # boundary -> per-rank codes and rank 0's clock (ms)
         self.last_snapshot = None # (rank 0's clock, ranks that asked) of the last one taken
-        transport.progress_hooks.append(self.progress)
+        transport.services.append(self)
 
     # -- compute thread ------------------------------------------------------------------
     def requested_action(self):
@@ -90,7 +90,7 @@ class StopAgreement:
         def finish_all():
             for boundary in sorted(self.requests):
                 self._finish(boundary)
-            self.transport.progress_hooks.remove(self.progress)
+            self.transport.services.remove(self)
             self.comm.Free()
         self.scheduler.call(finish_all)
         self.answers.clear()
@@ -104,13 +104,17 @@ class StopAgreement:
             send[-1] = int(time.monotonic() * 1000)
         recv = np.zeros_like(send)
         self.requests[boundary] = (send, recv, self.comm.Iallreduce(send, recv, op=MPI.MAX))
-        self.progress()
+        self.transport.progress()
+
+    def requests_in_flight(self):
+        return [request for _, _, request in self.requests.values()]
 
     def progress(self):
+        """Collect the answers whose all-reduce has completed (the transport tested them)."""
         collected = False
         for boundary in list(self.requests):
             _, recv, request = self.requests[boundary]
-            if request.Test():
+            if not request:
                 del self.requests[boundary]
                 self.answers[boundary] = recv
                 collected = True

@@ -3,7 +3,10 @@
 A strategy moves the gradients of some parameter blobs between the workers of a job. The
 planner prices every registered strategy for every blob and names one per blob; the engine
 opens each named strategy once, hands it a blob's gradient as backward makes it final, and
-makes one call per bucket on the communication thread.
+starts one exchange per bucket on the communication thread. An exchange is a generator
+(``start``) that yields while its MPI requests are in flight, so that the communication
+thread keeps several buckets' exchanges going at once; a strategy that only offers the
+blocking ``run`` still works (its exchanges then hold the thread until they are done).
 
 A new strategy is one module with one ``Strategy`` subclass decorated with ``@register``; once
 the module is imported the planner prices it for every blob, ``sync=<name>`` forces it and the
@@ -83,6 +86,14 @@ class Strategy(ABC):
         """Exchange one bucket (on the communication thread). Returns, per item of the bucket,
         the flat sum over every worker of what they sent, for the engine to apply; or None when
         the strategy has itself left the fresh weights in the items."""
+
+    def start(self, bucket, payloads, clock, what, channel):
+        """The exchange of one bucket as a generator: it starts non-blocking MPI calls, yields
+        ``transport.Wait``/``transport.Until`` until they are done, and returns what ``run``
+        returns. Its collectives use ``channel``'s communicators (the exchanges in flight at
+        one time each have their own). By default: ``run``, in one step."""
+        return self.run(bucket, payloads, clock, what)
+        yield  # pragma: no cover -- makes this a generator
 
     def wait(self, clock):
         """Before a snapshot, a test or the end: leave every replica holding all updates before

@@ -1,8 +1,9 @@
 """A timeline of each iteration in Chrome's trace-event JSON (chrome://tracing, Perfetto).
 
-The compute thread records every layer's forward and backward; the communication thread
-records each exchange from its start to its end, so what was in flight while backward went on
-can be seen at a glance.
+The compute thread (thread 0) records every layer's forward and backward and its waits for the
+communication; the communication thread records each exchange from its start to its end, on
+thread 1 + its channel (exchanges in flight together are on different channels), so what was in
+flight while backward went on can be seen at a glance.
 """
 import json
 import os
@@ -17,6 +18,10 @@ class Timeline:
         self._events = []
         self._lock = threading.Lock()
         self._origin = time.perf_counter()
+        self._threads = {0: "compute", 1: "communication"}
+
+    def name_thread(self, thread, name):
+        self._threads[thread] = name
 
     def now_us(self):
         return (time.perf_counter() - self._origin) * 1e6
@@ -36,11 +41,9 @@ class Timeline:
 
     def write(self):
         meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "tid": 0,
-                 "args": {"name": "rank %d" % self.rank}},
-                {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 0,
-                 "args": {"name": "compute"}},
-                {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 1,
-                 "args": {"name": "communication"}}]
+                 "args": {"name": "rank %d" % self.rank}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
+                  "args": {"name": name}} for tid, name in sorted(self._threads.items())]
         with self._lock:
             events = meta + list(self._events)
         directory = os.path.dirname(os.path.abspath(self.path))

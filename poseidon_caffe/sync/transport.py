@@ -1,8 +1,20 @@
 """Point-to-point and collective waits over MPI, with byte counting and a deadline.
 
-Every wait polls its requests and, between polls, lets the parameter-server shard of this rank
-make progress (so a rank that waits for its peers still serves them). A wait that passes its
+An exchange is written as a generator: it starts non-blocking MPI calls and yields what it
+needs before it can go on -- ``Wait(requests, peers)`` (every request complete) or
+``Until(condition, peers)`` (a condition that the services make true, e.g. a parameter
+server's fresh rows) -- and returns its result. The scheduler (``dwbp.py``) keeps several
+such generators in flight and resumes each as its requests complete; ``drive`` runs one to
+the end on its own, waiting where it yields (snapshots, the end of a run, direct callers).
+
+Every wait tests its requests together with the services' (the parameter-server shard of this
+rank, its pulls, the stop agreement) in one MPI_Testsome, so a rank that waits for its peers
+still serves them. A wait that passes its
 deadline raises SyncTimeout naming the ranks it waited for, instead of hanging.
+
+A ``Channel`` is the set of communicators one exchange at a time uses for its collectives
+(the devices of a host, the host leaders): exchanges in flight together use different
+channels, so that every communicator sees its collectives in the same order on every rank.
 """
 import time
 
@@ -13,45 +25,129 @@ class SyncTimeout(RuntimeError):
     pass
 
 
+class Wait:
+    """What an exchange yields: go on once every request has completed."""
+    __slots__ = ("requests", "peers")
+
+    def __init__(self, requests, peers=()):
+        self.requests = [r for r in requests if r is not None]
+        self.peers = peers
+
+
+class Until:
+    """What an exchange yields: go on once ``condition()`` holds (the services make it
+    true)."""
+    __slots__ = ("condition", "peers")
+
+    def __init__(self, condition, peers=()):
+        self.condition = condition
+        self.peers = peers
+
+
+class Channel:
+    """The communicators of one lane of exchanges: ``local`` (the devices of this host; None
+    with one device) and ``leaders`` (the host leaders; None off a leader or with one host)."""
+
+    def __init__(self, index, local, leaders, owned=False):
+        self.index = index
+        self.local = local
+        self.leaders = leaders
+        self.owned = owned
+
+    @classmethod
+    def duplicate(cls, index, topology):
+        """A channel with communicators of its own (collective over the host and the leaders:
+        every worker makes its channels in the same order at start-up)."""
+        local = topology.local.Dup() if topology.local is not None and \
+            topology.local.size > 1 else None
+        leaders = topology.leaders.Dup() if topology.leaders is not None and \
+            topology.leaders.size > 1 else None
+        return cls(index, local, leaders, owned=True)
+
+    def free(self):
+        if self.owned:
+            for comm in (self.local, self.leaders):
+                if comm is not None:
+                    comm.Free()
+        self.local = self.leaders = None
+
+
 class Transport:
     def __init__(self, topology, counters, timeout=600.0):
         self.topology = topology
         self.counters = counters
         self.timeout = float(timeout)
-        self.progress_hooks = []
+        # what must be served while anything waits (this rank's parameter-server shard and
+        # pulls, the stop agreement): objects with requests_in_flight() and
+        # progress() -- take the requests that have completed (null ones)
+        self.services = []
+        # the blocking calls' own lane (snapshots, the end of a run, strategies that only
+        # offer the blocking run): the topology's communicators
+        self.default_channel = Channel(-1, topology.local, topology.leaders)
 
-    def progress(self):
-        for hook in self.progress_hooks:
-            hook()
+    def progress(self, extra=()):
+        """Test ``extra`` and every service's requests in one call into MPI (which moves them
+        all on; completed ones become null), then let the services whose requests completed
+        take them. Whether anything completed."""
+        requests = list(extra)
+        spans = []
+        for service in self.services:
+            start = len(requests)
+            requests.extend(service.requests_in_flight())
+            spans.append((service, start, len(requests)))
+        if not requests:
+            return False
+        done = MPI.Request.Testsome(requests)
+        if not done:
+            return False
+        for service, start, end in spans:
+            if any(start <= i < end for i in done):
+                service.progress()
+        return True
 
     def wait(self, requests, what, peers=()):
         """Wait for all ``requests``; ``peers`` are the world ranks they depend on."""
         requests = [r for r in requests if r is not None]
-        self.wait_until(lambda: not requests or MPI.Request.Testall(requests), what, peers)
-        self.progress()
+        self.wait_until(lambda: not any(requests), what, peers, requests)
 
-    def wait_until(self, condition, what, peers=()):
-        """Poll ``condition`` (serving this rank's shard between polls) until it holds, backing
-        off to at most 1 ms between polls; past the deadline, name the ranks waited for."""
+    def wait_until(self, condition, what, peers=(), requests=()):
+        """Test (serving this rank's shard between tests) until ``condition`` holds, backing
+        off to at most 1 ms between tests; past the deadline, name the ranks waited for."""
         deadline = time.monotonic() + self.timeout
         pause = 0.0
         while True:
-            self.progress()
+            self.progress(requests)
             if condition():
                 return
             if time.monotonic() > deadline:
-                names = ", ".join(self.topology.describe_rank(p) for p in sorted(set(peers)))
-                raise SyncTimeout("%s: no answer within %.0f s from %s"
-                                  % (what, self.timeout, names or "the other ranks"))
+                raise self.timed_out(what, peers)
             if pause:
                 time.sleep(pause)
             pause = min(pause * 2 or 1e-5, 1e-3)
 
-    # -- on-host collectives (level 1) ------------------------------------------------------
-    def local_sum_to_leader(self, flat, key, what):
+    def timed_out(self, what, peers):
+        names = ", ".join(self.topology.describe_rank(p) for p in sorted(set(peers)))
+        return SyncTimeout("%s: no answer within %.0f s from %s"
+                           % (what, self.timeout, names or "the other ranks"))
+
+    def drive(self, exchange, what):
+        """Run an exchange generator to its end here, waiting where it yields; its result."""
+        try:
+            step = next(exchange)
+            while True:
+                if isinstance(step, Wait):
+                    self.wait(step.requests, what, step.peers)
+                else:
+                    self.wait_until(step.condition, what, step.peers)
+                step = exchange.send(None)
+        except StopIteration as done:
+            return done.value
+
+    # -- on-host collectives (level 1), as steps of an exchange ----------------------------
+    def local_sum(self, channel, flat, key):
         """Sum ``flat`` over the devices of this host into the leader's ``flat``."""
-        local = self.topology.local
-        if local.size == 1:
+        local = channel.local
+        if local is None or local.size == 1:
             return
         nbytes = flat.nbytes
         if local.rank == 0:
@@ -60,11 +156,12 @@ class Transport:
         else:
             req = local.Ireduce(flat, None, op=MPI.SUM, root=0)
             self.counters.add(key, sent=nbytes, local=True)
-        self.wait([req], what, self._local_peers())
+        yield Wait([req], self._local_peers())
 
-    def local_broadcast(self, flat, key, what):
-        local = self.topology.local
-        if local.size == 1:
+    def local_bcast(self, channel, flat, key):
+        """The leader's ``flat`` to every device of this host."""
+        local = channel.local
+        if local is None or local.size == 1:
             return
         nbytes = flat.nbytes
         req = local.Ibcast(flat, root=0)
@@ -72,12 +169,12 @@ class Transport:
             self.counters.add(key, sent=nbytes * (local.size - 1), local=True)
         else:
             self.counters.add(key, received=nbytes, local=True)
-        self.wait([req], what, self._local_peers())
+        yield Wait([req], self._local_peers())
 
-    def local_gather_to_leader(self, flat, gathered, key, what):
+    def local_gather(self, channel, flat, gathered, key):
         """Concatenate every device's ``flat`` (equal sizes) into the leader's ``gathered``."""
-        local = self.topology.local
-        if local.size == 1:
+        local = channel.local
+        if local is None or local.size == 1:
             gathered[...] = flat
             return
         req = local.Igather(flat, gathered if local.rank == 0 else None, root=0)
@@ -85,7 +182,17 @@ class Transport:
             self.counters.add(key, received=flat.nbytes * (local.size - 1), local=True)
         else:
             self.counters.add(key, sent=flat.nbytes, local=True)
-        self.wait([req], what, self._local_peers())
+        yield Wait([req], self._local_peers())
+
+    # -- the same, blocking (the topology's own communicators) -------------------------------
+    def local_sum_to_leader(self, flat, key, what):
+        self.drive(self.local_sum(self.default_channel, flat, key), what)
+
+    def local_broadcast(self, flat, key, what):
+        self.drive(self.local_bcast(self.default_channel, flat, key), what)
+
+    def local_gather_to_leader(self, flat, gathered, key, what):
+        self.drive(self.local_gather(self.default_channel, flat, gathered, key), what)
 
     def _local_peers(self):
         topo = self.topology

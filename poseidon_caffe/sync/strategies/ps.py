@@ -9,13 +9,19 @@ solver's update to its rows with the history it keeps, and pushes the fresh rows
 host (server push). A host at clock c may go on once every shard of a blob has applied clock
 c - s (s = staleness; 0 is bulk-synchronous).
 
+A blob's exchange is one push message to each remote shard, then a wait (``Until``) for each
+shard's pull, which the progress hook receives into the host's replica; the engine keeps
+several blobs' exchanges in flight, so several layers' pushes and pulls travel at once, and
+one blob is never in flight twice (its next push follows the forward that waited for it).
 Pushes and pulls travel on duplicates of ``topology.ps_comm`` (leaders, then dedicated
 servers), with the blob's index as tag; a third duplicate carries the control messages to
 dedicated servers (gather the history for a snapshot, stop).
 """
 import numpy as np
+from mpi4py import MPI
 
 from ..strategy import ITEMSIZE, Strategy, register
+from ..transport import Until
 
 CONTROL_TAG = 1
 SNAPSHOT, STOP = "snapshot", "stop"
@@ -67,6 +73,7 @@ class ShardStore:
         self.on_applied = on_applied       # a co-located shard refreshes its host's replica
         self.shards = {}
         self.in_flight = []                # (request, buffer kept alive until sent)
+        self.listed = None                 # requests_in_flight(), until one is replaced
 
     def add(self, index, name, lo, hi, data_rows, history_rows, sources, start_clock):
         own = _Shard(index, name, lo, hi, np.array(data_rows, dtype=np.float32, copy=True),
@@ -75,6 +82,7 @@ class ShardStore:
         self.shards[index] = own
         for src in sources:
             own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src, tag=index)
+        self.listed = None
         return own
 
     def deposit(self, index, clock, grad_rows):
@@ -97,28 +105,45 @@ class ShardStore:
             own.applied += 1
             if self.on_applied is not None:
                 self.on_applied(own)
+            fresh = own.data.copy() if own.sources else None   # one copy for every pull
             for dest in own.sources:
-                fresh = own.data.copy()
                 self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
                                        fresh))
                 self.counters.add(own.name, sent=fresh.nbytes)
+                self.listed = None
+
+    def requests_in_flight(self):
+        if self.listed is None:
+            self.listed = [req for own in self.shards.values()
+                           for req in own.requests.values()]
+            self.listed += [req for req, _ in self.in_flight]
+        return self.listed
+
+    def poll(self):
+        """Test every request of the store (one call into MPI), then take what arrived."""
+        requests = self.requests_in_flight()
+        if requests and MPI.Request.Testsome(requests):
+            return self.progress()
+        return 0
 
     def progress(self):
-        """Take every push that has arrived; returns how many."""
+        """Take every push that has arrived (its request tested complete, now null);
+        returns how many."""
         taken = 0
         for index, own in self.shards.items():
             for src in own.sources:
-                req = own.requests[src]
-                while req.Test():
-                    clock = own.next_clock[src]
-                    own.next_clock[src] += 1
-                    self.counters.add(own.name, received=own.buffers[src].nbytes)
-                    self.deposit(index, clock, own.buffers[src])
-                    taken += 1
-                    req = own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
-                                                                  tag=index)
+                if own.requests[src]:
+                    continue
+                clock = own.next_clock[src]
+                own.next_clock[src] += 1
+                self.counters.add(own.name, received=own.buffers[src].nbytes)
+                self.deposit(index, clock, own.buffers[src])
+                taken += 1
+                own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
+                                                         tag=index)
         if self.in_flight:
-            self.in_flight = [(r, b) for r, b in self.in_flight if not r.Test()]
+            self.in_flight = [(r, b) for r, b in self.in_flight if r]
+        self.listed = None
         return taken
 
     def applied_all(self, clock):
@@ -134,8 +159,9 @@ class ShardStore:
     def close(self):
         for own in self.shards.values():
             for req in own.requests.values():
-                req.Cancel()
-                req.Wait()
+                if req:
+                    req.Cancel()
+                    req.Wait()
         for req, _ in self.in_flight:
             req.Wait()
         self.in_flight = []
@@ -221,6 +247,7 @@ class ParameterServer(Strategy):
         self.stages = {}          # (index, shard) -> receive buffer
         self.pull_requests = {}
         self.in_flight = []       # (request, buffer kept alive until sent)
+        self.listed = None        # this side's requests in flight, until one is replaced
         self.push_comm = self.pull_comm = self.control_comm = None
         self.store = None
         if topology.is_leader:
@@ -233,7 +260,7 @@ class ParameterServer(Strategy):
                 self.store = ShardStore(self.push_comm, self.pull_comm, counters, rule,
                                         topology.num_hosts, workers, self._own_rows_applied,
                                         worker_updates)
-            transport.progress_hooks.append(self.progress)
+            transport.services.append(self)
 
     def add(self, item, flat_data):
         """Register a blob; ``flat_data`` is its current value (the same on every rank)."""
@@ -257,6 +284,7 @@ class ParameterServer(Strategy):
                 self.stages[(item.index, shard)] = stage
                 self.pull_requests[(item.index, shard)] = self.pull_comm.Irecv(
                     stage, source=topo.shard_comm_ranks[shard], tag=item.index)
+        self.listed = None
 
     def seed_servers(self):
         """Rank 0 hands every dedicated server the rows it owns: the blobs' values and the
@@ -276,18 +304,24 @@ class ParameterServer(Strategy):
 
     # -- worker side --------------------------------------------------------------------------
     def run(self, bucket, payloads, clock, what):
+        return self.transport.drive(self.start(bucket, payloads, clock, what,
+                                               self.transport.default_channel), what)
+
+    def start(self, bucket, payloads, clock, what, channel):
         """Push the gradients, pull the shards' weights into the items (one blob a bucket)."""
         for item, flat_grad in zip(bucket.items, payloads):
-            read = self.exchange(item, flat_grad, item.data_flat, clock, what)
+            read = yield from self.exchange(channel, item, flat_grad, item.data_flat, clock)
             self.stale_reads[item.index] = max(self.stale_reads.get(item.index, 0), read)
         return None
 
-    def exchange(self, item, flat_grad, data_out, clock, what):
+    def exchange(self, channel, item, flat_grad, data_out, clock):
         """Push this worker's gradient for ``clock``; leave in ``data_out`` the blob's value
-        from the shards, at most ``staleness`` clocks behind. Returns the staleness read."""
+        from the shards, at most ``staleness`` clocks behind (the steps of an exchange: one
+        push message per remote shard, then the wait for each shard's pull). Returns the
+        staleness read."""
         key = item.name
         topo = self.topology
-        self.transport.local_sum_to_leader(flat_grad, key, what)
+        yield from self.transport.local_sum(channel, flat_grad, key)
         staleness_read = 0
         if topo.is_leader:
             me = None if self.dedicated else topo.host
@@ -299,13 +333,15 @@ class ParameterServer(Strategy):
                     self.in_flight.append((self.push_comm.Isend(
                         piece, dest=topo.shard_comm_ranks[shard], tag=item.index), piece))
                     self.counters.add(key, sent=piece.nbytes)
+                    self.listed = None
             needed = clock + 1 - self.staleness
             versions = self.versions[item.index]
-            owners = [topo.shard_job_ranks[s] for s in versions]
-            self.transport.wait_until(lambda: min(versions.values()) >= needed, what, owners)
+            if min(versions.values()) < needed:
+                owners = [topo.shard_job_ranks[s] for s in versions]
+                yield Until(lambda: min(versions.values()) >= needed, owners)
             staleness_read = clock + 1 - min(versions.values())
             data_out[...] = self.replicas[item.index]
-        self.transport.local_broadcast(data_out, key, what)
+        yield from self.transport.local_bcast(channel, data_out, key)
         return staleness_read
 
     def wait(self, clock):
@@ -333,20 +369,32 @@ class ParameterServer(Strategy):
     def current_value(self, index):
         return self.replicas[index]
 
+    def requests_in_flight(self):
+        if self.listed is None:
+            self.listed = (list(self.pull_requests.values())
+                           + [req for req, _ in self.in_flight])
+        if self.store is None:
+            return self.listed
+        return self.listed + self.store.requests_in_flight()
+
     def progress(self):
+        """Take the pulls that have arrived into the replicas (and, co-located, the pushes
+        into this host's shard); every request was tested by the transport."""
         if self.store is not None:
             self.store.progress()
-        for (index, shard), req in list(self.pull_requests.items()):
-            while req.Test():
-                stage = self.stages[(index, shard)]
-                lo, hi = self._range(index, shard)
-                self.replicas[index][lo:hi] = stage
-                self.versions[index][shard] += 1
-                self.counters.add(self.items[index].name, received=stage.nbytes)
-                req = self.pull_requests[(index, shard)] = self.pull_comm.Irecv(
-                    stage, source=self.topology.shard_comm_ranks[shard], tag=index)
+        for (index, shard), req in self.pull_requests.items():
+            if req:
+                continue
+            stage = self.stages[(index, shard)]
+            lo, hi = self._range(index, shard)
+            self.replicas[index][lo:hi] = stage
+            self.versions[index][shard] += 1
+            self.counters.add(self.items[index].name, received=stage.nbytes)
+            self.pull_requests[(index, shard)] = self.pull_comm.Irecv(
+                stage, source=self.topology.shard_comm_ranks[shard], tag=index)
         if self.in_flight:
-            self.in_flight = [(r, b) for r, b in self.in_flight if not r.Test()]
+            self.in_flight = [(r, b) for r, b in self.in_flight if r]
+        self.listed = None
 
     def _own_rows_applied(self, own):
         self.replicas[own.index][own.lo:own.hi] = own.data
@@ -409,8 +457,9 @@ class ParameterServer(Strategy):
                 self.transport.wait([req], what, self.topology.leader_ranks)
             self.stop_servers(clock)
         for req in self.pull_requests.values():
-            req.Cancel()
-            req.Wait()
+            if req:
+                req.Cancel()
+                req.Wait()
         for req, _ in self.in_flight:
             req.Wait()
         self.in_flight = []
@@ -418,7 +467,7 @@ class ParameterServer(Strategy):
         if self.store is not None:
             self.store.close()
         if self.push_comm is not None:
-            self.transport.progress_hooks.remove(self.progress)
+            self.transport.services.remove(self)
             for comm in (self.push_comm, self.pull_comm, self.control_comm):
                 if comm is not None:
                     comm.Free()

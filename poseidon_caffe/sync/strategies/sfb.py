@@ -5,12 +5,14 @@ diff (K x N) and A the bottom data (K x M) of the batch. Instead of the M x N ma
 worker hands its factors to its peers; every worker stacks all factors and rebuilds the summed
 gradient itself, then applies the same update to its replica. Level 1 gathers the factors of the
 devices of a host into its leader; level 2 exchanges the hosts' factors between leaders; level 1
-again gives every device the stacked factors.
+again gives every device the stacked factors. The factors of several layers travel at once,
+each layer's exchange on its channel's duplicate of the leaders.
 """
 import numpy as np
 
 from ..dwbp import SyncError
 from ..strategy import ITEMSIZE, Strategy, register
+from ..transport import Channel, Wait
 
 
 @register
@@ -53,13 +55,19 @@ class SufficientFactors(Strategy):
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def run(self, bucket, payloads, clock, what):
+        lane = Channel(-1, self.transport.default_channel.local, self.peers)
+        return self.transport.drive(self.start(bucket, payloads, clock, what, lane), what)
+
+    def start(self, bucket, payloads, clock, what, channel):
         item = bucket.items[0]
         top_diff, bottom_data = payloads[0]
-        grad = self.aggregate(top_diff, bottom_data, item.sfb.transpose, bucket.name, what)
+        grad = yield from self.aggregate(channel, top_diff, bottom_data, item.sfb.transpose,
+                                         bucket.name)
         return [np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)]
 
-    def aggregate(self, top_diff, bottom_data, transpose, key, what):
-        """Summed weight gradient over every worker from this worker's factors.
+    def aggregate(self, channel, top_diff, bottom_data, transpose, key):
+        """Summed weight gradient over every worker from this worker's factors (the steps of
+        an exchange).
 
         ``top_diff`` is K x N and ``bottom_data`` K x M; the result has the weight's layout:
         N x M, or M x N when the layer's ``transpose`` is set.
@@ -69,18 +77,22 @@ class SufficientFactors(Strategy):
         mine = np.concatenate([top_diff.reshape(-1), bottom_data.reshape(-1)]).astype(np.float32)
         topo = self.topology
         host_factors = np.empty(topo.local_size * mine.size, dtype=np.float32)
-        self.transport.local_gather_to_leader(mine, host_factors, key, what)
+        yield from self.transport.local_gather(channel, mine, host_factors, key)
         everything = np.empty(topo.num_hosts * host_factors.size, dtype=np.float32)
-        if self.peers is not None:
-            self._exchange_between_hosts(host_factors, everything, key, what)
-        self.transport.local_broadcast(everything, key, what)
+        if topo.is_leader:
+            if channel.leaders is not None:
+                yield from self._exchange_between_hosts(channel.leaders, host_factors,
+                                                        everything, key)
+            else:
+                everything[...] = host_factors
+        yield from self.transport.local_bcast(channel, everything, key)
         stacked = everything.reshape(-1, mine.size)
         D = stacked[:, :K * N].reshape(-1, N)
         A = stacked[:, K * N:].reshape(-1, M)
         return (A.T @ D) if transpose else (D.T @ A)
 
-    def _exchange_between_hosts(self, host_factors, everything, key, what):
-        comm = self.peers
+    def _exchange_between_hosts(self, comm, host_factors, everything, key):
+        """Every leader sends its host's factors to every other leader: 2(P-1) messages."""
         n = host_factors.size
         everything[comm.rank * n:(comm.rank + 1) * n] = host_factors
         reqs = []
@@ -91,7 +103,7 @@ class SufficientFactors(Strategy):
             reqs.append(comm.Irecv(everything[peer * n:(peer + 1) * n], source=peer, tag=0))
             self.counters.add(key, sent=host_factors.nbytes, received=host_factors.nbytes)
         others = [r for i, r in enumerate(self.topology.leader_ranks) if i != comm.rank]
-        self.transport.wait(reqs, what, others)
+        yield Wait(reqs, others)
 
     def close(self, clock=None):
         if self.peers is not None:
