@@ -55,19 +55,48 @@ for _ in range(2):
     comm.Barrier(); t = time.perf_counter()
     MPI.Request.Waitall([comm.Isend(a, dest=(rank + 1) % size), comm.Irecv(b, source=(rank - 1) % size)])
     comm.Barrier(); link_rate = a.nbytes / (time.perf_counter() - t)
+# and how long a small message takes one way, waited for as the engine waits (polling, with
+# a pause growing to 1 ms): the latency a round of the exchange pays on this machine now
+def engine_wait(reqs):
+    pause = 0.0
+    while not MPI.Request.Testall(reqs):
+        if pause:
+            time.sleep(pause)
+        pause = min(pause * 2 or 1e-5, 1e-3)
+tiny, back = np.zeros(1, np.float32), np.zeros(1, np.float32)
+trips = []
+for _ in range(20):
+    comm.Barrier(); t = time.perf_counter()
+    if rank % 2 == 0 and rank + 1 < size:
+        engine_wait([comm.Isend(tiny, dest=rank + 1)]); engine_wait([comm.Irecv(back, source=rank + 1)])
+    elif rank % 2 == 1:
+        engine_wait([comm.Irecv(back, source=rank - 1)]); engine_wait([comm.Isend(tiny, dest=rank - 1)])
+    trips.append(time.perf_counter() - t)
+one_way = sorted(trips)[len(trips) // 2] / 2
 runner = sync.attach(solver, types.SimpleNamespace(sync=mode, dwbp=dwbp, ranks_per_host=1))
 solver.step(3)
 runner.engine.sync_point()
+# the same layers' times again while training: the cores are then shared with the exchanges
+during = {"forward": [0.0] * len(net.layers), "backward": [0.0] * len(net.layers)}
+def clock_layer(kind, i, start, end):
+    during[kind][i] += end - start
+net.set_layer_timing_hook(clock_layer)
 comm.Barrier()
 t0 = time.perf_counter()
 solver.step(iters)
 runner.engine.sync_point()
 seconds = (time.perf_counter() - t0) / iters
+net.set_layer_timing_hook(None)
+layers_training = [(name, f / iters * 1e3, b / iters * 1e3) for name, f, b in
+                   zip(net.layer_names, during["forward"], during["backward"])]
 runner.finish()
 st = runner.engine.stats()
-result = {"seconds": seconds, "layers": layers, "update_rate": update_rate,
-          "link_rate": link_rate, "plan": st["plan"],
+result = {"seconds": seconds, "layers": layers, "layers_training": layers_training,
+          "update_rate": update_rate,
+          "link_rate": link_rate, "one_way_latency": one_way, "plan": st["plan"],
           "bytes": sum(r["sent"] + r["received"] for r in st["measured"].values()),
+          "comm_seconds": st["comm_seconds"] / max(st["iterations"], 1),
+          "wait_seconds": st["wait_seconds"] / max(st["iterations"], 1),
           "predicted_bytes": sum(st["predicted"].values())}
 everything = comm.gather(result, root=0)
 if comm.rank == 0:
@@ -126,29 +155,32 @@ def measure(hosts, bandwidth, mode, dwbp, iters, tmp, net_text=NET):
     return ranks, wire
 
 
-def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False):
+def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False,
+            during_training=False):
     """The simulator's Prediction for the job whose ranks reported ``ranks``: its per-layer
-    times and update rate (means over the ranks), and the lab's rate less the headers, or
-    (``calibrated``) the rate MPI moved on the lab's links before training."""
+    times (timed alone before training, or ``during_training``) and update rate (means over
+    the ranks), and the lab's rate less the headers, or (``calibrated``) the rate MPI moved
+    on the lab's links before training."""
     from poseidon_caffe import simulator
     from poseidon_caffe.simulator import model as net_models
     from poseidon_caffe.simulator.compute import LayerTimes
     from poseidon_caffe.io import parse_net_text
     model, _ = net_models.load(parse_net_text(net_text, "validation net"))
-    layers = ranks[0]["layers"]
+    key = "layers_training" if during_training else "layers"
     by_name = {name: [] for name in model.layer_names}
     for rank in ranks:
-        for name, f, b in rank["layers"]:
+        for name, f, b in rank[key]:
             by_name[name].append((f, b))
     # every worker waits for the slowest one at each exchange: the mean rank is the typical one
     forward = [sum(f for f, _ in by_name[n]) / len(by_name[n]) for n in model.layer_names]
     backward = [sum(b for _, b in by_name[n]) / len(by_name[n]) for n in model.layer_names]
     times = LayerTimes(forward, backward)
-    del layers
     update_rate = sum(r["update_rate"] for r in ranks) / len(ranks)
     if calibrated:
         rate = min(r["link_rate"] for r in ranks)
-        cluster = simulator.Cluster(hosts, rate, update_rate=update_rate, wire_efficiency=1.0)
+        latency = max(r["one_way_latency"] for r in ranks)
+        cluster = simulator.Cluster(hosts, rate, latency=latency, update_rate=update_rate,
+                                    wire_efficiency=1.0)
     else:
         cluster = simulator.Cluster(hosts, simulator.parse_rate(bandwidth),
                                     update_rate=update_rate)
@@ -164,9 +196,9 @@ def main():
     parser.add_argument("--json", default="")
     a = parser.parse_args()
     rows = []
-    print("%5s %9s %-9s %5s %11s %12s %7s %10s %7s %8s %8s" % (
-        "hosts", "bandwidth", "mode", "dwbp", "measured_ms", "predicted_ms", "error",
-        "calibrated", "error", "compute", "MB/host"))
+    print("%5s %9s %-9s %5s %9s %9s %7s %9s %7s %10s %7s %8s %8s" % (
+        "hosts", "bandwidth", "mode", "dwbp", "measured", "predicted", "error", "in-train",
+        "error", "calibrated", "error", "compute", "MB/host"))
     with tempfile.TemporaryDirectory() as tmp:
         for hosts in [int(h) for h in a.hosts.split(",")]:
             for bandwidth in a.bandwidths.split(","):
@@ -176,24 +208,35 @@ def main():
                         measured = max(r["seconds"] for r in ranks)
                         p = predict(ranks, hosts, bandwidth, mode, dwbp)
                         c = predict(ranks, hosts, bandwidth, mode, dwbp, calibrated=True)
+                        t = predict(ranks, hosts, bandwidth, mode, dwbp, during_training=True)
                         error = p.iter_s / measured - 1
                         error_c = c.iter_s / measured - 1
+                        error_t = t.iter_s / measured - 1
                         row = {"hosts": hosts, "bandwidth": bandwidth, "mode": mode,
                                "dwbp": dwbp, "measured_ms": measured * 1e3,
                                "predicted_ms": p.iter_s * 1e3, "error": error,
                                "calibrated_ms": c.iter_s * 1e3, "calibrated_error": error_c,
+                               "in_training_ms": t.iter_s * 1e3, "in_training_error": error_t,
+                               "compute_in_training_ms": t.compute_s * 1e3,
                                "mpi_link_mb_s": min(r["link_rate"] for r in ranks) / 1e6,
+                               "one_way_latency_ms": 1e3 * max(r["one_way_latency"]
+                                                               for r in ranks),
                                "compute_ms": p.compute_s * 1e3,
                                "planner_mb_per_host": p.host_bytes / 1e6,
-                               "engine_mb_per_host": ranks[0]["bytes"] / 1e6}
+                               "engine_mb_per_host": ranks[0]["bytes"] / 1e6,
+                               "engine_comm_ms": 1e3 * max(r["comm_seconds"] for r in ranks),
+                               "predicted_comm_ms": p.comm_s * 1e3}
                         rows.append(row)
-                        print("%5d %9s %-9s %5s %11.1f %12.1f %+6.1f%% %10.1f %+6.1f%% %8.1f "
-                              "%8.2f" % (hosts, bandwidth, mode, "on" if dwbp else "off",
-                                         measured * 1e3, p.iter_s * 1e3, 100 * error,
-                                         c.iter_s * 1e3, 100 * error_c, p.compute_s * 1e3,
-                                         p.host_bytes / 1e6))
+                        print("%5d %9s %-9s %5s %9.1f %9.1f %+6.1f%% %9.1f %+6.1f%% %10.1f "
+                              "%+6.1f%% %8.1f %8.2f"
+                              % (hosts, bandwidth, mode, "on" if dwbp else "off",
+                                 measured * 1e3, p.iter_s * 1e3, 100 * error, t.iter_s * 1e3,
+                                 100 * error_t, c.iter_s * 1e3, 100 * error_c,
+                                 p.compute_s * 1e3, p.host_bytes / 1e6))
                         sys.stdout.flush()
-    for key, what in (("error", "nominal rate"), ("calibrated_error", "calibrated rate")):
+    for key, what in (("error", "compute timed alone"),
+                      ("in_training_error", "compute timed in training"),
+                      ("calibrated_error", "compute alone, measured link rate and latency")):
         worst = max(abs(r[key]) for r in rows)
         within = sum(abs(r[key]) <= 0.15 for r in rows)
         print("%s: worst error %.1f%%, %d of %d configurations within 15%%"

@@ -36,10 +36,10 @@ def times():
     return LayerTimes(FORWARD_MS, BACKWARD_MS)
 
 
-def run(hosts=2, dwbp=True, mode="ps", latency=0.0, gpus=1, in_flight=1, local=1e12,
+def run(hosts=2, dwbp=True, mode="ps", latency=0.0, gpus=1, channels=1, local=1e12,
         efficiency=1.0, update_rate=None):
     cluster = schedule.Cluster(hosts, MB_PER_S, gpus_per_node=gpus, latency=latency,
-                               local_bandwidth=local, in_flight=in_flight,
+                               local_bandwidth=local, channels=channels,
                                wire_efficiency=efficiency, update_rate=update_rate)
     return schedule.simulate(two_layer_model(), times(), cluster, mode=mode, dwbp=dwbp)
 
@@ -116,13 +116,40 @@ def test_exchanges_in_flight_share_the_wire():
     plan, exchanges = schedule.plan_exchanges(model, times(), schedule.Cluster(2, MB_PER_S, wire_efficiency=1.0),
                                               mode="ps")
     tasks = [schedule._Task(e, 0.0) for e in exchanges]
-    schedule.run_exchanges(tasks, schedule.Cluster(2, MB_PER_S, in_flight=2, wire_efficiency=1.0))
+    schedule.run_exchanges(tasks, schedule.Cluster(2, MB_PER_S, channels=2, wire_efficiency=1.0))
     ends = sorted(t.end for t in tasks)
     # both on the wire at half the rate: the 20 KB one ends at 40 ms, the other at 120 ms
     assert ends == [pytest.approx(0.040), pytest.approx(0.120)]
     tasks = [schedule._Task(e, 0.0) for e in exchanges]
-    schedule.run_exchanges(tasks, schedule.Cluster(2, MB_PER_S, in_flight=1, wire_efficiency=1.0))
+    schedule.run_exchanges(tasks, schedule.Cluster(2, MB_PER_S, channels=1, wire_efficiency=1.0))
     assert sorted(t.end for t in tasks) == [pytest.approx(0.020), pytest.approx(0.120)]
+
+
+def test_channels_start_in_bucket_order_and_the_thread_runs_one_update_at_a_time():
+    # three exchanges at t=0, 1 MB/s, no sharing effects to speak of: A (10 KB), B (10 KB),
+    # C (10 KB); 2 channels. A and B start at 0 and share the wire: both end their wire at
+    # 20 ms; C rides A's channel and starts when A ends.
+    def exchange(index, post):
+        return schedule.Exchange(index, "e%d" % index, "allreduce", [], 0, 10000.0, 0.0, post,
+                                 20000.0)
+    cluster = schedule.Cluster(2, MB_PER_S, channels=2, wire_efficiency=1.0)
+    tasks = [schedule._Task(exchange(i, 0.0), 0.0) for i in range(3)]
+    schedule.run_exchanges(tasks, cluster)
+    assert [(t.start, t.end) for t in tasks] == [
+        (0, pytest.approx(0.020)), (0, pytest.approx(0.020)),
+        (pytest.approx(0.020), pytest.approx(0.030))]
+    # 5 ms of update after each wire, on the one communication thread: A's update 20-25 ms,
+    # B's waits for it (25-30 ms); C starts when A ends (25 ms), wire 25-35, update 35-40
+    tasks = [schedule._Task(exchange(i, 0.005), 0.0) for i in range(3)]
+    schedule.run_exchanges(tasks, cluster)
+    assert [t.end for t in tasks] == [pytest.approx(0.025), pytest.approx(0.030),
+                                      pytest.approx(0.040)]
+    assert tasks[2].start == pytest.approx(0.025)
+
+
+def test_default_channels_are_the_engines():
+    from poseidon_caffe.sync import engine
+    assert schedule.CHANNELS == engine.CHANNELS
 
 
 def test_link_bytes_are_the_planners_prediction():

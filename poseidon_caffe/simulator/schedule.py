@@ -23,8 +23,10 @@ is not).
 
 The schedule (``sync/dwbp.py``). A bucket's exchange is submitted as soon as backward has made
 all its blobs final (with ``dwbp`` off, all of them after backward, and the next forward waits
-until every one is done). Exchanges run in submission order, at most ``in_flight`` at a time
-(the engine's communication thread: 1); exchanges in flight share the NIC equally. The next
+until every one is done). Exchanges start in bucket (backward) order, bucket b on channel
+b mod ``channels`` (train's ``-comm_channels``), one exchange per channel at a time; those on
+the wire share the NIC equally, and the work after the wire (factor rebuild, update) runs on
+the one communication thread, one exchange's at a time. The next
 iteration's forward of a layer waits until the blobs that layer uses are fresh. The
 prediction is the steady state: the mean length of the last iterations of a short run.
 """
@@ -32,6 +34,9 @@ from ..sync import planner
 from ..sync.dwbp import make_buckets
 from ..sync import strategy as registry
 from .model import SimulationError
+
+# exchanges in flight at once, as train's -comm_channels
+CHANNELS = 4
 
 # payload bytes per byte on the wire: 1448 of a 1514-byte Ethernet frame (IP and TCP with
 # timestamps), and the acknowledgements going the other way
@@ -46,20 +51,20 @@ class Cluster:
     (bytes/s), the one-way latency (s), the on-host rate between devices (bytes/s)."""
 
     def __init__(self, hosts, bandwidth, gpus_per_node=1, latency=0.0,
-                 local_bandwidth=12.5e9, in_flight=1, overhead=0.0, update_rate=None,
+                 local_bandwidth=12.5e9, channels=CHANNELS, overhead=0.0, update_rate=None,
                  wire_efficiency=WIRE_EFFICIENCY):
         if hosts < 1 or gpus_per_node < 1:
             raise SimulationError("a cluster needs at least one node of at least one GPU "
                                   "(nodes %r, gpus per node %r)" % (hosts, gpus_per_node))
-        if in_flight < 1:
-            raise SimulationError("-in_flight=%r: at least one exchange must be able to run"
-                                  % (in_flight,))
+        if channels < 1:
+            raise SimulationError("-comm_channels=%r: at least one exchange must be able to "
+                                  "run" % (channels,))
         self.hosts = int(hosts)
         self.gpus_per_node = int(gpus_per_node)
         self.bandwidth = float(bandwidth)
         self.latency = float(latency)
         self.local_bandwidth = float(local_bandwidth)
-        self.in_flight = int(in_flight)
+        self.channels = int(channels)
         self.overhead = float(overhead)
         self.update_rate = float(update_rate) if update_rate else None
         if not 0 < wire_efficiency <= 1:
@@ -69,7 +74,7 @@ class Cluster:
 
     def with_hosts(self, hosts):
         return Cluster(hosts, self.bandwidth, self.gpus_per_node, self.latency,
-                       self.local_bandwidth, self.in_flight, self.overhead, self.update_rate,
+                       self.local_bandwidth, self.channels, self.overhead, self.update_rate,
                        self.wire_efficiency)
 
     @property
@@ -156,50 +161,78 @@ class _Task:
 
 
 def run_exchanges(tasks, cluster):
-    """Give every task its start and end: FIFO, at most ``in_flight`` at once, tasks on the
-    wire sharing the bandwidth equally."""
-    queue = sorted(tasks, key=lambda t: (t.submit, t.exchange.index))
+    """Give every task its start and end as the engine runs them: exchanges start in bucket
+    order, bucket b on channel b mod C, a channel carrying one exchange at a time (so bucket b
+    also waits for bucket b - C to end); exchanges on the wire share the bandwidth equally;
+    the work after the wire (rebuilding from factors, the update) runs on the one
+    communication thread, one exchange's at a time."""
+    order = sorted(tasks, key=lambda t: t.exchange.index)
+    position = {id(t): k for k, t in enumerate(order)}
+    channels = max(1, min(cluster.channels, len(order)))
+    waiting = list(order)
     active = []
+    cpu_queue = []             # tasks whose wire is done, waiting for the communication thread
     now = 0.0
-    eps = 1e-15
+    eps = 1e-12
     bw = cluster.bandwidth
 
-    def advance_phase(task):
-        # pre -> wire -> post -> done, skipping empty phases
+    def may_start(task):
+        k = position[id(task)]
+        return (task.submit <= now + eps and (k == 0 or order[k - 1].start is not None)
+                and (k < channels or order[k - channels].end is not None))
+
+    def advance(task):
+        # pre -> wire -> (wait for the thread) -> post -> done, skipping empty phases
         while True:
             if task.phase is None:
                 task.phase, task.left = "pre", task.exchange.fixed
             elif task.phase == "pre":
                 task.phase, task.left = "wire", task.exchange.wire_bytes
             elif task.phase == "wire":
-                task.phase, task.left = "post", task.exchange.post
+                if task.exchange.post <= 0:
+                    task.phase, task.end = "done", now
+                    return
+                task.phase, task.left = "queued", task.exchange.post
+                cpu_queue.append(task)
+                return
             else:
                 task.phase, task.end = "done", now
                 return
             if task.left > eps:
                 return
 
-    while queue or active:
-        while queue and len(active) < cluster.in_flight and queue[0].submit <= now + eps:
-            task = queue.pop(0)
+    while waiting or active:
+        while waiting and may_start(waiting[0]):
+            task = waiting.pop(0)
             task.start = now
-            advance_phase(task)
+            advance(task)
             if task.phase != "done":
                 active.append(task)
-        wiring = [t for t in active if t.phase == "wire"]
-        share = bw / len(wiring) if wiring else bw
-        steps = [t.left / share if t.phase == "wire" else t.left for t in active]
-        if queue and len(active) < cluster.in_flight:
-            steps.append(queue[0].submit - now)
+        if not any(t.phase == "post" for t in active) and cpu_queue:
+            cpu_queue.pop(0).phase = "post"
+        wiring = sum(1 for t in active if t.phase == "wire")
+        share = bw / wiring if wiring else bw
+        steps = [t.left / share if t.phase == "wire" else t.left
+                 for t in active if t.phase in ("pre", "wire", "post")]
+        if waiting and waiting[0].submit > now + eps:
+            steps.append(waiting[0].submit - now)
         if not steps:
+            if waiting:                     # nothing runs and the next may start now
+                continue
             break
         dt = max(min(steps), 0.0)
         now += dt
-        for task in active:
-            task.left -= dt * share if task.phase == "wire" else dt
         for task in list(active):
-            if task.left <= max(eps, 1e-12 * (share if task.phase == "wire" else 1.0)):
-                advance_phase(task)
+            if task.phase == "wire":
+                task.left -= dt * share
+                finished = task.left <= eps * max(1.0, task.exchange.wire_bytes)
+            elif task.phase in ("pre", "post"):
+                task.left -= dt
+                finished = task.left <= eps
+            else:
+                continue
+            if finished:
+                advance(task)
                 if task.phase == "done":
                     active.remove(task)
     return tasks

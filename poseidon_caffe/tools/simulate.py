@@ -25,7 +25,8 @@ SIMULATE_FLAGS = [
                  "InnerProduct weight as sufficient factors, false none", kind=bool),
     flagmod.Flag("dwbp", True, "Wait-free backprop: each layer's exchange starts when its "
                  "backward ends (false: all after backward)"),
-    flagmod.Flag("in_flight", 1, "Exchanges running at once (they share the NIC)"),
+    flagmod.Flag("comm_channels", 4, "Exchanges in flight at once, as train's -comm_channels "
+                 "(bucket b on channel b mod N; exchanges on the wire share the NIC)"),
     flagmod.Flag("overhead", "0", "Fixed software cost of each exchange (e.g. 0.2ms)"),
     flagmod.Flag("update_rate", 0.0, "Parameter values per second the update after an "
                  "exchange runs at (0: measured here with -compute measured, else not counted)"),
@@ -113,7 +114,7 @@ def simulate_rows(values):
         from ..simulator.compute import measure_update_rate
         update_rate = measure_update_rate()
     cluster = simulator.Cluster(1, bandwidth, values["gpus_per_node"], latency, local,
-                                values["in_flight"], overhead, update_rate,
+                                values["comm_channels"], overhead, update_rate,
                                 values["wire_efficiency"])
     predictions, baseline = simulator.predict(model, times, nodes, cluster, values["sync"],
                                               values["svb"], values["dwbp"],
@@ -123,7 +124,7 @@ def simulate_rows(values):
               "latency": values["latency"], "local_bandwidth": values["local_bandwidth"],
               "compute": values["compute"], "compute_ms_per_iteration": times.total_ms,
               "sync": values["sync"], "svb": values["svb"], "dwbp": values["dwbp"],
-              "in_flight": values["in_flight"], "overhead": values["overhead"],
+              "comm_channels": values["comm_channels"], "overhead": values["overhead"],
               "update_rate": update_rate, "wire_efficiency": values["wire_efficiency"],
               "speedup_over": "one node of %d GPU(s)" % values["gpus_per_node"]}
     if times.note:
