@@ -1,6 +1,6 @@
 """Predicted iteration time, throughput and speedup of a net on clusters this machine cannot
 hold: per-layer compute times, the planner's bytes per blob, a link model and the wait-free
-backprop schedule (``schedule.py``). No MPI: the simulator reads the net's shapes and asks the
+backprop schedule (``schedule.py``). It runs no job: it reads the net's shapes and asks the
 sync planner what each blob would cost.
 
     model, net = simulator.model.load("net.prototxt")
