@@ -3,7 +3,6 @@ defaults (and Poseidon's and this project's flags for distributed training).
 """
 import importlib
 import os
-import time
 import types
 
 from .. import log
@@ -364,6 +363,7 @@ def test(values):
 
 def time_model(values):
     from ..net import Net
+    from ..net.timing import time_layers
     from ..proto import caffe_pb2
     if not values["model"]:
         raise CommandError("Need a model definition to time (-model=net.prototxt).")
@@ -389,40 +389,22 @@ def time_model(values):
     log.info("Initial loss: %g", initial_loss)
     log.info("Performing Backward")
     net.backward_from_to()
-    n = len(net.layers)
-    forward_per_layer = [0.0] * n
-    backward_per_layer = [0.0] * n
-    forward_total = backward_total = 0.0
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", iterations)
-    total_start = now()
-    for j in range(iterations):
-        iter_start = now()
-        for i in range(n):
-            t = now()
-            net.forward_from_to(i, i)
-            forward_per_layer[i] += now() - t
-        forward_total += now() - iter_start
-        backward_start = now()
-        for i in range(n - 1, -1, -1):
-            t = now()
-            net.backward_from_to(i, i)
-            backward_per_layer[i] += now() - t
-        backward_total += now() - backward_start
-        log.info("Iteration: %d forward-backward time: %g ms.", j + 1,
-                 (now() - iter_start) * 1e3)
-    total = now() - total_start
+    times = time_layers(net, iterations, clock=now, on_iteration=lambda j, seconds: log.info(
+        "Iteration: %d forward-backward time: %g ms.", j + 1, seconds * 1e3))
+    total = times["total"]
     per = 1e3 / max(iterations, 1)
     log.info("Average time per layer: ")
     for i, name in enumerate(net.layer_names):
-        log.info("%10s\tforward: %g ms.", name, forward_per_layer[i] * per)
-        log.info("%10s\tbackward: %g ms.", name, backward_per_layer[i] * per)
-    log.info("Average Forward pass: %g ms.", forward_total * per)
-    log.info("Average Backward pass: %g ms.", backward_total * per)
+        log.info("%10s\tforward: %g ms.", name, times["forward"][i] * per)
+        log.info("%10s\tbackward: %g ms.", name, times["backward"][i] * per)
+    log.info("Average Forward pass: %g ms.", times["forward_total"] * per)
+    log.info("Average Backward pass: %g ms.", times["backward_total"] * per)
     log.info("Average Forward-Backward: %g ms.", total * per)
     log.info("Total Time: %g ms.", total * 1e3)
-    for line in layer_shares(net.layer_names, [t * per for t in forward_per_layer],
-                             [t * per for t in backward_per_layer]):
+    for line in layer_shares(net.layer_names, [t * per for t in times["forward"]],
+                             [t * per for t in times["backward"]]):
         log.info("%s", line)
     log.info("*** Benchmark ends ***")
     return 0
