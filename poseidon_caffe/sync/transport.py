@@ -18,7 +18,8 @@ channels, so that every communicator sees its collectives in the same order on e
 """
 import time
 
-from mpi4py import MPI
+# mpi4py is imported where it is called: the planner and the simulator read this module's
+# small classes, and a single-process run loads no MPI
 
 
 class SyncTimeout(RuntimeError):
@@ -97,6 +98,7 @@ class Transport:
             spans.append((service, start, len(requests)))
         if not requests:
             return False
+        from mpi4py import MPI
         done = MPI.Request.Testsome(requests)
         if not done:
             return False
@@ -149,6 +151,7 @@ class Transport:
         local = channel.local
         if local is None or local.size == 1:
             return
+        from mpi4py import MPI
         nbytes = flat.nbytes
         if local.rank == 0:
             req = local.Ireduce(MPI.IN_PLACE, flat, op=MPI.SUM, root=0)

@@ -18,7 +18,6 @@ servers), with the blob's index as tag; a third duplicate carries the control me
 dedicated servers (gather the history for a snapshot, stop).
 """
 import numpy as np
-from mpi4py import MPI
 
 from ..strategy import ITEMSIZE, Strategy, register
 from ..transport import Until
@@ -121,6 +120,7 @@ class ShardStore:
 
     def poll(self):
         """Test every request of the store (one call into MPI), then take what arrived."""
+        from mpi4py import MPI          # here, not at import: the planner loads no MPI
         requests = self.requests_in_flight()
         if requests and MPI.Request.Testsome(requests):
             return self.progress()
