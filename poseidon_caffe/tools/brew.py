@@ -3,6 +3,7 @@ defaults (and Poseidon's and this project's flags for distributed training).
 """
 import importlib
 import os
+import time
 import types
 
 from .. import log
