@@ -579,7 +579,9 @@ def test_split_conv_plan_gives_the_whole_batch_values(geom, algorithm):
     assert not np.allclose(half, results[0][2], atol=1e-3)
 
 
-@pytest.mark.parametrize("geom", [SPLIT_CONV[0][0], SPLIT_CONV[2][0]], ids=str)
+@pytest.mark.parametrize("geom", [SPLIT_CONV[0][0], SPLIT_CONV[2][0],
+                                  ConvGeometry(3, 4, (34, 34), (3, 3), (2, 2), (1, 1), (1, 1))],
+                         ids=str)      # the last: 289 outputs an image, columns image by image
 def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     """im2col two images at a time over a batch of 5 (chunks 2, 2, 1), against one plan over
     the whole batch: forward, backward with gradients added into given values, and a second
