@@ -264,9 +264,8 @@ def test_lrn_window_sum_and_ops():
     a = np.arange(5, dtype=np.float32).reshape(1, 5, 1, 1)
     np.testing.assert_array_equal(window_sum(a, 3, (1,)).ravel(), [1, 3, 6, 9, 7])
     x = _rand((1, 3, 2, 2), 10)
-    y, (scale,) = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)
+    y, _ = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)   # the state is the backward's business
     s0 = 2.0 + 1.0 * (x[0, 0] ** 2 + x[0, 1] ** 2)
-    np.testing.assert_allclose(scale[0, 0], s0, rtol=1e-6)
     np.testing.assert_allclose(y[0, 0], x[0, 0] / np.sqrt(s0), rtol=1e-6)
 
 
@@ -519,8 +518,9 @@ def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slice
 @pytest.mark.parametrize("size,beta,channels", [(5, 0.75, 7), (3, 0.5, 4), (5, 1.0, 2),
                                                (7, 0.75, 9)])
 def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch):
-    """The compiled across-channels kernels (lrn.c) give the numpy path's top, scale and
-    bottom gradient, window wider than the channels included."""
+    """The compiled across-channels kernels (lrn.c) give the numpy path's top and bottom
+    gradient (remaking the scale the numpy path keeps), window wider than the channels
+    included; a numpy backward after a compiled forward remakes the scale too."""
     from poseidon_caffe.backend import lrn
     if lrn._compiled() is None:
         pytest.skip("the compiled kernels are not built (no C compiler at install)")
@@ -531,7 +531,9 @@ def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch
     monkeypatch.setitem(lrn._COMPILED, "lib", None)
     want = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
     want_dx = lrn.lrn_backward(x, want[0], want[1], dy, size, 0.5, beta, True)
-    np.testing.assert_allclose(got[1][0], want[1][0], rtol=1e-6)
+    np.testing.assert_allclose(lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True),
+                               want_dx, rtol=1e-5, atol=1e-6)
+    assert got[1][0] is None and want[1][0].shape == x.shape    # the scale is not kept
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-6)
 
@@ -596,7 +598,9 @@ def test_split_conv_plan_gives_the_whole_batch_values(geom, algorithm):
     assert not np.allclose(half, results[0][2], atol=1e-3)
 
 
-@pytest.mark.parametrize("geom", [SPLIT_CONV[0][0], SPLIT_CONV[2][0]], ids=str)
+@pytest.mark.parametrize("geom", [SPLIT_CONV[0][0], SPLIT_CONV[2][0],
+                                  ConvGeometry(3, 4, (34, 34), (3, 3), (2, 2), (1, 1), (1, 1))],
+                         ids=str)      # the last: 289 outputs an image, columns image by image
 def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     """im2col two images at a time over a batch of 5 (chunks 2, 2, 1), against one plan over
     the whole batch: forward, backward with gradients added into given values, and a second

@@ -7,8 +7,9 @@
  *
  * numpy makes these as a dozen whole-array passes (squares, shifted adds, powers, products);
  * here each image is one pass over its planes, the window's planes read from cache, every
- * loop running over the positions of a plane on vectors. Arrays are C-contiguous float32
- * (n, channels, positions).
+ * loop running over the positions of a plane on vectors. The scale need not be kept from
+ * forward to backward: the backward remakes it from x, an image at a time. Arrays are
+ * C-contiguous float32 (n, channels, positions).
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,31 +33,43 @@ static void negative_power(const float *restrict s, float *restrict out, int64_t
     }
 }
 
-/* scale and top of images [0, n). Returns -1 when out of memory. */
+/* scale of channel c of one image: k + alpha/size * the window's sum of squares */
+static void window_scale(const float *restrict xi, float *restrict sc, int c, int channels,
+                         int64_t positions, int size, float coef, float k)
+{
+    const int half = (size - 1) / 2;
+    const int lo = c - half < 0 ? 0 : c - half;
+    const int hi = c + half >= channels ? channels - 1 : c + half;
+    for (int64_t p = 0; p < positions; ++p)
+        sc[p] = 0.0f;
+    for (int d = lo; d <= hi; ++d) {
+        const float *xd = xi + (int64_t)d * positions;
+        for (int64_t p = 0; p < positions; ++p)
+            sc[p] += xd[p] * xd[p];
+    }
+    for (int64_t p = 0; p < positions; ++p)
+        sc[p] = sc[p] * coef + k;
+}
+
+/* top of images [0, n), and their scale when ``scale`` is not NULL (else the backward
+ * remakes it from x). Returns -1 when out of memory. */
 int lrn_across_forward(const float *restrict x, float *restrict top, float *restrict scale,
                        int64_t n, int channels, int64_t positions, int size, float alpha,
                        float beta, float k)
 {
-    const int half = (size - 1) / 2;
     const float coef = alpha / size;
     float *power = malloc(sizeof(float) * (size_t)positions);
-    if (power == NULL)
+    float *own = scale ? NULL : malloc(sizeof(float) * (size_t)positions);
+    if (power == NULL || (scale == NULL && own == NULL)) {
+        free(power);
+        free(own);
         return -1;
+    }
     for (int64_t i = 0; i < n; ++i) {
         const float *xi = x + i * channels * positions;
         for (int c = 0; c < channels; ++c) {
-            float *sc = scale + (i * channels + c) * positions;
-            const int lo = c - half < 0 ? 0 : c - half;
-            const int hi = c + half >= channels ? channels - 1 : c + half;
-            for (int64_t p = 0; p < positions; ++p)
-                sc[p] = 0.0f;
-            for (int d = lo; d <= hi; ++d) {
-                const float *xd = xi + (int64_t)d * positions;
-                for (int64_t p = 0; p < positions; ++p)
-                    sc[p] += xd[p] * xd[p];
-            }
-            for (int64_t p = 0; p < positions; ++p)
-                sc[p] = sc[p] * coef + k;
+            float *sc = scale ? scale + (i * channels + c) * positions : own;
+            window_scale(xi, sc, c, channels, positions, size, coef, k);
             negative_power(sc, power, positions, beta);
             const float *xc = xi + (int64_t)c * positions;
             float *tc = top + (i * channels + c) * positions;
@@ -65,33 +78,43 @@ int lrn_across_forward(const float *restrict x, float *restrict top, float *rest
         }
     }
     free(power);
+    free(own);
     return 0;
 }
 
-/* dx of images [0, n) from the forward's scale and top. Returns -1 when out of memory. */
+/* dx of images [0, n) from the forward's top and its scale (NULL: remade from x with k).
+ * Returns -1 when out of memory. */
 int lrn_across_backward(const float *restrict x, const float *restrict top,
                         const float *restrict scale, const float *restrict dy,
                         float *restrict dx, int64_t n, int channels, int64_t positions,
-                        int size, float alpha, float beta)
+                        int size, float alpha, float beta, float k)
 {
     const int half = (size - 1) / 2;
     const float coef = 2.0f * alpha * beta / size;
-    /* ratio = dy * top / scale of one image's channels; power and accumulated window */
-    float *ratio = malloc(sizeof(float) * (size_t)(channels * positions));
+    const int64_t count = (int64_t)channels * positions;
+    /* one image's scale (when remade) and dy * top / scale; a plane's power and window */
+    float *own = scale ? NULL : malloc(sizeof(float) * (size_t)count);
+    float *ratio = malloc(sizeof(float) * (size_t)count);
     float *power = malloc(sizeof(float) * (size_t)positions);
     float *acc = malloc(sizeof(float) * (size_t)positions);
-    if (ratio == NULL || power == NULL || acc == NULL) {
+    if ((scale == NULL && own == NULL) || ratio == NULL || power == NULL || acc == NULL) {
+        free(own);
         free(ratio);
         free(power);
         free(acc);
         return -1;
     }
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t base = i * channels * positions;
-        for (int64_t p = 0; p < channels * positions; ++p)
-            ratio[p] = dy[base + p] * top[base + p] / scale[base + p];
+        const int64_t base = i * count;
+        const float *sc = scale ? scale + base : own;
+        if (scale == NULL)
+            for (int c = 0; c < channels; ++c)
+                window_scale(x + base, own + (int64_t)c * positions, c, channels, positions,
+                             size, alpha / size, k);
+        for (int64_t p = 0; p < count; ++p)
+            ratio[p] = dy[base + p] * top[base + p] / sc[p];
         for (int c = 0; c < channels; ++c) {
-            const int64_t at = base + (int64_t)c * positions;
+            const int64_t at = (int64_t)c * positions;
             const int lo = c - half < 0 ? 0 : c - half;
             const int hi = c + half >= channels ? channels - 1 : c + half;
             for (int64_t p = 0; p < positions; ++p)
@@ -101,11 +124,13 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
                 for (int64_t p = 0; p < positions; ++p)
                     acc[p] += rd[p];
             }
-            negative_power(scale + at, power, positions, beta);
+            negative_power(sc + at, power, positions, beta);
             for (int64_t p = 0; p < positions; ++p)
-                dx[at + p] = dy[at + p] * power[p] - coef * x[at + p] * acc[p];
+                dx[base + at + p] = dy[base + at + p] * power[p]
+                    - coef * x[base + at + p] * acc[p];
         }
     }
+    free(own);
     free(ratio);
     free(power);
     free(acc);
