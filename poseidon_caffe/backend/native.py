@@ -14,7 +14,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 2                  # kernels_version() of the kernels.c these calls are written for
+VERSION = 3                  # kernels_version() of the kernels.c these calls are written for
 
 
 def _load():
