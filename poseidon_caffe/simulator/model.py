@@ -13,6 +13,7 @@ import os
 
 from .. import memory
 from ..proto import caffe_pb2
+from ..sync import planner
 
 DATASET_LAYERS = ("Data", "ImageData", "WindowData")
 
@@ -171,22 +172,10 @@ def build_net(net_path, data_shape=None, allocate=False, batch=None):
 
 def net_model(net, source=""):
     """The NetModel of a built net: its exchanged blobs as the sync engine would make them."""
-    uses = net.param_uses()
     params = []
-    for index, blob in enumerate(net.learnable_params):
-        if net.params_lr[index] == 0:
-            continue        # never changes: nothing to exchange
-        where = uses[index]
-        first = min(layer for layer, _ in where)
-        layer_index, j = where[0]
-        name = "%s[%d]" % (net.layer_names[layer_index], j)
-        sfb = None
-        if len(where) == 1 and j == 0:
-            offer = getattr(net.layers[layer_index], "sufficient_factor_source", None)
-            source_of = offer(*net.layer_blobs(layer_index)) if offer is not None else None
-            if source_of is not None:
-                sfb = FactorShape(source_of["inputs"], source_of["outputs"],
-                                  source_of["rows_per_pass"])
+    for index, name, blob, first, offer in planner.exchanged_params(net):
+        sfb = (FactorShape(offer["inputs"], offer["outputs"], offer["rows_per_pass"])
+               if offer is not None else None)
         params.append(Param(index, name, blob.shape, first, first, sfb))
     if not params:
         raise SimulationError("%s: net %s has no learnable parameters, so there is nothing "
