@@ -5,7 +5,8 @@ BLAS and the FFT thread only their own calls; the copies around them (im2col, tr
 spectrum fills, the small per-frequency GEMMs) and pooling's passes run on one core. With
 several threads configured, these plans give each thread a contiguous part of the batch and a
 plan of its own, with BLAS held to one thread, so every step runs on every core. Parameter
-gradients are summed over the parts: each part writes its own partial, then one add.
+gradients are summed over the parts: the first part adds into the gradient itself, the others
+into partials in their thread's scratch (shared by every layer), then one add each.
 
 The columns of a large map (a net's first layer at 224x224: 236 MB for 32 images) cost more
 memory than the GEMMs need to run wide: ChunkedConvPlan runs a part's images a chunk at a
@@ -14,6 +15,7 @@ backward instead of keeping the whole batch's.
 """
 import numpy as np
 
+from . import threads
 from .threads import over_parts
 
 
@@ -28,20 +30,20 @@ class SplitConvPlan:
         self._plans = []            # per part: (part size, plan)
         self._source = None         # the array of the last forward / prepare
         self._source_parts = None   # its part views: a part plan knows its input by identity
-        self._partials = {}
 
     def workspace_bytes(self, n):
-        """The parts together hold one batch's work buffers; each thread past the first
-        keeps a partial weight gradient."""
+        """The parts together hold one batch's work buffers."""
         plan = self._plans[0][1] if self._plans else self._make_plan(1)
-        weights = int(np.prod(self.geom.weight_shape, dtype=np.int64)) * 4
-        return plan.workspace_bytes(n) + (self.threads - 1) * weights
+        return plan.workspace_bytes(n)
 
     def shared_workspace_bytes(self, n):
-        """Each thread's scratch holds the work arrays of its part."""
+        """Each thread's scratch holds the work arrays of its part, and each thread past the
+        first a partial weight and bias gradient."""
         plan = self._plans[0][1] if self._plans else self._make_plan(1)
         part = -(-n // self.threads)
-        return self.threads * getattr(plan, "shared_workspace_bytes", lambda n: 0)(part)
+        params = int(np.prod(self.geom.weight_shape, dtype=np.int64)) + self.geom.num_output
+        return self.threads * getattr(plan, "shared_workspace_bytes", lambda n: 0)(part) + \
+            (self.threads - 1) * params * 4
 
     def _plan(self, i, size):
         while len(self._plans) <= i:
@@ -75,12 +77,10 @@ class SplitConvPlan:
         self._keep(x, views)
         return y
 
-    def _partial(self, name, i, like):
-        key = (name, i)
-        buf = self._partials.get(key)
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
-            buf = np.empty_like(like)
-            self._partials[key] = buf
+    @staticmethod
+    def _partial(name, i, like):
+        """A zeroed partial gradient for part ``i`` in the calling thread's scratch."""
+        buf = threads.scratch("split_%s_%d" % (name, i), like.shape, like.dtype)
         buf[...] = 0
         return buf
 
@@ -88,25 +88,22 @@ class SplitConvPlan:
         n = dy.shape[0]
         # the part views the last forward gave each plan: a plan knows its input by identity
         kept = self._source_parts if x is not None and x is self._source else None
-        partial_w, partial_b = {}, {}
+        partials = {}
 
         def run(i, lo, hi):
             xi = None if x is None else (kept[i] if kept and i in kept else x[lo:hi])
-            dwi = None if dw is None else self._partial("dw", i, dw)
-            dbi = None if dbias is None else self._partial("db", i, dbias)
+            # the first part adds into the gradients themselves, the others into partials
+            dwi = dw if dw is None or i == 0 else self._partial("dw", i, dw)
+            dbi = dbias if dbias is None or i == 0 else self._partial("db", i, dbias)
             self._plan(i, hi - lo).backward(xi, dy[lo:hi], w,
                                             dx=None if dx is None else dx[lo:hi],
                                             dw=dwi, dbias=dbi)
-            partial_w[i], partial_b[i] = dwi, dbi
+            partials[i] = (dwi, dbi)
         over_parts(run, n, self.threads)
-        for target, partials in ((dw, partial_w), (dbias, partial_b)):
-            if target is None:
-                continue
-            parts = [partials[i] for i in sorted(partials)]
-            total = parts[0]
-            for p in parts[1:]:
-                total += p
-            target += total
+        for i in sorted(partials)[1:]:
+            for target, part in zip((dw, dbias), partials[i]):
+                if target is not None:
+                    target += part
 
 
 class ChunkedConvPlan:
