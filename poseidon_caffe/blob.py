@@ -32,6 +32,7 @@ class Blob:
         # a blob sharing another's data before that data exists takes it on first use
         self._data_source = None
         self._data_shared = False
+        self._diff_pool = None         # (DiffPool, slot) when the diff is a pooled view
         # run once before the data is first read (a deferred filler, see fillers.deferred)
         self.before_first_use = None
         self.reshape(shape)
@@ -130,7 +131,11 @@ class Blob:
     @property
     def diff(self):
         if self._diff is None:
-            self._diff = self._backend.zeros(self._shape, self._dtype)
+            if self._diff_pool is not None:
+                pool, slot = self._diff_pool
+                self._diff = pool.take(slot, self._shape)
+            else:
+                self._diff = self._backend.zeros(self._shape, self._dtype)
         return self._diff
 
     @diff.setter
@@ -153,6 +158,16 @@ class Blob:
             raise ValueError("blob of shape %s shares the data of a blob that now has shape %s"
                              % (self._shape, source.shape))
         return source.data.reshape(self._shape)
+
+    def borrow_diff(self, pool, slot):
+        """Let the diff be a view into ``pool``'s buffer ``slot``, shared with other blobs
+        whose diffs are never needed at the same time (see net.split_folding)."""
+        self._diff_pool = (pool, slot)
+        self._diff = None
+
+    @property
+    def borrows_diff(self):
+        return self._diff_pool is not None
 
     @property
     def has_diff(self):

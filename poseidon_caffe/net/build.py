@@ -21,6 +21,7 @@ from .execution import Execution
 from .filtering import filter_net
 from .footprint import MemoryFootprint
 from .pycaffe import LAYER_CALLBACK_KINDS, PycaffeView
+from .split_folding import SplitFolding
 from .splits import insert_splits
 from .weights import Weights
 from .wiring import Wiring
@@ -189,6 +190,11 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
             self._append_params(layer_id, layer, layer_param)
         log.info("Memory required for data: %d", top_values * 4)
         self._plan_backward()
+        inserted = ({l.name for l in self.param.layer if l.type == "Split"}
+                    - {l.name for l in filtered.layer})
+        self._split_folding = None
+        if inserted and not getattr(self.layers[0].backend, "on_device", False):
+            self._split_folding = SplitFolding(self, inserted) or None
         self._check_memory()
         self.output_blob_indices = [self.blob_name_to_index[n] for n in sorted(
             available, key=lambda n: self.blob_name_to_index[n])]

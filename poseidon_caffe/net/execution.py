@@ -11,6 +11,8 @@ from .errors import NetError, layer_failure, raise_if_out_of_memory, reraise_use
 class Execution:
     """Part of ``Net``: running its layers."""
 
+    _split_folding = None     # a SplitFolding where the net has one (see split_folding)
+
     # -- hooks for the distributed engine (a plain run pays nothing) ---------------------------
     def set_grad_ready_hook(self, fn):
         """``fn(layer_index)`` runs in backward once that layer's parameter gradients are final
@@ -79,6 +81,7 @@ class Execution:
         start = len(self.layers) - 1 if start is None else start
         hook = self._grad_ready_hook
         timing = self._layer_timing_hook
+        folding = self._split_folding
         debug = self.param.debug_info
         before, after = (self._layer_callbacks["before_backward"],
                          self._layer_callbacks["after_backward"])
@@ -94,18 +97,22 @@ class Execution:
             for j, weight in self.layer_loss_weights[i]:
                 if self.top_ids[i][j] not in seeded:
                     tops[j].diff[...] = weight
-            try:
-                if timing is None:
+            start_time = time.perf_counter() if timing is not None else 0.0
+            if folding is not None and folding.folds_split(i):
+                folding.finish_split(i)     # its consumers have added their gradients
+            else:
+                if folding is not None:
+                    folding.before_backward(i, self.bottom_vecs[i])
+                try:
                     self.layers[i].backward(tops, self.bottom_need_backward[i],
                                             self.bottom_vecs[i])
-                else:
-                    start_time = time.perf_counter()
-                    self.layers[i].backward(tops, self.bottom_need_backward[i],
-                                            self.bottom_vecs[i])
-                    timing("backward", i, start_time, time.perf_counter())
-            except (MemoryError, ValueError) as exc:
-                raise_if_out_of_memory(self.layers[i], "backward", exc)
-                raise
+                except (MemoryError, ValueError) as exc:
+                    raise_if_out_of_memory(self.layers[i], "backward", exc)
+                    raise
+                if folding is not None:
+                    folding.after_backward(i, self.bottom_vecs[i])
+            if timing is not None:
+                timing("backward", i, start_time, time.perf_counter())
             if debug:
                 self._backward_debug_info(i)
             if hook is not None and self._learnable_final_at[i]:

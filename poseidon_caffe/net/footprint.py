@@ -31,8 +31,9 @@ class MemoryFootprint:
                 return
             counted.add(id(blob))
             data = 0 if blob.shares_data else blob.nbytes
-            # no blob takes another's diff (a shared parameter is one Blob in every layer)
-            diff = blob.nbytes if with_diff else 0
+            # no blob takes another's diff (a shared parameter is one Blob in every layer);
+            # a pooled diff (split folding) counts once, with its pool, below
+            diff = blob.nbytes if with_diff and not blob.borrows_diff else 0
             totals["data"] += data
             totals["diff"] += diff
             per_layer[layer_name] += data + diff
@@ -54,6 +55,9 @@ class MemoryFootprint:
         if shared[1] is not None:
             totals["workspace"] += shared[0]
             per_layer[shared[1]] += shared[0]
+        folding = getattr(self, "_split_folding", None)
+        if folding is not None:
+            totals["diff"] += folding.pool.nbytes
         totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
         totals["layers"] = per_layer
         return totals

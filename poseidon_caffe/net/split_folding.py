@@ -1,0 +1,122 @@
+"""Split folding: the gradients of an inserted Split's outputs are added into its input's
+gradient as each consumer's backward writes them, so the outputs' diffs can share storage.
+
+Caffe keeps one diff per output of every Split that InsertSplits adds and sums them all in the
+Split's backward; an Inception module's output split four ways holds four copies of that
+gradient until then (GoogLeNet at batch 32: 500 MB of a 2.3 GB net). Here, right after a
+consumer's backward has written its bottom's diff (a Split output), the net adds that diff into
+the Split input's diff (the first contribution of a pass is copied), and the Split's own
+backward only closes the pass. The outputs' diffs are then needed only between a consumer's
+backward and the add that follows it, so they are views into a few buffers (``DiffPool``) --
+one per bottom position of a consumer, since one layer may read several Split outputs.
+
+The sum is the same; its order is the consumers' backward order rather than the outputs'
+order, which changes the last bits only. A folded output's ``diff`` read after backward holds
+whatever used that buffer last (these blobs are the ones the net named ``*_split_K``, not the
+user's). Left as Caffe has them: Splits written in the prototxt, outputs that carry a loss
+weight (their diff holds the weight), outputs a layer computes in place, and every Split on a
+device backend.
+"""
+import numpy as np
+
+
+class DiffPool:
+    """Buffers handed out as the diffs of blobs that never need theirs at the same time as
+    another blob of the same slot."""
+
+    def __init__(self, dtype=np.float32):
+        self.dtype = np.dtype(dtype)
+        self._buffers = {}
+        self.sizes = {}             # slot -> the most values a blob of it has asked for
+
+    def reserve(self, slot, count):
+        self.sizes[slot] = max(self.sizes.get(slot, 0), int(count))
+
+    def take(self, slot, shape):
+        """A zeroed-at-first view of ``shape`` into the slot's buffer."""
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        self.reserve(slot, count)
+        buf = self._buffers.get(slot)
+        if buf is None or buf.size < count:
+            # a larger reshape: blobs holding views of the old buffer keep them
+            buf = np.zeros(self.sizes[slot], dtype=self.dtype)
+            self._buffers[slot] = buf
+        return buf[:count].reshape(shape)
+
+    @property
+    def nbytes(self):
+        return sum(self.sizes.values()) * self.dtype.itemsize
+
+
+class SplitFolding:
+    """Which consumers fold into which Split input, and the per-pass state of each Split."""
+
+    def __init__(self, net, inserted):
+        self.pool = DiffPool(net.layers[0].backend.dtype if net.layers else np.float32)
+        self.folds = {}             # consumer layer -> [(bottom index, split layer)]
+        self.split_input = {}       # folded split layer -> its bottom blob
+        self.started = {}           # folded split layer -> a contribution arrived this pass
+        self.zero_first = set()     # consumers that may leave a bottom diff unwritten
+        made_by = {}                # blob id -> layers that write it as a top
+        for i, ids in enumerate(net.top_ids):
+            for bid in ids:
+                made_by.setdefault(bid, []).append(i)
+        out_of = {}                 # split output blob id -> split layer
+        for s, layer in enumerate(net.layers):
+            if (layer.type != "Split" or net.layer_names[s] not in inserted
+                    or not net.layer_need_backward[s]):
+                continue
+            tops = net.top_ids[s]
+            if any(w for _, w in net.layer_loss_weights[s]):
+                continue
+            if any(len(made_by.get(bid, ())) > 1 for bid in tops):
+                continue            # an output computed in place: its diff lives longer
+            self.split_input[s] = net.bottom_vecs[s][0]
+            self.started[s] = False
+            for bid in tops:
+                out_of[bid] = s
+        for i, ids in enumerate(net.bottom_ids):
+            slot = 0
+            for j, bid in enumerate(ids):
+                if bid not in out_of:
+                    continue
+                blob = net._blobs[bid]
+                blob.borrow_diff(self.pool, slot)
+                self.pool.reserve(slot, blob.count)
+                if net.bottom_need_backward[i][j]:
+                    self.folds.setdefault(i, []).append((j, out_of[bid]))
+                slot += 1
+            if i in self.folds and net.param.layer[i].type == "Python":
+                self.zero_first.add(i)      # a user's backward may leave a diff alone
+
+    def __bool__(self):
+        return bool(self.split_input)
+
+    def before_backward(self, i, bottoms):
+        """A consumer that may skip writing a bottom's diff finds it zeroed (as Caffe's
+        untouched Split output would be)."""
+        if i in self.zero_first:
+            for j, _ in self.folds[i]:
+                bottoms[j].diff[...] = 0
+
+    def after_backward(self, i, bottoms):
+        """Add the Split outputs this consumer's backward just wrote into their Splits' input."""
+        for j, s in self.folds.get(i, ()):
+            source = bottoms[j]
+            target = self.split_input[s]
+            be = source.backend
+            if self.started[s]:
+                be.axpby(1.0, source.dev_diff, 1.0, target.mutable_dev_diff)
+            else:
+                be.copy(source.dev_diff, target.mutable_dev_diff)
+                self.started[s] = True
+
+    def folds_split(self, s):
+        return s in self.split_input
+
+    def finish_split(self, s):
+        """The Split's backward: its input's gradient is complete; with no consumer having
+        contributed this pass it is zero (the sum of untouched outputs)."""
+        if not self.started[s]:
+            self.split_input[s].zero_diff()
+        self.started[s] = False
