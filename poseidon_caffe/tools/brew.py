@@ -179,6 +179,16 @@ def _select_device(gpus, from_solver=False):
              " (the emulated device)" if backend.get_backend().emulated else "")
 
 
+def _device_failure(exc):
+    """Whether ``exc`` is this rank's device failing: out of its memory, or a driver error
+    (inside a layer, which the net names, or elsewhere)."""
+    from .. import backend
+    from ..net.errors import LayerDeviceError, NetMemoryError
+    return backend.mode() == "gpu" and (
+        isinstance(exc, (MemoryError, NetMemoryError, LayerDeviceError))
+        or backend.is_device_error(exc))
+
+
 def _log_rank_device():
     from .. import backend
     if backend.mode() == "gpu":
@@ -309,7 +319,7 @@ def _distribute(solver, values):
 def train(values):
     from ..io import read_solver_param
     from ..proto import caffe_pb2
-    from ..solver import TrainingDiverged, get_solver
+    from ..solver import get_solver
     from ..solver.signals import SignalHandler, parse_action
     if not values["solver"]:
         raise CommandError("Need a solver definition to train (-solver=solver.prototxt).")
@@ -359,12 +369,10 @@ def train(values):
                 handler.ignore_after_exit()
             log.info("Starting Optimization")
             runner.solve()
-        except TrainingDiverged:
-            raise                   # every rank sees the averaged loss: each says it alike
         except Exception as exc:
-            # a rank's failure (its device out of memory, a driver error in a layer) ends
-            # the whole job at once, in one line naming the rank, host, device and cause
-            if _is_distributed(values):
+            # a rank's device failing (out of memory, a driver error in a layer) ends the
+            # whole job at once, in one line naming the rank, host, device and layer
+            if _is_distributed(values) and _device_failure(exc):
                 from ..sync.failure import end_job_on_error
                 end_job_on_error(exc)
             raise
