@@ -168,6 +168,31 @@ def test_mpiexec_gives_each_rank_its_own_gpu_of_the_list(tmp_path):
 
 @needs_compiler
 @pytest.mark.mpi
+def test_run_local_starts_one_rank_per_listed_gpu(tmp_path, monkeypatch):
+    """What a run_local.py does with devices = [1, 0]: two ranks on this host, the first on
+    GPU 1 and the second on GPU 0, each saying so in its client's log folder."""
+    import io
+    write_job(tmp_path)
+    (tmp_path / "localserver").write_text("0 127.0.0.1 9999\n")
+    for name, value in job_env(2).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("POSEIDON_CAFFE_EMULATED_FAIL", raising=False)
+    monkeypatch.delenv("POSEIDON_CAFFE_EMULATED_MEMORY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = launcher.launch_from_settings(
+        {"solver": "solver.prototxt", "devices": [1, 0], "dataset": "dev"},
+        repo_root=str(tmp_path), stream=io.StringIO())
+    assert code == 0
+    logs = tmp_path / "output" / "caffe.dev.S0.M1.T2" / "logs.0"
+    for rank, gpu in ((0, 1), (1, 0)):
+        text = (logs / ("caffe.rank%d.log" % rank)).read_text()
+        assert "This rank drives GPU %d (the emulated device)" % gpu in text
+        assert "drives GPU %d" % (1 - gpu) not in text
+        assert "Optimization Done" in text
+
+
+@needs_compiler
+@pytest.mark.mpi
 @pytest.mark.parametrize("fault,expected", [
     # rank 1's device is too small for the net's blobs
     (("POSEIDON_CAFFE_EMULATED_MEMORY", "20000"),
