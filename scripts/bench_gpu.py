@@ -4,7 +4,7 @@ against the device's cuBLAS sgemm rate measured in the same run.
 
     python scripts/bench_gpu.py [--nets lenet,cifar10_quick,alexnet,googlenet] [--iters N]
                                 [--device ID] [--batch net=N ...] [--gemm-size 4096]
-                                [--json FILE]
+                                [--json FILE] [--save-nets DIR]
 
 The nets are scripts/bench.py's (the same prototxt and PyTorch translation), TRAIN phase,
 DummyData input drawn once; the default batches are lenet 64, cifar10_quick 100, alexnet 128,
@@ -13,6 +13,11 @@ backward (no solver update), on both sides. The device is synchronised before ev
 read. A convolution's work is 2 N M (C/group) kh kw outH outW flops forward and twice that
 backward (data and weight gradients; once for a layer whose input needs no gradient); its rate over its measured time is printed as a share
 of the sgemm rate (square n x n float32 matrices, 2 n^3 flops).
+
+The JSON report is also a compute file for ``poseidon-caffe simulate -compute FILE``: its
+per-layer times, for the net whose layers the simulated net has. ``--save-nets DIR`` writes
+each timed net there as ``NET.prototxt`` (at the batch timed), the ``-model`` that goes with
+them (docs/SIMULATION.md).
 
 With POSEIDON_CAFFE_GPU=emulated it runs on the emulated device (a smoke check: its times are
 host times, not GPU times, and it says so).
@@ -233,7 +238,10 @@ def main(argv=None):
     parser.add_argument("--batch", action="append", default=[], metavar="NET=N")
     parser.add_argument("--gemm-size", type=int, default=4096)
     parser.add_argument("--gemm-reps", type=int, default=10)
-    parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--json", help="write every figure to this file (also a compute "
+                                       "file for poseidon-caffe simulate)")
+    parser.add_argument("--save-nets", metavar="DIR",
+                        help="write each timed net to DIR/NET.prototxt (simulate's -model)")
     args = parser.parse_args(argv)
     nets = [n for n in args.nets.split(",") if n]
     unknown = [n for n in nets if n not in BATCH]
@@ -301,6 +309,12 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.save_nets:
+        from google.protobuf import text_format
+        os.makedirs(args.save_nets, exist_ok=True)
+        for name in nets:
+            with open(os.path.join(args.save_nets, name + ".prototxt"), "w") as f:
+                f.write(text_format.MessageToString(_param(name, batches[name])))
     return 0
 
 

@@ -476,6 +476,9 @@ COMPUTE_CSV = "# batch: 4\nlayer,forward_ms,backward_ms\ndata,0,0\nip1,1.5,3\nlo
 COMPUTE_JSON = ('{"batch": 4, "layers": [{"name": "data", "forward_ms": 0, "backward_ms": 0}, '
                 '{"name": "ip1", "forward_ms": 1.5, "backward_ms": 3}, '
                 '{"name": "loss", "forward_ms": 0.5, "backward_ms": 1}]}')
+COMPUTE_BENCH = ('{"device": "d", "emulated": true, "nets": {"other": {"batch": 4, "layers": '
+                 '[{"name": "conv", "forward_ms": 1, "backward_ms": 2}]}, "fuzz": '
+                 + COMPUTE_JSON + '}}')
 COMPUTE_LOG = "".join("I1123 10:00:00.000000  1234 brew.py:375] %10s\t%s: %g ms.\n" % (n, k, v)
                       for n, f, b in (("data", 0, 0), ("ip1", 1.5, 3), ("loss", 0.5, 1))
                       for k, v in (("forward", f), ("backward", b)))
@@ -519,7 +522,7 @@ def targets():
         Target("host_file", _read_hosts, (launcher.HostFileError,), text_input([HOST_TEXT])),
         Target("flags", _read_flags, (flagmod.FlagError,), argv_input(), is_file=False),
         Target("compute_file", _read_compute_file, (_simulation_error(),),
-               text_input([COMPUTE_CSV, COMPUTE_JSON, COMPUTE_LOG]), ".csv"),
+               text_input([COMPUTE_CSV, COMPUTE_JSON, COMPUTE_BENCH, COMPUTE_LOG]), ".csv"),
     ]
     return {t.name: t for t in all_targets}
 

@@ -1,27 +1,38 @@
 """scripts/bench_gpu.py end to end on the emulated device, with tiny settings: its JSON has
 the net's row, positive times for the net and every layer, and each convolution's flop count
-from its shapes."""
+from its shapes; that JSON is a compute file for ``simulate``."""
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from emulated_device import needs_compiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@needs_compiler
-def test_bench_gpu_runs_on_the_emulated_device(tmp_path):
-    out = tmp_path / "bench.json"
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """(stdout, report path, folder of the saved nets) of one bench_gpu run on LeNet b4."""
+    folder = tmp_path_factory.mktemp("bench_gpu")
+    out = folder / "bench.json"
     env = dict(os.environ, POSEIDON_CAFFE_GPU="emulated",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "bench_gpu.py"), "--nets", "lenet",
-         "--iters", "1", "--batch", "lenet=4", "--gemm-size", "64", "--json", str(out)],
+         "--iters", "1", "--batch", "lenet=4", "--gemm-size", "64", "--json", str(out),
+         "--save-nets", str(folder / "nets")],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "EMULATED DEVICE" in proc.stdout and "not GPU times" in proc.stdout
+    return proc.stdout, out, folder / "nets"
+
+
+@needs_compiler
+def test_bench_gpu_runs_on_the_emulated_device(bench_run):
+    stdout, out, _ = bench_run
+    assert "EMULATED DEVICE" in stdout and "not GPU times" in stdout
     report = json.loads(out.read_text())
     assert report["emulated"] is True
     assert report["sgemm"]["n"] == 64 and report["sgemm"]["gflops"] > 0
@@ -40,3 +51,26 @@ def test_bench_gpu_runs_on_the_emulated_device(tmp_path):
     assert abs(layers["conv2"]["forward_gflop"] - 2 * 4 * 50 * 20 * 25 * 8 * 8 / 1e9) < 1e-12
     assert layers["conv2"]["backward_gflop"] == 2 * layers["conv2"]["forward_gflop"]
     assert layers["conv2"]["backward_ms"] > 0 and layers["conv2"]["forward_share"] > 0
+
+
+@needs_compiler
+def test_simulate_takes_bench_gpus_layer_times_as_its_compute(bench_run, tmp_path):
+    from poseidon_caffe.tools.simulate import simulate_main
+    _, out, nets = bench_run
+    layers = json.loads(out.read_text())["nets"]["lenet"]["layers"]
+    rows_file = tmp_path / "rows.json"
+    assert simulate_main(["-model", str(nets / "lenet.prototxt"), "-nodes", "1,2",
+                          "-compute", str(out), "-json", str(rows_file)]) == 0
+    written = json.loads(rows_file.read_text())
+    total = sum(layer["forward_ms"] + layer["backward_ms"] for layer in layers)
+    assert [row["nodes"] for row in written["rows"]] == [1, 2]
+    for row in written["rows"]:
+        assert row["compute_ms"] == pytest.approx(total, rel=1e-9)
+    assert "bench_gpu" in written["inputs"]["compute_note"]
+    assert "emulated device" in written["inputs"]["compute_note"]
+    # layer by layer: what the simulator schedules is each layer's benched time
+    from poseidon_caffe import simulator
+    model, _ = simulator.load(str(nets / "lenet.prototxt"))
+    times = simulator.read_compute_file(str(out), model)
+    assert times.forward_ms == [layer["forward_ms"] for layer in layers]
+    assert times.backward_ms == [layer["backward_ms"] for layer in layers]

@@ -96,7 +96,7 @@ def test_seeds_load():
         model = NetModel("fuzz", ["data", "ip1", "loss"], ["Input", "InnerProduct", "Softmax"],
                          [Param(0, "ip1[0]", (3, 4), 1, 1)], batch=4)
         for name, text in (("t.csv", fuzzing.COMPUTE_CSV), ("t.json", fuzzing.COMPUTE_JSON),
-                           ("t.log", fuzzing.COMPUTE_LOG)):
+                           ("bench.json", fuzzing.COMPUTE_BENCH), ("t.log", fuzzing.COMPUTE_LOG)):
             assert read_compute_file(path(name, text), model).forward_ms == [0, 1.5, 0.5]
     values, rest = flagmod.parse(fuzzing.FLAG_ARGS[0], ALL_FLAGS)
     assert (values["iterations"], values["svb"], values["staleness"], rest) == \

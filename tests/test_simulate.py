@@ -234,6 +234,29 @@ def test_compute_files_csv_and_json_agree(tiny, tmp_path):
         assert "batch 2" in t.note
 
 
+def test_a_bench_gpu_report_gives_the_times_of_the_net_with_these_layers(tiny, tmp_path):
+    m, _ = net_models.load(tiny)
+
+    def net(names, scale, batch):
+        return {"batch": batch, "ours_ms": 1.0,
+                "layers": [{"name": n, "type": "T", "forward_ms": scale * (k + 1),
+                            "backward_ms": 2 * scale * (k + 1)} for k, n in enumerate(names)]}
+    report = {"device": "Tesla X", "emulated": False, "iters": 3, "nets": {
+        "lenet": net(["data", "conv1", "pool1", "ip1", "loss"], 9, 64),
+        "tiny": net(["data", "ip1", "relu", "ip2", "loss"], 0.5, 2)}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(report))
+    t = compute.read_compute_file(str(path), m)
+    # tiny's rows, taken at batch 2, scaled to the net's batch 4
+    assert t.forward_ms == [1, 2, 3, 4, 5] and t.backward_ms == [2, 4, 6, 8, 10]
+    assert "per-layer times of tiny from bench_gpu on Tesla X" in t.note and "batch 2" in t.note
+    del report["nets"]["tiny"]
+    path.write_text(json.dumps(report))
+    with pytest.raises(compute.SimulationError, match=r"bench_gpu report of net lenet, none of "
+                                                      r"them with the layers of net tiny"):
+        compute.read_compute_file(str(path), m)
+
+
 def test_what_time_prints_is_a_compute_file(tiny, tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, "-m", "poseidon_caffe.cli", "time", "-model=" + tiny,

@@ -9,7 +9,8 @@ snapshot_filename=""          # a .solverstate to resume from, or empty
 num_app_threads=1             # devices (worker ranks) per host
 param_table_staleness=0       # stale-synchronous bound (0 = bulk synchronous)
 svb=false                     # sufficient factors for InnerProduct weights (Poseidon: false here)
-devices="0"                   # comma-separated device ids, num_app_threads of them
+devices="0"                   # comma-separated GPU ids, num_app_threads of them: one rank
+                              # per id, binding that GPU (e.g. "0,1,2,3")
 num_servers=0                 # dedicated parameter-server ranks (0: one shard per host)
 # -----------------------------------------------------------------------------------------------
 

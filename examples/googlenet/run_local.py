@@ -18,7 +18,8 @@ import sys
 # ---- settings (Poseidon's names): edit these -----------------------------------------------
 solver = "examples/googlenet/solver.prototxt"
 snapshot = ""                 # a .solverstate to resume from, or ""
-devices = [0]                 # GPU ids per host; CPU workers when no GPU is present
+devices = [0]                 # GPU ids per host: one rank per id, binding that GPU (e.g.
+                              # [0, 1, 2, 3]); CPU workers when no GPU is present
 table_staleness = 0           # stale-synchronous bound (0 = bulk synchronous)
 svb = True                   # sufficient factors for InnerProduct weights across hosts
 net_outputs = ""              # prefix of the .netoutputs file ("": <output>/imagenet)

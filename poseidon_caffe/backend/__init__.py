@@ -57,6 +57,13 @@ def gpu_count():
         raise GPUUnavailable(str(exc)) from None
 
 
+def is_device_error(exc):
+    """Whether ``exc`` is a device's failure: the driver's error, or pycuda's own (a launch
+    that faulted shows at the next call to the device)."""
+    from .cuda.driver import DriverError
+    return isinstance(exc, DriverError) or type(exc).__module__.split(".")[0] == "pycuda"
+
+
 def set_mode_gpu():
     backend = gpu_backend()
     _state["mode"] = "gpu"

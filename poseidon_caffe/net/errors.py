@@ -10,6 +10,11 @@ class NetMemoryError(NetError):
     failed; the message names the net or the layer and the amounts."""
 
 
+class LayerDeviceError(RuntimeError):
+    """A device call that failed inside one layer (a driver error, a kernel that faulted);
+    the message names the layer and the driver's words."""
+
+
 def is_project_error(exc):
     """Whether ``exc`` is one of this project's error classes (they name their own place)."""
     return type(exc).__module__.split(".")[0] == __name__.split(".")[0]
@@ -28,6 +33,14 @@ def reraise_user_error(layer_type, layer_name, what, exc):
 def raise_if_out_of_memory(layer, what, exc):
     if isinstance(exc, MemoryError) or "array is too big" in str(exc):
         raise layer_failure(layer, what, exc) from exc
+
+
+def raise_if_device_failure(layer, what, exc):
+    from ..backend import is_device_error
+    if is_device_error(exc):
+        raise LayerDeviceError("layer %r of type %s failed on the device in %s: %s: %s"
+                               % (layer.name, layer.type, what, type(exc).__name__, exc)) \
+            from exc
 
 
 def layer_failure(layer, what, exc):

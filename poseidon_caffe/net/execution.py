@@ -5,7 +5,8 @@ import time
 import numpy as np
 
 from ..layers.base import LayerError
-from .errors import NetError, layer_failure, raise_if_out_of_memory, reraise_user_error
+from .errors import (NetError, layer_failure, raise_if_device_failure, raise_if_out_of_memory,
+                     reraise_user_error)
 
 
 class Execution:
@@ -50,6 +51,7 @@ class Execution:
                 raise
             except Exception as exc:
                 reraise_user_error(layer.type, layer.name, "reshape", exc)
+                raise_if_device_failure(layer, "reshape", exc)
                 if isinstance(exc, MemoryError) or "array is too big" in str(exc):
                     raise layer_failure(layer, "reshape", exc) from exc
                 if isinstance(exc, (ValueError, IndexError, TypeError)):
@@ -66,6 +68,9 @@ class Execution:
                     timing("forward", i, start_time, time.perf_counter())
             except (MemoryError, ValueError) as exc:
                 raise_if_out_of_memory(layer, "forward", exc)
+                raise
+            except Exception as exc:
+                raise_if_device_failure(layer, "forward", exc)
                 raise
             for j, weight in self.layer_loss_weights[i]:
                 loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
@@ -108,6 +113,9 @@ class Execution:
                                             self.bottom_vecs[i])
                 except (MemoryError, ValueError) as exc:
                     raise_if_out_of_memory(self.layers[i], "backward", exc)
+                    raise
+                except Exception as exc:
+                    raise_if_device_failure(self.layers[i], "backward", exc)
                     raise
                 if folding is not None:
                     folding.after_backward(i, self.bottom_vecs[i])

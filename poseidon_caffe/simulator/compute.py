@@ -10,6 +10,9 @@ milliseconds, in one of three forms:
   ...]}`` (``batch`` optional; a bare list of the layer objects also does).
 * The log of ``poseidon-caffe time`` (or Caffe's): its ``NAME<tab>forward: X ms.`` and
   ``NAME<tab>backward: Y ms.`` lines.
+* The report ``scripts/bench_gpu.py --json`` writes (``{"device": ..., "nets": {"alexnet":
+  {"batch": 128, "layers": [...]}, ...}}``): the net whose layers are the simulated net's is
+  taken, with its batch.
 
 Every layer of the net needs a line, but the Split layers the net inserts itself (a copy of a
 blob that feeds several layers), which count 0 when absent; a file that names a layer the net
@@ -114,6 +117,10 @@ def _from_json(text, path):
     except (ValueError, RecursionError) as exc:
         raise SimulationError("%s: not valid JSON (%s)" % (path, str(exc).splitlines()[0]
                                                           if str(exc) else "too deep")) from None
+    return _from_doc(doc, path)
+
+
+def _from_doc(doc, path):
     batch = None
     if isinstance(doc, dict):
         if "batch" in doc:
@@ -159,6 +166,46 @@ def _from_time_log(text, path):
     return rows, None
 
 
+def _bench_report(text):
+    """bench_gpu's report as a dict when ``text`` is one (a JSON object with "nets"), else
+    None."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) and "nets" in doc else None
+
+
+def _from_bench_report(doc, path, model):
+    """(rows, batch, note) of the net of bench_gpu's report whose layers are ``model``'s."""
+    nets = doc["nets"]
+    if not isinstance(nets, dict) or not nets:
+        raise SimulationError("%s: a bench_gpu report without nets (expected \"nets\": "
+                              "{name: {\"batch\", \"layers\"}})" % path)
+    wanted = {n for n, t in zip(model.layer_names, model.layer_types) if t != "Split"}
+    known = set(model.layer_names)
+    fits = []
+    for name, row in nets.items():
+        if not isinstance(row, dict):
+            raise SimulationError("%s: nets.%s is not an object" % (path, name))
+        rows, batch = _from_doc(row, "%s (net %s)" % (path, name))
+        names = {r[0] for r in rows}
+        if names <= known and wanted <= names:
+            fits.append((name, rows, batch))
+    if len(fits) != 1:
+        raise SimulationError("%s: a bench_gpu report of net%s %s, %s the layers of net %s"
+                              % (path, "" if len(nets) == 1 else "s", ", ".join(nets),
+                                 "none of them with" if not fits else "several with",
+                                 model.name or model.source))
+    name, rows, batch = fits[0]
+    note = "per-layer times of %s from bench_gpu on %s" % (name, doc.get("device", "a GPU"))
+    if doc.get("emulated"):
+        note += " (the emulated device: host times, not GPU times)"
+    return rows, batch, note
+
+
 def parse_compute_text(text, path):
     """[(layer, forward_ms, backward_ms, where)], batch or None, from a file's text."""
     stripped = text.lstrip()
@@ -184,11 +231,15 @@ def read_compute_file(path, model):
     except UnicodeDecodeError:
         raise SimulationError("%s: not a text file (expected CSV, JSON or a time log)" % path) \
             from None
+    report = _bench_report(text)
+    if report is not None:
+        rows, batch, note = _from_bench_report(report, path, model)
+        return match_layers(rows, batch, model, path, note)
     rows, batch = parse_compute_text(text, path)
     return match_layers(rows, batch, model, path)
 
 
-def match_layers(rows, batch, model, path):
+def match_layers(rows, batch, model, path, note=""):
     index = {name: i for i, name in enumerate(model.layer_names)}
     forward = [None] * len(model.layer_names)
     backward = [None] * len(model.layer_names)
@@ -208,10 +259,11 @@ def match_layers(rows, batch, model, path):
                               % (path, len(missing), model.name or model.source, _some(missing)))
     forward = [v or 0.0 for v in forward]
     backward = [v or 0.0 for v in backward]
-    times = LayerTimes(forward, backward, source=path)
+    times = LayerTimes(forward, backward, source=path, note=note)
     if batch is not None and batch != model.batch:
         times = times.scaled(model.batch / float(batch))
-        times.note = "times taken at batch %d, scaled to the net's batch %d" % (batch, model.batch)
+        times.note = "; ".join(part for part in (note, "times taken at batch %d, scaled to the "
+                                                 "net's batch %d" % (batch, model.batch)) if part)
     return times
 
 

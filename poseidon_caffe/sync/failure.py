@@ -15,12 +15,35 @@ _state = {"installed": False, "topology": None, "open": False}
 def describe():
     topo = _state["topology"]
     if topo is None:
-        return "rank ? on host %s (pid %d)" % (os.uname().nodename, os.getpid())
-    return "rank %d on host %s (pid %d)" % (topo.rank, topo.hostname, os.getpid())
+        who = "rank ? on host %s (pid %d)" % (os.uname().nodename, os.getpid())
+    else:
+        who = "rank %d on host %s (pid %d)" % (topo.rank, topo.hostname, os.getpid())
+    return who + _device()
+
+
+def _device():
+    """", GPU <id>" for a rank in GPU mode (its device is part of where it failed)."""
+    from .. import backend
+    if backend.mode() != "gpu":
+        return ""
+    device = getattr(backend.get_backend(), "device", None)
+    return "" if device is None else ", GPU %d" % device
+
+
+def end_job_on_error(exc, where="training"):
+    """A rank's error while the job runs ends the whole job (``fail``), so that its line names
+    the rank, host and device; outside a job of several ranks this returns and the caller
+    reports the error as any command does."""
+    if not _state["open"]:
+        return
+    from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_size() > 1:
+        fail(exc, where)
 
 
 def fail(exc, where="training"):
     """Log the failure, then abort every rank of the job."""
+    _state["open"] = False          # this line says why: the exit check has nothing to add
     try:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         log.error("%s failed in %s: %s: %s", describe(), where, type(exc).__name__, exc)

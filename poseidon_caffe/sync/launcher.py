@@ -120,6 +120,11 @@ def output_dir(dataset, staleness, num_hosts, num_threads, root="output"):
 
 
 def gpu_available():
+    """Whether the ranks will have GPUs to bind (-gpu=<id> each): the emulated device when
+    POSEIDON_CAFFE_GPU=emulated (the ranks inherit the setting), else pycuda and an NVIDIA
+    driver on this machine."""
+    if os.environ.get("POSEIDON_CAFFE_GPU", "").strip().lower() == "emulated":
+        return True
     try:
         import pycuda  # noqa: F401
     except ImportError:

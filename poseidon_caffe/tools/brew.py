@@ -125,16 +125,46 @@ def _gpu_count(flag):
         raise CommandError("%s: %s" % (flag, exc)) from None
 
 
+def local_rank():
+    """(this rank's index among its host's ranks, ranks on the host) from the environment
+    mpiexec gives every rank (MPICH's hydra or Open MPI; no MPI import), or None outside one."""
+    for rank_var, size_var in (("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+                               ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                               ("PMI_LOCAL_RANK", "PMI_LOCAL_SIZE")):
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                return int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                pass
+    return None
+
+
+def _rank_device(gpus):
+    """The one device of this process from -gpu's list: the list itself when it names one;
+    under mpiexec, the r-th id for the host's r-th rank (one rank per listed GPU)."""
+    if len(gpus) == 1:
+        return gpus[0]
+    ids = ",".join(map(str, gpus))
+    place = local_rank()
+    if place is None or world_size() == 1:
+        raise CommandError("-gpu=%s names %d devices; one process drives one device: run one "
+                           "rank per device with mpiexec (-gpu then names each rank's device)"
+                           % (ids, len(gpus)))
+    rank, per_host = place
+    if per_host != len(gpus):
+        raise CommandError("-gpu=%s names %d devices but this host runs %d rank%s: list one "
+                           "GPU id per rank of the host" % (ids, len(gpus), per_host,
+                                                            "" if per_host == 1 else "s"))
+    return gpus[rank]
+
+
 def _select_device(gpus, from_solver=False):
     from .. import backend
     if not gpus:
         log.info("Use CPU.")
         backend.set_mode_cpu()
         return
-    if len(gpus) > 1:
-        raise CommandError("-gpu=%s names %d devices; one process drives one device: run one "
-                           "rank per device with mpiexec (-gpu then names each rank's device)"
-                           % (",".join(map(str, gpus)), len(gpus)))
+    gpus = [_rank_device(gpus)]
     backend.set_device(gpus[0])
     try:
         backend.set_mode_gpu()
@@ -147,6 +177,24 @@ def _select_device(gpus, from_solver=False):
         return
     log.info("Use GPU with device ID %d%s", gpus[0],
              " (the emulated device)" if backend.get_backend().emulated else "")
+
+
+def _device_failure(exc):
+    """Whether ``exc`` is this rank's device failing: out of its memory, or a driver error
+    (inside a layer, which the net names, or elsewhere)."""
+    from .. import backend
+    from ..net.errors import LayerDeviceError, NetMemoryError
+    return backend.mode() == "gpu" and (
+        isinstance(exc, (MemoryError, NetMemoryError, LayerDeviceError))
+        or backend.is_device_error(exc))
+
+
+def _log_rank_device():
+    from .. import backend
+    if backend.mode() == "gpu":
+        gpu = backend.get_backend()
+        log.info("This rank drives GPU %d%s", gpu.device,
+                 " (the emulated device)" if gpu.emulated else "")
 
 
 def _phase(values, default):
@@ -306,18 +354,28 @@ def train(values):
         if _prepare_distributed(values):
             return 0
         handler.reassert()          # starting MPI may have put other handlers in place
+        if _is_distributed(values):
+            _log_rank_device()      # into this rank's own log, which prepare opened
         for note in notes:
             log.info("%s", note)
-        solver = get_solver(solver_param, solver_file=values["solver"])
-        solver.set_action_function(handler.requested_action)
-        if values["snapshot"]:
-            log.info("Resuming from %s", values["snapshot"])
-            solver.restore(values["snapshot"])
-        runner = _distribute(solver, values)
-        if runner is not solver:
-            handler.ignore_after_exit()
-        log.info("Starting Optimization")
-        runner.solve()
+        try:
+            solver = get_solver(solver_param, solver_file=values["solver"])
+            solver.set_action_function(handler.requested_action)
+            if values["snapshot"]:
+                log.info("Resuming from %s", values["snapshot"])
+                solver.restore(values["snapshot"])
+            runner = _distribute(solver, values)
+            if runner is not solver:
+                handler.ignore_after_exit()
+            log.info("Starting Optimization")
+            runner.solve()
+        except Exception as exc:
+            # a rank's device failing (out of memory, a driver error in a layer) ends the
+            # whole job at once, in one line naming the rank, host, device and layer
+            if _is_distributed(values) and _device_failure(exc):
+                from ..sync.failure import end_job_on_error
+                end_job_on_error(exc)
+            raise
     log.info("Optimization Done.")
     return 0
 

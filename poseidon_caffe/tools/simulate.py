@@ -16,7 +16,8 @@ SIMULATE_FLAGS = [
     flagmod.Flag("latency", "0", "One-way latency between nodes (50us, 0.2ms)"),
     flagmod.Flag("local_bandwidth", "100gbit", "Rate between the devices of one node"),
     flagmod.Flag("compute", "measured", "Per-layer times: 'measured' (timed here as `time` "
-                 "does), a file (CSV layer,forward_ms,backward_ms; JSON; or a `time` log), or "
+                 "does), a file (CSV layer,forward_ms,backward_ms; JSON; a `time` log; or the "
+                 "report of scripts/bench_gpu.py --json), or "
                  "total=MS (one iteration's time spread over the layers by multiply-adds)"),
     flagmod.Flag("iterations", 5, "Timed passes for -compute measured"),
     flagmod.Flag("sync", "auto", "Strategy: auto (the planner's choice per blob), ps, sfb or "

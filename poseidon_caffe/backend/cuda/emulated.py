@@ -26,6 +26,7 @@ GUARD_BYTE = 0xA5
 FRESH_BYTE = 0xFF                    # 0xFFFFFFFF is a NaN as a float, -1 as an int
 DEVICES_ENV = "POSEIDON_CAFFE_EMULATED_DEVICES"
 MEMORY_ENV = "POSEIDON_CAFFE_EMULATED_MEMORY"
+FAIL_ENV = "POSEIDON_CAFFE_EMULATED_FAIL"    # kernel:NAME[:N] or alloc:N, a fault to inject
 DEFAULT_MEMORY = 4 << 30
 _CTYPES = {POINTER: ctypes.c_void_p, INT: ctypes.c_int, FLOAT: ctypes.c_float}
 
@@ -88,6 +89,27 @@ class EmulatedModule:
         return Function(name, signature, fn)
 
 
+def parse_fault(text):
+    """(kind, name, n) of a fault to inject from FAIL_ENV's value: ``kernel:NAME[:N]`` fails
+    the N-th launch (default the first) of kernel NAME, ``alloc:N`` the N-th allocation; None
+    for an empty value; DriverError for anything else."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    parts = text.split(":")
+    try:
+        if parts[0] == "kernel" and len(parts) in (2, 3) and parts[1]:
+            n = int(parts[2]) if len(parts) == 3 else 1
+            if n >= 1:
+                return "kernel", parts[1], n
+        if parts[0] == "alloc" and len(parts) == 2 and int(parts[1]) >= 1:
+            return "alloc", None, int(parts[1])
+    except ValueError:
+        pass
+    raise DriverError("%s=%r: expected kernel:NAME[:N] (the N-th launch of kernel NAME fails) "
+                      "or alloc:N (the N-th allocation fails), N >= 1" % (FAIL_ENV, text))
+
+
 class EmulatedDriver(Driver):
     kind = "emulated"
 
@@ -113,6 +135,21 @@ class EmulatedDriver(Driver):
         self._in_use = 0
         self._streams = 0
         self._blas = {}
+        # a fault to inject (FAIL_ENV), for tests of how a job meets a failing device
+        self._fault = parse_fault(os.environ.get(FAIL_ENV))
+        self._counts = {}
+
+    def _inject(self, kind, name):
+        """DriverError when this is the call FAIL_ENV names (counted per kernel name)."""
+        if self._fault is None or self._fault[0] != kind or self._fault[1] != name:
+            return
+        key = (kind, name)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        if self._counts[key] == self._fault[2]:
+            what = ("launch %d of kernel %s on emulated device %d: unspecified launch failure"
+                    % (self._fault[2], name, self.device) if kind == "kernel" else
+                    "allocation %d on emulated device %d failed" % (self._fault[2], self.device))
+            raise DriverError("%s (injected by %s)" % (what, FAIL_ENV))
 
     @property
     def info(self):
@@ -136,6 +173,7 @@ class EmulatedDriver(Driver):
 
     # -- memory ----------------------------------------------------------------------------
     def _alloc(self, nbytes):
+        self._inject("alloc", None)
         if self._in_use + nbytes > self.capacity:
             raise DriverError("out of memory: %d bytes asked, %d of %d free on the emulated "
                               "device (%s sets its size)"
@@ -217,6 +255,7 @@ class EmulatedDriver(Driver):
     def _launch(self, function, grid, block, args, stream):
         if function.signature[:1] == INT and args[0] <= 0:
             return                            # no index to run: its pointers are never read
+        self._inject("kernel", function.name)
         for kind, value in zip(function.signature, args):
             if kind == POINTER and value:
                 self.span(value, 1)           # a pointer into no allocation faults here
