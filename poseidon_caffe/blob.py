@@ -141,6 +141,12 @@ class Blob:
     dev_data = mutable_dev_data = data
     dev_diff = mutable_dev_diff = diff
 
+    # the host arrays for reading only (a loss read, a snapshot): on a device they are copied
+    # back when behind, without making the host the head (Caffe's cpu_data), so nothing is
+    # copied up again afterwards; writes to them are not seen
+    host_data = data
+    host_diff = diff
+
     def zero_diff(self):
         """diff = 0 where it lives (the solver clears parameter gradients each iteration)."""
         self.diff[...] = 0
@@ -241,6 +247,8 @@ class SyncedBlob(Blob):
                     lambda self, value: self._host("_data").__setitem__(Ellipsis, value))
     diff = property(lambda self: self._host("_diff"),
                     lambda self, value: self._host("_diff").__setitem__(Ellipsis, value))
+    host_data = property(lambda self: self._memory("_data").cpu_data().reshape(self._shape))
+    host_diff = property(lambda self: self._memory("_diff").cpu_data().reshape(self._shape))
     dev_data = property(lambda self: self._device("_data", False))
     dev_diff = property(lambda self: self._device("_diff", False))
     mutable_dev_data = property(lambda self: self._device("_data", True))
