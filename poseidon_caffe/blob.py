@@ -146,6 +146,7 @@ class Blob:
     # copied up again afterwards; writes to them are not seen
     host_data = data
     host_diff = diff
+    data_on_host = True          # whether reading host_data copies nothing
 
     def zero_diff(self):
         """diff = 0 where it lives (the solver clears parameter gradients each iteration)."""
@@ -253,6 +254,10 @@ class SyncedBlob(Blob):
     dev_diff = property(lambda self: self._device("_diff", False))
     mutable_dev_data = property(lambda self: self._device("_data", True))
     mutable_dev_diff = property(lambda self: self._device("_diff", True))
+
+    @property
+    def data_on_host(self):
+        return self._memory("_data").host_current
 
     @property
     def synced_data(self):

@@ -144,6 +144,31 @@ def test_dummy_data_refills_cross_once_per_iteration(gpu_mode, tmp_path):
     assert sorted(g for g in grew if g) == sorted([steps * label.nbytes, steps * data.nbytes])
 
 
+def test_a_loss_summed_on_the_host_is_kept_there(gpu_mode, monkeypatch):
+    # HingeLoss reads its sum to the host (a BLAS scalar): its top is never copied up or back
+    net = """name: "hinge"
+      layer { name: "data" type: "DummyData" top: "data" top: "label"
+        dummy_data_param { shape { dim: 8 dim: 6 } shape { dim: 8 }
+          data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 3.5 } } }
+      layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 4 weight_filler { type: "xavier" } } }
+      layer { name: "loss" type: "HingeLoss" bottom: "ip" bottom: "label" top: "loss" }"""
+    text = ('net_param { %s } base_lr: 0.01 lr_policy: "fixed" display: 0 average_loss: 2 '
+            'max_iter: 100 snapshot_after_train: false random_seed: 2 type: "SGD"' % net)
+    runs = []
+    for path in ("device", "host"):
+        if path == "host":
+            monkeypatch.setattr(solver_module, "_on_device", lambda net: False)
+        solver = get_solver(parse_solver_text(text, "hinge"))
+        solver.step(1)
+        moved, _, _ = _trained(solver, 4)
+        runs.append((solver.losses, solver.smoothed_loss))
+        if path == "device":
+            assert moved.htod_bytes == 4 * (8 * 6 + 8) * 4
+            assert (moved.dtoh_calls, moved.dtod_calls) == (0, 0)
+    assert runs[0] == runs[1]
+
+
 def test_displayed_losses_are_the_ones_the_host_path_prints(gpu_mode, mnist_dbs, tmp_path,
                                                             monkeypatch):
     runs = {}

@@ -6,7 +6,9 @@ device array; ``read()`` brings every row written since the last read to the hos
 and adds them up exactly as the host path does (``weight * sum(top)`` per top in float64, over
 the ``iter_size`` passes, divided by ``iter_size``), so the solver's smoothed loss and what it
 prints are the same numbers. The solver reads on display iterations, when the rows are full,
-and at the end of a step (its NaN check runs then).
+and at the end of a step (its NaN check runs then). A loss top whose layer wrote it on the
+host (the losses that sum there) is kept in a host row instead: copying it up would be a
+transfer of its own.
 """
 import numpy as np
 
@@ -19,6 +21,8 @@ class DeviceLosses:
         self.iter_size = int(iter_size)
         self.rows = max(int(rows), 1)
         self._store = None
+        self._host_rows = None     # values of tops already on the host, and where they are
+        self._on_host = None
         self._backend = None
         self._layout = None        # [(weight, offset, count)] of the loss tops in a pass
         self._width = 0
@@ -40,23 +44,31 @@ class DeviceLosses:
             self._backend = tops[0][0].backend if tops else None
             width = max(self.iter_size * offset, 1)
             self._store = self._backend.empty((self.rows, width)) if tops else None
+            self._host_rows = np.zeros((self.rows, width), np.float32)
+            self._on_host = np.zeros((self.rows, width), bool)
 
     def record(self, iteration, pass_index):
         """Keep the loss tops of the forward pass just run (pass ``pass_index`` of the
-        iteration), on the device."""
+        iteration) where they are: on the device, or on the host."""
         tops = self.net.loss_tops()
         if pass_index == 0:
             self._prepare(tops)
             self.pending.append(int(iteration))
         if self._store is None:
             return
-        row = self._store.rows(len(self.pending) - 1, len(self.pending)).ravel()
+        index = len(self.pending) - 1
+        row = self._store.rows(index, index + 1).ravel()
         base = pass_index * self._width
         backend = self._backend
         for (blob, _), (_, offset, count) in zip(tops, self._layout):
             start = base + offset
-            backend.copy(blob.dev_data.ravel(),
-                         backend.view(row.ptr + 4 * start, (count,), row.owner))
+            on_host = blob.data_on_host
+            self._on_host[index, start:start + count] = on_host
+            if on_host:
+                self._host_rows[index, start:start + count] = blob.host_data.ravel()
+            else:
+                backend.copy(blob.dev_data.ravel(),
+                             backend.view(row.ptr + 4 * start, (count,), row.owner))
 
     def read(self):
         """[(iteration, loss)] of every iteration recorded since the last read, in order (one
@@ -67,7 +79,10 @@ class DeviceLosses:
         if self._store is None:
             values = np.zeros((n, 0), np.float32)
         else:
-            values = self._backend.to_host(self._store.rows(0, n))
+            values = self._host_rows[:n].copy()
+            if not self._on_host[:n].all():
+                values = np.where(self._on_host[:n], values,
+                                  self._backend.to_host(self._store.rows(0, n)))
         result = []
         for iteration, row in zip(self.pending, values):
             loss = 0.0
