@@ -146,6 +146,13 @@ class Blob:
     dev_data = mutable_dev_data = data
     dev_diff = mutable_dev_diff = diff
 
+    # the host arrays for reading only (a loss read, a snapshot): on a device they are copied
+    # back when behind, without making the host the head (Caffe's cpu_data), so nothing is
+    # copied up again afterwards; writes to them are not seen
+    host_data = data
+    host_diff = diff
+    data_on_host = True          # whether reading host_data copies nothing
+
     def zero_diff(self):
         """diff = 0 where it lives (the solver clears parameter gradients each iteration)."""
         self.diff[...] = 0
@@ -256,10 +263,16 @@ class SyncedBlob(Blob):
                     lambda self, value: self._host("_data").__setitem__(Ellipsis, value))
     diff = property(lambda self: self._host("_diff"),
                     lambda self, value: self._host("_diff").__setitem__(Ellipsis, value))
+    host_data = property(lambda self: self._memory("_data").cpu_data().reshape(self._shape))
+    host_diff = property(lambda self: self._memory("_diff").cpu_data().reshape(self._shape))
     dev_data = property(lambda self: self._device("_data", False))
     dev_diff = property(lambda self: self._device("_diff", False))
     mutable_dev_data = property(lambda self: self._device("_data", True))
     mutable_dev_diff = property(lambda self: self._device("_diff", True))
+
+    @property
+    def data_on_host(self):
+        return self._memory("_data").host_current
 
     @property
     def synced_data(self):

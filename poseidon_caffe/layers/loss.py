@@ -1,7 +1,10 @@
 """Layer family: loss layers, Softmax and Accuracy, with Caffe's normalisation rules.
 
 Every loss writes a scalar into ``top[0]`` (a 0-axis blob). Backward scales by ``top[0].diff``,
-which the net seeds with the loss weight.
+which the net seeds with the loss weight. On a device, SoftmaxWithLoss and EuclideanLoss sum
+and normalise there and write the scalar into the top's device memory: nothing is read to the
+host until someone reads the loss (the solver's display); a label out of range then shows as
+a NaN loss rather than by name.
 """
 import numpy as np
 
@@ -140,15 +143,31 @@ class SoftmaxWithLossLayer(_LabelledLoss):
         be = self.backend
         split = (self.outer, self.channels, self.inner)
         prob = be.softmax_forward(bottom[0].dev_data.reshape(split), be.empty(split))
+        self.prob = prob
+        if getattr(be, "on_device", False):
+            self._forward_on_device(prob, bottom, top)
+            return
         loss, count = be.softmax_loss_forward(prob, bottom[1].dev_data, self._ignored())
         if loss != loss:
             # NaN: a label out of range names itself here (else the net itself diverged)
             self._labels(bottom[1], self.outer, self.inner, self.channels)
         self.norm = normalizer(self.normalization, self.outer, self.inner, int(count))
         top[0].data[...] = loss / self.norm
-        self.prob = prob
         if len(top) == 2:
             be.copy(prob, top[1].mutable_dev_data.reshape(split))
+
+    def _forward_on_device(self, prob, bottom, top):
+        be = self.backend
+        # as Caffe, the count of labels is read to the host only when some may be ignored
+        counted = self.normalization == _Norm.VALID and self.has_ignore_label
+        out = top[0].mutable_dev_data.reshape(1)
+        count = be.softmax_loss_forward_on_device(prob, bottom[1].dev_data, self._ignored(),
+                                                  out, count=counted)
+        self.norm = normalizer(self.normalization, self.outer, self.inner,
+                               int(count) if counted else -1)
+        be.divide(out, self.norm, out)
+        if len(top) == 2:
+            be.copy(prob, top[1].mutable_dev_data.reshape(prob.shape))
 
     def backward(self, top, propagate_down, bottom):
         if len(propagate_down) > 1 and propagate_down[1]:
@@ -219,6 +238,12 @@ class EuclideanLossLayer(LossLayer):
         be = self.backend
         a = bottom[0].dev_data
         be.subtract(a, bottom[1].dev_data.reshape(a.shape), self.delta)
+        if getattr(be, "on_device", False):
+            out = top[0].mutable_dev_data.reshape(1)
+            be.sum_into(self.delta, out, squares=True)
+            # one division by 2 num rounds as the host's s / num / 2 (halving is exact)
+            be.divide(out, 2.0 * bottom[0].shape[0], out)
+            return
         top[0].data[...] = be.sumsq(self.delta) / bottom[0].shape[0] / 2.0
 
     def backward(self, top, propagate_down, bottom):

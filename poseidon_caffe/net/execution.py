@@ -30,9 +30,11 @@ class Execution:
         self._layer_timing_hook = fn
 
     # -- running -------------------------------------------------------------------------------
-    def forward_from_to(self, start=0, end=None):
+    def forward_from_to(self, start=0, end=None, read_loss=True):
+        """Forward over layers start..end; returns the weighted sum of the loss tops, or None
+        with ``read_loss`` False (on a device the losses then stay there: ``loss_tops``)."""
         end = len(self.layers) - 1 if end is None else end
-        loss = 0.0
+        loss = 0.0 if read_loss else None
         hook = self._before_forward_hook
         timing = self._layer_timing_hook
         debug = self.param.debug_info
@@ -72,8 +74,10 @@ class Execution:
             except Exception as exc:
                 raise_if_device_failure(layer, "forward", exc)
                 raise
-            for j, weight in self.layer_loss_weights[i]:
-                loss += weight * float(np.sum(tops[j].data, dtype=np.float64))
+            if read_loss:
+                for j, weight in self.layer_loss_weights[i]:
+                    # read only: on a device the top stays where the layer wrote it
+                    loss += weight * float(np.sum(tops[j].host_data, dtype=np.float64))
             if debug:
                 self._forward_debug_info(i)
             for callback in after:
@@ -133,10 +137,15 @@ class Execution:
     def forward_prefilled(self):
         return self.forward_from_to(0, len(self.layers) - 1)
 
-    def forward_backward(self):
-        loss = self.forward_from_to()
+    def forward_backward(self, read_loss=True):
+        loss = self.forward_from_to(read_loss=read_loss)
         self.backward_from_to()
         return loss
+
+    def loss_tops(self):
+        """[(blob, loss weight)] of every loss top, in the order forward adds them up."""
+        return [(self.top_vecs[i][j], weight) for i in range(len(self.layers))
+                for j, weight in self.layer_loss_weights[i]]
 
     def reshape(self):
         for i, layer in enumerate(self.layers):

@@ -126,7 +126,9 @@ class Weights:
             lp.CopyFrom(layer_param)
             del lp.blobs[:]
             for blob in layer.blobs:
-                fill_blobproto(lp.blobs.add(), blob.data, blob.diff if write_diff else None)
+                # read only (Caffe's cpu_data): on a device nothing is copied up again after
+                fill_blobproto(lp.blobs.add(), blob.host_data,
+                               blob.host_diff if write_diff else None)
         return out
 
     def save(self, path, write_diff=False):
@@ -140,6 +142,6 @@ class Weights:
         structure.state.CopyFrom(self.state)
         for layer_param in structure.layer:
             del layer_param.blobs[:]
-        weights = {name: [b.data for b in layer.blobs]
+        weights = {name: [b.host_data for b in layer.blobs]
                    for name, layer in zip(self.layer_names, self.layers) if layer.blobs}
         write_net_weights(structure, weights, path)

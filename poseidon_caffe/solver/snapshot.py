@@ -77,7 +77,7 @@ def write_model(net, path, fmt=BINARYPROTO, write_diff=False):
                 for layer_name, blobs in net.params.items():
                     layer_group = group.create_group(layer_name)
                     for j, blob in enumerate(blobs):
-                        array = blob.diff if diff else blob.data
+                        array = blob.host_diff if diff else blob.host_data
                         layer_group.create_dataset(str(j), data=_host(blob, array))
         _atomic_h5(path, fill)
     else:

@@ -24,6 +24,7 @@ from ..proto import caffe_pb2
 from . import signals
 from . import snapshot as snap
 from . import updates
+from .device_losses import DeviceLosses
 from .job import LocalJob
 from .lr_policy import learning_rate
 from .param_check import solver_param_problems
@@ -75,6 +76,7 @@ class Solver:
         self.last_snapshot_iter = None
         self.iter = 0
         self.current_step = 0
+        self._device_losses = None     # on a device: losses not yet read (device_losses.py)
         self.losses = []
         self.smoothed_loss = 0.0
         self.callbacks = []            # pycaffe's add_callback: on_start / on_gradients_ready
@@ -270,10 +272,62 @@ class Solver:
             self.test_all()
         log.info("Optimization Done.")
 
+    # the smoothed loss, and the losses it averages, as of the last iteration: on a device the
+    # losses wait there until one of these is read (or a display, or the end of a step)
+    @property
+    def smoothed_loss(self):
+        self._read_device_losses()
+        return self._smoothed_loss
+
+    @smoothed_loss.setter
+    def smoothed_loss(self, value):
+        self._smoothed_loss = value
+
+    @property
+    def losses(self):
+        self._read_device_losses()
+        return self._losses
+
+    @losses.setter
+    def losses(self, value):
+        self._losses = value
+
+    def _read_device_losses(self):
+        record = self._device_losses
+        if record is None or not record.pending:
+            return
+        for iteration, loss in record.read():
+            if not math.isfinite(loss):
+                self._diverged(loss, iteration)
+            self._update_smoothed_loss(loss, self._step_start, iteration)
+
+    def _forward_backward(self, display):
+        """The iteration's forward/backward passes; the loss as a float, or None when it stays
+        on the device (read at display, or later)."""
+        p = self.param
+        if not _on_device(self.net):
+            loss = 0.0
+            for _ in range(p.iter_size):
+                loss += float(self.net.forward_backward())
+            return loss / p.iter_size
+        record = self._device_losses
+        if record is None or record.iter_size != p.iter_size:
+            record = self._device_losses = DeviceLosses(self.net, p.iter_size)
+        if record.full:
+            self._read_device_losses()
+        for k in range(p.iter_size):
+            self.net.forward_backward(read_loss=False)
+            record.record(self.iter, k)
+        if display:
+            self._read_device_losses()
+        return None
+
     def step(self, iters):
         p = self.param
         start_iter = self.iter
         stop_iter = self.iter + int(iters)
+        self._read_device_losses()         # a previous step's, for their NaN check
+        self._step_start = start_iter
         self.losses = []
         self.smoothed_loss = 0.0
         self._timer = time.perf_counter()
@@ -295,13 +349,11 @@ class Solver:
                     callback.on_start()
                 display = bool(p.display) and self.iter % p.display == 0
                 _set_debug_info(self.net, display and p.debug_info)
-                loss = 0.0
-                for _ in range(p.iter_size):
-                    loss += float(self.net.forward_backward())
-                loss /= p.iter_size
-                if not math.isfinite(loss):
-                    self._diverged(loss)
-                self._update_smoothed_loss(loss, start_iter)
+                loss = self._forward_backward(display)
+                if loss is not None:
+                    if not math.isfinite(loss):
+                        self._diverged(loss)
+                    self._update_smoothed_loss(loss, start_iter)
                 if display:
                     if bar is not None:
                         bar.close()
@@ -323,28 +375,33 @@ class Solver:
                 if request == signals.STOP:
                     self.requested_early_exit = True
                     break
+            self._read_device_losses()
         finally:
             if bar is not None:
                 bar.close()
 
-    def _diverged(self, loss):
+    def _diverged(self, loss, iteration=None):
+        iteration = self.iter if iteration is None else iteration
+        self._device_losses = None          # what it held is past
         where = ("the last good snapshot is %s" % self.last_snapshot if self.last_snapshot
                  else "no snapshot was written in this run")
         message = ("Iteration %d: the loss is %s; training stopped (%s)"
-                   % (self.iter, fmt(loss), where))
+                   % (iteration, fmt(loss), where))
         log.error(message)
-        raise TrainingDiverged(message, self.iter, self.last_snapshot)
+        raise TrainingDiverged(message, iteration, self.last_snapshot)
 
-    def _update_smoothed_loss(self, loss, start_iter):
+    def _update_smoothed_loss(self, loss, start_iter, iteration=None):
+        iteration = self.iter if iteration is None else iteration
         average = self.param.average_loss
-        if len(self.losses) < average:
-            self.losses.append(loss)
-            size = len(self.losses)
-            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        losses = self._losses
+        if len(losses) < average:
+            losses.append(loss)
+            size = len(losses)
+            self._smoothed_loss = (self._smoothed_loss * (size - 1) + loss) / size
         else:
-            idx = (self.iter - start_iter) % average
-            self.smoothed_loss += (loss - self.losses[idx]) / average
-            self.losses[idx] = loss
+            idx = (iteration - start_iter) % average
+            self._smoothed_loss += (loss - losses[idx]) / average
+            losses[idx] = loss
 
     def _display(self):
         lapse = time.perf_counter() - self._timer
@@ -527,7 +584,7 @@ class Solver:
 
     def _check_params_finite(self):
         for i, blob in enumerate(self.net.learnable_params):
-            if not np.all(np.isfinite(blob.backend.to_host(blob.data))):
+            if not np.all(np.isfinite(blob.host_data)):
                 where = ("the last good snapshot is %s" % self.last_snapshot
                          if self.last_snapshot else "no snapshot was written in this run")
                 message = ("Iteration %d: learnable parameter #%d holds NaN or infinite values; "
@@ -657,6 +714,11 @@ class _CallbackPair:
 
 
 # -- helpers shared with the command line ----------------------------------------------------
+def _on_device(net):
+    """Whether the net's blobs live on a device (its layers share one backend)."""
+    return bool(net.layers) and getattr(net.layers[0].backend, "on_device", False)
+
+
 def _copy(message):
     out = type(message)()
     out.CopyFrom(message)
@@ -683,7 +745,7 @@ def output_values(net):
     result = []
     for name in net.outputs:
         blob = net.blobs[name]
-        values = np.asarray(blob.backend.to_host(blob.data), dtype=np.float64).ravel()
+        values = np.asarray(blob.host_data, dtype=np.float64).ravel()
         result.append((name, [float(v) for v in values], blob_loss_weight(net, name)))
     return result
 

@@ -176,6 +176,11 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         self.driver.copy_htod(out.ptr, host)
         return out
 
+    def batch_ring(self, depth):
+        """The slots a prefetch thread uploads batches through (batch_ring.py)."""
+        from .batch_ring import DeviceBatchRing
+        return DeviceBatchRing(self, depth)
+
     def synced_memory(self, count):
         """Caffe's SyncedMemory of ``count`` floats on this device (a blob's data or diff)."""
         return _SyncedMemory(self.driver, count, F32)
@@ -216,6 +221,24 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         """The sum of x as a Python float (a value read back to the host)."""
         ones = self._ones_of(x.size)
         return float(self.blas.sdot(x.size, x.ptr, 1, ones.ptr, 1)) if x.size else 0.0
+
+    def sum_into(self, x, out, squares=False):
+        """out (one value on the device) = the sum of x, or of its squares: a loss that stays
+        on the device (sgemv writes its result to device memory; sdot would return it to the
+        host and wait)."""
+        if not x.size:
+            return self.fill(out, 0.0)
+        other = x if squares else self._ones_of(x.size)
+        # column-major x as an n x 1 matrix, transposed, times a vector of n values
+        self.blas.sgemv("T", x.size, 1, 1.0, x.ptr, x.size, other.ptr, 1, 0.0, out.ptr, 1)
+        return out
+
+    def divide(self, x, divisor, out):
+        """out = x / divisor (a host float), rounded as one float division."""
+        self._same_size(x, out, "divide")
+        if out.size:
+            self.kernels.vec_div_scalar(out.size, x.ptr, float(divisor), out.ptr)
+        return out
 
     def _ones_of(self, count):
         if self._ones is None or self._ones.size < count:
@@ -443,6 +466,18 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         k.channel_subtract(dx.size, channels, inner, per.ptr, dx.ptr)
         k.vec_mul(dx.size, dx.ptr, y.ptr, dx.ptr)
         return dx
+
+    def softmax_loss_forward_on_device(self, prob, labels, ignore_label, out, count=False):
+        """out (one value on the device) = summed -log p(label); with ``count`` also the
+        count of labels not ignored, read to the host (None without)."""
+        outer, channels, inner = prob.shape
+        n = outer * inner
+        loss, counts = self.empty((n,)), self.empty((n,))
+        self.kernels.softmax_loss_forward(n, prob.ptr, labels.ptr, channels, inner,
+                                          int(ignore_label is not None), int(ignore_label or 0),
+                                          loss.ptr, counts.ptr)
+        self.sum_into(loss, out)
+        return self.sum(counts) if count else None
 
     def softmax_loss_forward(self, prob, labels, ignore_label):
         """(summed -log p(label), count of labels not ignored) over (outer, channels, inner)

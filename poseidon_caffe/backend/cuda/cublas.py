@@ -82,7 +82,8 @@ def _ref(value):
 class CublasHandle:
     """A cuBLAS handle on the current context, bound to ``stream`` (None: the default one)."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, driver=None):
+        self.driver = driver             # told of the host's waits for a scalar result
         self.lib = library()
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
@@ -129,13 +130,19 @@ class CublasHandle:
     def sscal(self, n, alpha, x, incx):
         self._check(self.lib.cublasSscal_v2(self.handle, n, _ref(alpha), x, incx), "cublasSscal")
 
+    def _host_result(self):
+        if self.driver is not None:
+            self.driver.count_host_sync()
+
     def sdot(self, n, x, incx, y, incy):
+        self._host_result()
         out = ctypes.c_float()
         self._check(self.lib.cublasSdot_v2(self.handle, n, x, incx, y, incy, ctypes.byref(out)),
                     "cublasSdot")
         return out.value
 
     def sasum(self, n, x, incx):
+        self._host_result()
         out = ctypes.c_float()
         self._check(self.lib.cublasSasum_v2(self.handle, n, x, incx, ctypes.byref(out)),
                     "cublasSasum")

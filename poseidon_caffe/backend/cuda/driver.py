@@ -9,8 +9,10 @@ events, modules and launches, and a BLAS handle. Two implementations exist:
 
 Device memory is addressed by plain integers (device pointers), so pointer arithmetic (an
 offset into a blob) is integer arithmetic and a pointer passes to a kernel or cuBLAS as is.
-Every copy is counted in ``transfers`` (calls and bytes per direction), whichever driver runs.
+Every copy is counted in ``transfers`` (calls and bytes per direction), whichever driver runs,
+and so is every wait of the host for the device (``host_syncs``).
 """
+import threading
 from dataclasses import dataclass, field
 
 KINDS = ("cuda", "emulated")
@@ -71,13 +73,22 @@ class DeviceInfo:
 @dataclass
 class Transfers:
     """Copies made through one driver: calls and bytes, host to device, device to host,
-    device to device. SyncedMemory and tests read these to see what crossed the bus."""
+    device to device; and the host's waits for the device. SyncedMemory and tests read these
+    to see what crossed the bus and how often the host stood still.
+
+    ``host_syncs`` counts the waits of the thread that opened the driver (the one that drives
+    the computation): ``synchronize()``, a stream's or an event's ``synchronize()``, a copy to
+    the host without a stream, and a BLAS call that returns a scalar to the host (sdot, sasum).
+    ``background_syncs`` counts the same waits made on other threads (a prefetch thread
+    waiting for its own stream), which do not hold the computation up."""
     htod_calls: int = 0
     htod_bytes: int = 0
     dtoh_calls: int = 0
     dtoh_bytes: int = 0
     dtod_calls: int = 0
     dtod_bytes: int = 0
+    host_syncs: int = 0
+    background_syncs: int = 0
 
     def snapshot(self):
         return Transfers(**self.__dict__)
@@ -109,6 +120,26 @@ class Driver:
 
     def __init__(self):
         self.transfers = Transfers()
+        self._compute_thread = threading.get_ident()
+        # a prefetch thread copies while the computation runs: the counts stay exact
+        self._count_lock = threading.Lock()
+
+    def _count(self, calls, nbytes, direction):
+        with self._count_lock:
+            t = self.transfers
+            setattr(t, direction + "_calls", getattr(t, direction + "_calls") + calls)
+            setattr(t, direction + "_bytes", getattr(t, direction + "_bytes") + nbytes)
+
+    def count_host_sync(self):
+        """Note one wait of the host for the device (see Transfers.host_syncs)."""
+        with self._count_lock:
+            if threading.get_ident() == self._compute_thread:
+                self.transfers.host_syncs += 1
+            else:
+                self.transfers.background_syncs += 1
+
+    def make_current(self):
+        """Make this device current on the calling thread (a prefetch thread's first call)."""
 
     # -- the device ------------------------------------------------------------------------
     @property
@@ -122,7 +153,8 @@ class Driver:
 
     def synchronize(self):
         """Wait for everything queued on the device."""
-        raise NotImplementedError
+        self.count_host_sync()
+        self._synchronize()
 
     def close(self):
         """Release the device (its memory goes with it)."""
@@ -159,31 +191,33 @@ class Driver:
         _contiguous(src, "source")
         if src.nbytes:
             self._copy_htod(int(dst), src, stream)
-        self.transfers.htod_calls += 1
-        self.transfers.htod_bytes += src.nbytes
+        self._count(1, src.nbytes, "htod")
 
     def copy_dtoh(self, dst, src, stream=None):
         """The C-contiguous numpy array ``dst`` <- its size in bytes from device ``src``."""
         _contiguous(dst, "destination")
         if dst.nbytes:
             self._copy_dtoh(dst, int(src), stream)
-        self.transfers.dtoh_calls += 1
-        self.transfers.dtoh_bytes += dst.nbytes
+        self._count(1, dst.nbytes, "dtoh")
+        if stream is None:
+            self.count_host_sync()            # the host waits for the copy, and what precedes it
 
     def copy_dtod(self, dst, src, nbytes, stream=None):
         if nbytes:
             self._copy_dtod(int(dst), int(src), int(nbytes), stream)
-        self.transfers.dtod_calls += 1
-        self.transfers.dtod_bytes += int(nbytes)
+        self._count(1, int(nbytes), "dtod")
 
     # -- streams and events ----------------------------------------------------------------
-    def stream(self):
-        """A new stream: ``.synchronize()``, ``.handle`` (the CUstream, for cuBLAS)."""
+    def stream(self, non_blocking=False):
+        """A new stream: ``.synchronize()``, ``.handle`` (the CUstream, for cuBLAS). A
+        ``non_blocking`` one does not wait for the default stream's work, nor it for its own
+        (a prefetch thread's copies then overlap the computation)."""
         raise NotImplementedError
 
     def event(self):
         """A new event: ``.record(stream=None)``, ``.synchronize()``, ``.query()``,
-        ``.elapsed_ms(start_event)`` (milliseconds from ``start_event`` to this one)."""
+        ``.elapsed_ms(start_event)`` (milliseconds from ``start_event`` to this one). Every
+        ``synchronize()`` of a stream or an event is counted (``count_host_sync``)."""
         raise NotImplementedError
 
     # -- modules and launches --------------------------------------------------------------

@@ -13,6 +13,7 @@ NaN bytes, as a real allocation holds garbage, so a read of memory never written
 import bisect
 import ctypes
 import os
+import threading
 import time
 
 import numpy as np
@@ -43,21 +44,26 @@ def _cpu_clock_khz():
 
 
 class EmulatedStream:
-    def __init__(self, handle):
+    def __init__(self, driver, handle, non_blocking=False):
+        self.driver = driver
         self.handle = handle
+        self.non_blocking = non_blocking
 
     def synchronize(self):
-        """Work ran when it was queued: nothing is ever pending."""
+        """Work ran when it was queued: nothing is ever pending (the wait is counted)."""
+        self.driver.count_host_sync()
 
 
 class EmulatedEvent:
-    def __init__(self):
+    def __init__(self, driver):
+        self.driver = driver
         self.time = None
 
     def record(self, stream=None):
         self.time = time.perf_counter()
 
     def synchronize(self):
+        self.driver.count_host_sync()
         if self.time is None:
             raise DriverError("event synchronized before it was recorded")
 
@@ -130,6 +136,8 @@ class EmulatedDriver(Driver):
             compute_capability=(7, 0), total_memory=self.capacity,
             multiprocessors=os.cpu_count() or 1, clock_khz=_cpu_clock_khz(),
             concurrent_copy_and_execution=False, emulated=True)
+        # a prefetch thread allocates and copies while the computation runs
+        self._lock = threading.RLock()
         self._buffers = {}           # pointer -> (buffer, nbytes)
         self._starts = []            # sorted pointers, for lookups by address
         self._in_use = 0
@@ -158,13 +166,14 @@ class EmulatedDriver(Driver):
     def mem_info(self):
         return self.capacity - self._in_use, self.capacity
 
-    def synchronize(self):
+    def _synchronize(self):
         pass
 
     def close(self):
-        self._buffers.clear()
-        self._starts = []
-        self._in_use = 0
+        with self._lock:
+            self._buffers.clear()
+            self._starts = []
+            self._in_use = 0
 
     @property
     def allocations(self):
@@ -173,6 +182,10 @@ class EmulatedDriver(Driver):
 
     # -- memory ----------------------------------------------------------------------------
     def _alloc(self, nbytes):
+        with self._lock:
+            return self._alloc_locked(nbytes)
+
+    def _alloc_locked(self, nbytes):
         self._inject("alloc", None)
         if self._in_use + nbytes > self.capacity:
             raise DriverError("out of memory: %d bytes asked, %d of %d free on the emulated "
@@ -190,22 +203,24 @@ class EmulatedDriver(Driver):
         return ptr
 
     def _free(self, ptr):
-        entry = self._buffers.pop(ptr, None)
-        if entry is None:
-            raise DriverError("free of 0x%x, which is not an allocation's start" % ptr)
-        self._starts.remove(ptr)
-        self._in_use -= entry[1]
+        with self._lock:
+            entry = self._buffers.pop(ptr, None)
+            if entry is None:
+                raise DriverError("free of 0x%x, which is not an allocation's start" % ptr)
+            self._starts.remove(ptr)
+            self._in_use -= entry[1]
 
     def span(self, ptr, nbytes):
         """The uint8 view of ``nbytes`` device bytes at ``ptr``; DriverError when they are not
         all inside one allocation (a real device's illegal address)."""
         ptr, nbytes = int(ptr), int(nbytes)
-        i = bisect.bisect_right(self._starts, ptr) - 1
-        if i >= 0:
-            start = self._starts[i]
-            buf, size = self._buffers[start]
-            if ptr + nbytes <= start + size:
-                return buf[ptr - start:ptr - start + nbytes]
+        with self._lock:
+            i = bisect.bisect_right(self._starts, ptr) - 1
+            if i >= 0:
+                start = self._starts[i]
+                buf, size = self._buffers[start]
+                if ptr + nbytes <= start + size:
+                    return buf[ptr - start:ptr - start + nbytes]
         raise DriverError("illegal address: %d bytes at 0x%x are not inside one allocation"
                           % (nbytes, ptr))
 
@@ -238,12 +253,12 @@ class EmulatedDriver(Driver):
         self.span(dst, nbytes)[...] = self.span(src, nbytes).copy()
 
     # -- streams and events ----------------------------------------------------------------
-    def stream(self):
+    def stream(self, non_blocking=False):
         self._streams += 1
-        return EmulatedStream(self._streams)
+        return EmulatedStream(self, self._streams, non_blocking)
 
     def event(self):
-        return EmulatedEvent()
+        return EmulatedEvent(self)
 
     # -- modules and launches --------------------------------------------------------------
     def module_image(self, source_path):
@@ -263,7 +278,9 @@ class EmulatedDriver(Driver):
         self._check_guards(function.name)
 
     def _check_guards(self, name):
-        for ptr, (buf, nbytes) in self._buffers.items():
+        with self._lock:
+            buffers = list(self._buffers.items())
+        for ptr, (buf, nbytes) in buffers:
             guard = buf[nbytes:]
             if not (guard == GUARD_BYTE).all():
                 where = int(np.flatnonzero(guard != GUARD_BYTE)[0])

@@ -119,11 +119,13 @@ class EmulatedBlas:
         xv *= F32(alpha)
 
     def sdot(self, n, x, incx, y, incy):
+        self.driver.count_host_sync()        # cuBLAS's host result waits for the device
         if n <= 0:
             return 0.0
         return float(np.dot(self._vector(x, n, incx), self._vector(y, n, incy)))
 
     def sasum(self, n, x, incx):
+        self.driver.count_host_sync()
         if n <= 0 or incx <= 0:
             return 0.0
         return float(np.abs(self._vector(x, n, incx)).sum(dtype=F32))

@@ -10,6 +10,7 @@ from . import build
 from .driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
 
 _PYCUDA_FORMAT = {POINTER: "P", INT: "i", FLOAT: "f"}
+_NON_BLOCKING = 1                     # CU_STREAM_NON_BLOCKING
 
 
 def _pycuda():
@@ -41,13 +42,15 @@ class PyCUDAModule:
 
 
 class PyCUDAEvent:
-    def __init__(self, cuda):
-        self.event = cuda.Event()
+    def __init__(self, driver):
+        self.driver = driver
+        self.event = driver.cuda.Event()
 
     def record(self, stream=None):
         self.event.record(None if stream is None else stream.stream)
 
     def synchronize(self):
+        self.driver.count_host_sync()
         self.event.synchronize()
 
     def query(self):
@@ -58,11 +61,15 @@ class PyCUDAEvent:
 
 
 class PyCUDAStream:
-    def __init__(self, cuda):
-        self.stream = cuda.Stream()
+    def __init__(self, driver, non_blocking=False):
+        self.driver = driver
+        cuda = driver.cuda
+        # flags 1 is CU_STREAM_NON_BLOCKING: no implicit order with the legacy default stream
+        self.stream = cuda.Stream(flags=_NON_BLOCKING if non_blocking else 0)
         self.handle = self.stream.handle
 
     def synchronize(self):
+        self.driver.count_host_sync()
         self.stream.synchronize()
 
 
@@ -119,8 +126,13 @@ class PyCUDADriver(Driver):
     def mem_info(self):
         return self.cuda.mem_get_info()
 
-    def synchronize(self):
+    def _synchronize(self):
         self.cuda.Context.synchronize()
+
+    def make_current(self):
+        current = self.cuda.Context.get_current()
+        if current is None or current.handle != self.context.handle:
+            self.context.push()
 
     def close(self):
         for handle in self._blas.values():
@@ -183,11 +195,11 @@ class PyCUDADriver(Driver):
             self.cuda.memcpy_dtod_async(dst, src, nbytes, _raw(stream))
 
     # -- streams and events ----------------------------------------------------------------
-    def stream(self):
-        return PyCUDAStream(self.cuda)
+    def stream(self, non_blocking=False):
+        return PyCUDAStream(self, non_blocking)
 
     def event(self):
-        return PyCUDAEvent(self.cuda)
+        return PyCUDAEvent(self)
 
     # -- modules and launches --------------------------------------------------------------
     def module_image(self, source_path):
@@ -217,6 +229,6 @@ class PyCUDADriver(Driver):
         key = None if stream is None else stream.handle
         if key not in self._blas:
             from .cublas import CublasHandle
-            self._blas[key] = CublasHandle(stream)
+            self._blas[key] = CublasHandle(stream, self)
         return self._blas[key]
 

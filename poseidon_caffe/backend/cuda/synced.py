@@ -64,6 +64,11 @@ class SyncedMemory:
             self.htod_bytes += self.nbytes
             self.head = SYNCED
 
+    @property
+    def host_current(self):
+        """Whether the host copy is current (reading it copies nothing)."""
+        return self.head in (HEAD_AT_CPU, SYNCED)
+
     # -- Caffe's accessors -----------------------------------------------------------------
     def cpu_data(self):
         """The host array, current (copied from the device if that is newer); not to be

@@ -6,6 +6,10 @@ thread). The loader owns its own random generator, seeded from the process gener
 so a seeded run gives the same batches with or without prefetch. The thread and the files are
 released by ``close()``, when the layer is collected, or at interpreter exit, whichever comes
 first.
+
+On a device the batches travel as Caffe's do: the prefetch thread pushes each one through a
+ring of pinned host and device buffers on its own stream (the backend's ``batch_ring``), and
+forward copies it device to device into the tops; the thread never touches the net's blobs.
 """
 import weakref
 
@@ -43,11 +47,17 @@ class _Resources:
 
     def __init__(self):
         self.prefetcher = None
+        self.ring = None
         self.closers = []
 
-    def close(self):
+    def stop_prefetch(self):
+        if self.ring is not None:
+            self.ring.close()             # wakes a push waiting for a slot
         if self.prefetcher is not None:
             self.prefetcher.stop()
+
+    def close(self):
+        self.stop_prefetch()
         for closer in self.closers:
             closer()
         self.closers = []
@@ -75,12 +85,21 @@ class PrefetchingDataLayer(Layer):
 
     def _start_prefetch(self):
         loader = self._loader      # the thread holds the loader, never the layer
+        depth = self.param.data_param.prefetch
+        if getattr(self.backend, "on_device", False):
+            ring = self._resources.ring = self.backend.batch_ring(depth)
+            labelled = self.output_labels
 
-        def produce():
-            data, labels = loader()
-            return data, labels, loader.state()
+            def produce():
+                data, labels = loader()
+                slot = ring.push((data, labels) if labelled else (data,))
+                return slot, None, loader.state()
+        else:
+            def produce():
+                data, labels = loader()
+                return data, labels, loader.state()
 
-        self._resources.prefetcher = Prefetcher(produce, self.param.data_param.prefetch,
+        self._resources.prefetcher = Prefetcher(produce, depth,
                                                 "%s-%s" % (self.type, self.name))
 
     def _transform_param(self):
@@ -97,6 +116,15 @@ class PrefetchingDataLayer(Layer):
 
     def forward(self, bottom, top):
         data, labels, self._consumed_state = self._resources.prefetcher.next()
+        ring = self._resources.ring
+        if ring is not None:
+            # the batch is on the device already: one device-to-device copy per top
+            shapes = ring.shapes(data)
+            tops = top[:len(shapes)]
+            for blob, shape in zip(tops, shapes):
+                blob.reshape(shape)
+            ring.take(data, [blob.mutable_dev_data for blob in tops])
+            return
         top[0].reshape(data.shape)
         # one copy of the batch into the backend's memory (on a device, the blob's head)
         self.backend.upload(data, top[0].mutable_dev_data)
@@ -109,7 +137,9 @@ class PrefetchingDataLayer(Layer):
         forward would have given is loaded as usual (records read, random draws made) and
         dropped; the tops are left as they are. A sharded test pass calls this for the batches
         other workers test, so each worker's stream stays where one tester's would be."""
-        _, _, self._consumed_state = self._resources.prefetcher.next()
+        slot, _, self._consumed_state = self._resources.prefetcher.next()
+        if self._resources.ring is not None:
+            self._resources.ring.release(slot)
 
     def close(self):
         """Stop the prefetch thread and release the files; the layer is done after this."""
@@ -122,7 +152,7 @@ class PrefetchingDataLayer(Layer):
         return self._consumed_state
 
     def set_resume_state(self, state):
-        self._resources.prefetcher.stop()
+        self._resources.stop_prefetch()
         self._loader.restore(state)
         self._consumed_state = self._loader.state()
         self._start_prefetch()

@@ -26,6 +26,11 @@ KERNEL vec_div(const int n, const float* a, const float* b, float* y) {
   CUDA_KERNEL_LOOP(i, n) { y[i] = a[i] / b[i]; }
 }
 
+// y = x / d: a loss divided by its normaliser on the device, rounded as the host divides
+KERNEL vec_div_scalar(const int n, const float* x, const float d, float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] / d; }
+}
+
 KERNEL vec_scale(const int n, const float alpha, const float* x, float* y) {
   CUDA_KERNEL_LOOP(i, n) { y[i] = alpha * x[i]; }
 }
