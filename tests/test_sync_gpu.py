@@ -206,3 +206,97 @@ def test_resumed_device_run_ends_with_the_uninterrupted_weights(tmp_path, mode):
         for a, b, c in zip(straight[name], resumed[name], early[name]):
             np.testing.assert_array_equal(a, b)
             assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("mode, extra", [
+    ("allreduce", ""), ("ps", ""),
+    # gradient accumulation and global-norm clipping: sfb's product is then taken on the host
+    ("sfb", "iter_size: 2\nclip_gradients: 0.5\n"), ("sfb", "iter_size: 2\n")])
+def test_device_workers_on_shards_equal_one_cpu_worker_of_twice_the_batch(tmp_path, mode,
+                                                                          extra):
+    from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
+    from jobs import write_lenet_job
+    train_db, test_db = ensure_mnist_lmdbs(str(tmp_path / "digits"))
+    one = write_lenet_job(tmp_path, "one", 16, train_db, test_db, extra)
+    proc = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "-solver=%s" % one],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    two = write_lenet_job(tmp_path, "two", 8, train_db, test_db, extra)
+    proc = subprocess.run(per_rank(lambda r: [PY, "-m", "poseidon_caffe.cli", "train",
+                                              "-solver=%s" % two, "-sync=%s" % mode,
+                                              "-gpu=%d" % r]),
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, single = read_net_weights(str(tmp_path / "one_iter_4.caffemodel"))
+    _, joint = read_net_weights(str(tmp_path / "two_iter_4.caffemodel"))
+    for layer in ("conv1", "conv2", "ip1", "ip2"):
+        for a, b in zip(single[layer], joint[layer]):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6, err_msg=layer)
+
+
+def _float_job(tmp_path, name, extra=""):
+    import test_sync_update_rules as rules
+    from jobs import write_float_db
+    if not (tmp_path / "db").exists():
+        write_float_db(tmp_path / "db", rules.X, rules.Y)
+        (tmp_path / "net.prototxt").write_text(rules.NET % (tmp_path / "db"))
+    solver = tmp_path / (name + ".prototxt")
+    solver.write_text('net: "%s"\nbase_lr: %g momentum: %g weight_decay: %g lr_policy: "fixed"\n'
+                      'max_iter: %d display: 0 snapshot_prefix: "%s"\nrandom_seed: 1\n%s'
+                      % (tmp_path / "net.prototxt", rules.LR, rules.MOMENTUM, rules.DECAY,
+                         rules.ITERS, tmp_path / name, extra))
+    return solver, rules
+
+
+def _train_on_devices(solver, args):
+    proc = subprocess.run(per_rank(lambda r: [PY, "-m", "poseidon_caffe.cli", "train",
+                                              "-solver=%s" % solver, "-gpu=%d" % r] + args),
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("rule, sync", [("server", "ps"), ("worker", "ps"),
+                                        ("worker", "allreduce"), ("server", "sfb")])
+def test_update_rules_on_devices_match_numpy(tmp_path, rule, sync):
+    solver, rules = _float_job(tmp_path, "m")
+    _train_on_devices(solver, ["-sync=%s" % sync, "-ps_update=%s" % rule])
+    _, weights = read_net_weights(str(tmp_path / ("m_iter_%d.caffemodel" % rules.ITERS)))
+    w, b = rules.by_numpy(rule)
+    np.testing.assert_allclose(weights["ip"][0].ravel(), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(weights["ip"][1].ravel(), [b], rtol=1e-5, atol=1e-6)
+
+
+def test_worker_rule_on_devices_resumes_every_workers_own_history(tmp_path):
+    solver, rules = _float_job(tmp_path, "whole", "snapshot: 2\n")
+    _train_on_devices(solver, ["-sync=ps", "-ps_update=worker"])
+    assert (tmp_path / "whole_iter_2.rank1.history.npz").exists()
+    (tmp_path / ("whole_iter_%d.caffemodel" % rules.ITERS)).unlink()
+    _train_on_devices(solver, ["-sync=ps", "-ps_update=worker",
+                               "-snapshot=%s" % (tmp_path / "whole_iter_2.solverstate")])
+    _, resumed = read_net_weights(str(tmp_path / ("whole_iter_%d.caffemodel" % rules.ITERS)))
+    w, b = rules.by_numpy("worker")
+    np.testing.assert_allclose(resumed["ip"][0].ravel(), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(resumed["ip"][1].ravel(), [b], rtol=1e-5, atol=1e-6)
+
+
+def test_stale_synchronous_device_run_converges_within_the_bound(tmp_path):
+    """With staleness s the pinned weights may be written while a device reads older ones:
+    the reads stay within the bound and the run still learns."""
+    import test_sync_staleness as stale
+    staleness = 2
+    script = tmp_path / "worker.py"
+    script.write_text("import sys\nfrom poseidon_caffe import backend\n"
+                      "backend.set_device(int(sys.argv[4]))\nbackend.set_mode_gpu()\n"
+                      + stale.WORKER)
+    out = tmp_path / "stats.json"
+    proc = subprocess.run(per_rank(lambda r: [PY, str(script), str(staleness), "120", str(out),
+                                              str(r)]),
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.loads(out.read_text())
+    reads = [age for r in ranks for age in r["stale_reads"].values()]
+    assert max(reads) <= staleness
+    for r in ranks:
+        first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
+        assert last < 0.01 * first, (first, last)
