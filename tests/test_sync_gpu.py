@@ -217,17 +217,34 @@ def test_device_workers_on_shards_equal_one_cpu_worker_of_twice_the_batch(tmp_pa
     from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
     from jobs import write_lenet_job
     train_db, test_db = ensure_mnist_lmdbs(str(tmp_path / "digits"))
-    one = write_lenet_job(tmp_path, "one", 16, train_db, test_db, extra)
+
+    def job(name, batch):
+        # a test pass at iterations 2 and 4: the device's weights must be current for it
+        solver = write_lenet_job(tmp_path, name, batch, train_db, test_db, extra)
+        with open(solver) as f:
+            text = f.read().replace("test_interval: 1000", "test_interval: 2")
+        with open(solver, "w") as f:
+            f.write(text)
+        return solver
+
+    def test_losses(log):
+        return [float(line.split("loss = ")[1].split()[0]) for line in log.splitlines()
+                if "Test net output" in line and "loss = " in line]
+
+    one = job("one", 16)
     proc = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "-solver=%s" % one],
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    two = write_lenet_job(tmp_path, "two", 8, train_db, test_db, extra)
+    expected = test_losses(proc.stderr)
+    two = job("two", 8)
     proc = subprocess.run(per_rank(lambda r: [PY, "-m", "poseidon_caffe.cli", "train",
                                               "-solver=%s" % two, "-sync=%s" % mode,
                                               "-gpu=%d" % r]),
                           capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(expected) == 2
+    np.testing.assert_allclose(test_losses(proc.stderr), expected, rtol=1e-4)
     _, single = read_net_weights(str(tmp_path / "one_iter_4.caffemodel"))
     _, joint = read_net_weights(str(tmp_path / "two_iter_4.caffemodel"))
     for layer in ("conv1", "conv2", "ip1", "ip2"):
