@@ -49,7 +49,7 @@ class DeviceStage:
             # the weights as the exchanges see them; the same bytes as the device's at start
             item.host_data = pinned((item.count,), np.float32)
             item.host_data[...] = item.blob.synced_data.cpu_data()
-            item.host_grads = [pinned((item.count,), np.float32) for _ in range(self.depth)]
+            item.host_grads = None   # made on first use: a blob sent as factors needs none
             item.device_version = item.fresh     # the clock whose weights the device holds
             item.factors_in = None
             if item.sfb is not None and getattr(item.sfb, "device_blobs", None) is not None:
@@ -83,6 +83,9 @@ class DeviceStage:
     def copy_gradient(self, item, clock):
         """Queue the copy of ``item``'s device gradient into its pinned buffer for ``clock``;
         returns that buffer (complete once the next recorded event has)."""
+        if item.host_grads is None:
+            item.host_grads = [self.driver.pinned_empty((item.count,), np.float32)
+                               for _ in range(self.depth)]
         buf = item.host_grads[clock % self.depth]
         self.driver.copy_dtoh(buf, item.blob.dev_diff.ptr, self.stream)
         return buf
