@@ -143,11 +143,29 @@ def _factor_source(source):
                         transpose=source["transpose"], rows_per_pass=source["rows_per_pass"])
 
 
+def _device_factor_source(source, blobs):
+    """A device net's factors are read from the layer's (bottom, top) blobs on the device
+    (device.py)."""
+    factors = FactorSource(source["inputs"], source["outputs"], None,
+                           transpose=source["transpose"], rows_per_pass=source["rows_per_pass"])
+    factors.device_blobs = blobs
+    return factors
+
+
 def build_items(net):
     """One Item per learnable blob of ``net``, with its ready and first-use layers."""
-    return [Item(index, name, blob, ready_layer=first, first_use=first,
-                 sfb=_factor_source(offer) if offer is not None else None)
-            for index, name, blob, first, offer in planner.exchanged_params(net)]
+    items = []
+    for index, name, blob, first, offer in planner.exchanged_params(net):
+        factors = None
+        if offer is not None:
+            if getattr(blob.backend, "on_device", False):
+                # the offer is made only by the one layer using the blob: ``first``
+                bottoms, tops = net.layer_blobs(first)
+                factors = _device_factor_source(offer, (bottoms[0], tops[0]))
+            else:
+                factors = _factor_source(offer)
+        items.append(Item(index, name, blob, ready_layer=first, first_use=first, sfb=factors))
+    return items
 
 
 class DistributedRunner:
@@ -256,8 +274,10 @@ class DistributedRunner:
                                               for a, h in zip(arrays, history)):
             raise ValueError("%s holds %d history blobs that do not fit this solver's %d"
                              % (path, len(arrays), len(history)))
-        for target, array in zip(history, arrays):
-            target[...] = array
+        params = self.solver.net.learnable_params
+        for i, (target, array) in enumerate(zip(history, arrays)):
+            # upload: the history may live on a device (the identity copy on the CPU)
+            params[i % len(params)].backend.upload(array, target)
         log.info("Rank %d: restored its own solver history", self.topology.rank)
 
     def _rank_state_path(self, state_path):
@@ -366,6 +386,8 @@ class DistributedRunner:
                     for index, arrays in histories.items():
                         for target, full in zip(self.rule.history(index), arrays):
                             target[...] = full
+        # on a device: the host copies of the history into the solver's arrays it writes
+        self.rule.store_history()
         model, state = solver.snapshot_filenames()
         if topo.rank != 0:
             side = self._rank_state_path(state)
@@ -413,7 +435,9 @@ class DistributedRunner:
         import io as _io
         from ..io import atomic_write
         buf = _io.BytesIO()
-        np.savez(buf, **{"h%d" % i: np.asarray(h) for i, h in enumerate(self.solver.history)})
+        params = self.solver.net.learnable_params
+        np.savez(buf, **{"h%d" % i: params[i % len(params)].backend.to_host(h)
+                         for i, h in enumerate(self.solver.history)})
         atomic_write(path, buf.getvalue())
 
     # -- running --------------------------------------------------------------------------------

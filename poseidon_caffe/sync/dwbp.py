@@ -24,6 +24,10 @@ whose cores run backward costs about as much compute as they could hide (measure
 MPI_Waitsome doubled the time of a numpy workload beside it on 2 cores). The compute thread
 never calls MPI: it appends to a queue and releases a lock that wakes the thread at once.
 
+On a device rank the payloads are pinned host buffers whose copies off the device were only
+queued (``device.py``): such an exchange carries the event recorded after them and starts
+once that event has completed, so neither thread waits for the copy by blocking.
+
 Every MPI call after start-up runs on the communication thread. Functions handed over with
 ``post`` and ``call`` run with no exchange in flight, in the order queued, so their blocking
 collectives are matched too.
@@ -87,10 +91,13 @@ def make_buckets(items, plan, fuse_bytes, fusing):
 
 
 class Task:
-    def __init__(self, bucket, clock, payloads):
+    def __init__(self, bucket, clock, payloads, ready=None):
         self.bucket = bucket
         self.clock = clock
         self.payloads = payloads
+        # on a device rank: the event after the copies of the payloads out of the device;
+        # the exchange starts once it has completed (None: the payloads are there)
+        self.ready = ready
 
 
 class _Exchange:
@@ -136,8 +143,8 @@ class Scheduler:
         self.thread.start()
 
     # -- compute thread ------------------------------------------------------------------------
-    def submit(self, bucket, clock, payloads):
-        self.submit_all([(bucket, clock, payloads)])
+    def submit(self, bucket, clock, payloads, ready=None):
+        self.submit_all([(bucket, clock, payloads, ready)])
 
     def submit_all(self, tasks):
         """Hand several exchanges over at once (the communication thread sees all or none)."""
@@ -145,7 +152,7 @@ class Scheduler:
             return
         with self.cond:
             self.queued_tasks += len(tasks)
-        self.inbox.extend([Task(bucket, clock, payloads) for bucket, clock, payloads in tasks])
+        self.inbox.extend([Task(*task) for task in tasks])
         self._ring()
 
     def post(self, fn):
@@ -211,13 +218,19 @@ class Scheduler:
 
     # -- communication thread -----------------------------------------------------------------
     def _run(self):
+        stage = getattr(self.engine, "stage", None)
         try:
+            if stage is not None:
+                stage.enter_thread()
             self._loop()
         except BaseException as exc:  # reported to the compute thread, which ends the job
             with self.cond:
                 self.error = "%s: %s" % (type(exc).__name__, exc)
                 self.cond.notify_all()
             self.engine.on_comm_failure(exc)
+        finally:
+            if stage is not None:
+                stage.leave_thread()
 
     def _loop(self):
         waiting = collections.deque()      # handed over, not started yet
@@ -231,7 +244,7 @@ class Scheduler:
             self.cpu_seconds = time.thread_time()
             while self.inbox:
                 waiting.append(self.inbox.popleft())
-            moved = False
+            moved = copying = False
             # start in order: an exchange when its channel is free; a function, or the end,
             # once nothing is in flight
             while waiting:
@@ -239,6 +252,9 @@ class Scheduler:
                 if isinstance(head, Task):
                     lane = head.bucket.channel % self.channels
                     if lanes[lane] is not None:
+                        break
+                    if head.ready is not None and not head.ready.query():
+                        copying = True     # its payloads are still on their way off the device
                         break
                     waiting.popleft()
                     now = time.perf_counter()
@@ -281,7 +297,7 @@ class Scheduler:
                 continue
             # nothing to do until a request completes or the compute thread hands something
             # over: sleep (without the GIL, without a core), backing off
-            pause = min(pause * 2 or 5e-5, BUSY_PAUSE if active else IDLE_PAUSE)
+            pause = min(pause * 2 or 5e-5, BUSY_PAUSE if active or copying else IDLE_PAUSE)
             self.bell.acquire(timeout=pause)
 
     def _ready(self, exchange, transport, tested=False):

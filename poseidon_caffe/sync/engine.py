@@ -12,7 +12,9 @@ import numpy as np
 from .. import log
 from ..solver import updates
 from . import strategy as registry
+from .strategy import Strategy
 from .counters import ByteCounters
+from .device import DeviceStage, on_device
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
 from .transport import Channel, Transport
@@ -29,6 +31,8 @@ class FactorSource:
         self.read = read
         self.transpose = bool(transpose)
         self.rows_per_pass = rows_per_pass
+        # on a device rank: the layer's (bottom, top) blobs, read there (device.py)
+        self.device_blobs = None
 
 
 class Item:
@@ -36,7 +40,8 @@ class Item:
         self.index = index
         self.name = name
         self.blob = blob
-        self.shape = tuple(blob.data.shape)
+        # a device blob's shape is read without touching its host copy
+        self.shape = tuple(blob.shape if _lives_on_device(blob) else blob.data.shape)
         self.count = int(np.prod(self.shape)) if self.shape else 1
         self.rows = self.shape[0] if self.shape else 1
         self.ready_layer = ready_layer
@@ -46,9 +51,12 @@ class Item:
         self.bucket = None
         self.fresh = 0
         self.passes = 0
+        self.host_data = None      # on a device rank: the pinned weights (device.py)
 
     @property
     def data_flat(self):
+        if self.host_data is not None:
+            return self.host_data
         flat = self.blob.data.reshape(-1)
         if not np.shares_memory(flat, self.blob.data):
             raise SyncError("parameter %s is not contiguous in memory" % self.name)
@@ -57,6 +65,10 @@ class Item:
     @property
     def diff_flat(self):
         return self.blob.diff.reshape(-1)
+
+
+def _lives_on_device(blob):
+    return getattr(getattr(blob, "backend", None), "on_device", False)
 
 
 class SyncEngine:
@@ -86,6 +98,10 @@ class SyncEngine:
         for item in self.items:
             item.strategy = self.plan[item.index]
             item.fresh = start_clock
+        # a device rank exchanges through pinned buffers (device.py); None on the CPU
+        device_backend = on_device(self.items)
+        self.stage = None if device_backend is None else DeviceStage(
+            device_backend, self.items, self.iter_size, self.workers, self.staleness + 2)
         self.clock = start_clock
         self.start_clock = start_clock
         self.strategies = {}       # name -> the open strategy, for the blobs the plan gave it
@@ -93,6 +109,12 @@ class SyncEngine:
             opened = cls.open(self, [item for item in self.items if item.strategy == cls.name])
             if opened is not None:
                 self.strategies[cls.name] = opened
+        for item in self.items:
+            if getattr(self.strategies[item.strategy], "device_apply", False):
+                # its update runs on the device, with the solver's history there
+                keep = getattr(rule, "keep_on_device", None)
+                if keep is not None:
+                    keep(item.index)
         fusing = {cls.name for cls in registry.registered() if cls.fuses}
         self.buckets = make_buckets(self.items, self.plan, fuse_bytes, fusing)
         # the lanes exchanges travel on; no more than there are buckets to fill them
@@ -122,8 +144,11 @@ class SyncEngine:
         if not items:
             return
         start = time.perf_counter()
-        for item in items:
-            self._capture(item)
+        if self.stage is None:
+            for item in items:
+                self._capture(item)
+        else:
+            self._capture_on_device(items)
         end = time.perf_counter()
         self.capture_seconds += end - start
         if self.timeline is not None:
@@ -133,12 +158,14 @@ class SyncEngine:
         items = self.by_first_use.get(layer_index)
         if not items:
             return
-        if all(item.fresh >= self.clock for item in items):
-            return
-        start = time.perf_counter()
-        self.scheduler.wait_items(items, self.clock, "waiting for fresh weights of layer %d "
-                                  "(iteration %d)" % (layer_index, self.clock))
-        self._timed(start, time.perf_counter(), "wait layer %d" % layer_index, "wait")
+        if not all(item.fresh >= self.clock for item in items):
+            start = time.perf_counter()
+            self.scheduler.wait_items(items, self.clock, "waiting for fresh weights of layer "
+                                      "%d (iteration %d)" % (layer_index, self.clock))
+            self._timed(start, time.perf_counter(), "wait layer %d" % layer_index, "wait")
+        if self.stage is not None:
+            # the fresh weights (or factors) into the device, once, before the layer runs
+            self.stage.refresh(items, self.rule)
 
     def _capture(self, item):
         strategy = self.strategies[item.strategy]
@@ -152,13 +179,42 @@ class SyncEngine:
         if self.dwbp and all(i.index in self.payloads for i in bucket.items):
             self._submit(bucket)
 
-    def _submit(self, bucket):
-        self.scheduler.submit(*self._task(bucket))
+    def _capture_on_device(self, items):
+        """The device rank's capture: queue the copies out of the device (a strategy that
+        keeps something of every pass, as sfb's factors, reads it through its item), record
+        one event after them, and hand over each bucket now complete with that event as its
+        trigger. Nothing here waits for the device."""
+        complete = []
+        for item in items:
+            strategy = self.strategies[item.strategy]
+            per_pass = type(strategy).capture is not Strategy.capture
+            if per_pass:
+                strategy.capture(item)
+            item.passes += 1
+            if item.passes < self.iter_size:
+                continue
+            item.passes = 0
+            self.payloads[item.index] = (strategy.payload(item, self.clock) if per_pass
+                                         else self.stage.copy_gradient(item, self.clock))
+            complete.append(item)
+        if not complete:
+            return
+        ready = self.stage.record()
+        if not self.dwbp:
+            return
+        for item in complete:
+            bucket = item.bucket
+            if bucket.index not in self.submitted and all(i.index in self.payloads
+                                                          for i in bucket.items):
+                self._submit(bucket, ready)
 
-    def _task(self, bucket):
+    def _submit(self, bucket, ready=None):
+        self.scheduler.submit(*self._task(bucket, ready))
+
+    def _task(self, bucket, ready=None):
         payloads = [self.payloads.pop(i.index) for i in bucket.items]
         self.submitted.add(bucket.index)
-        return bucket, self.clock, payloads
+        return bucket, self.clock, payloads, ready
 
     def after_backward(self):
         """All passes of this clock's backward are done: send what is left, and (without DWBP,
@@ -172,9 +228,15 @@ class SyncEngine:
                 if item.index not in self.payloads:
                     # its layer's backward did not run (in every pass): send what there is
                     item.passes = 0
-                    self.payloads[item.index] = self.strategies[item.strategy].payload(
-                        item, self.clock)
-            tasks.append(self._task(bucket))
+                    strategy = self.strategies[item.strategy]
+                    if self.stage is None or type(strategy).capture is not Strategy.capture:
+                        self.payloads[item.index] = strategy.payload(item, self.clock)
+                    else:
+                        self.payloads[item.index] = self.stage.copy_gradient(item, self.clock)
+            tasks.append(bucket)
+        # on a device, one event after every copy queued so far starts them all
+        ready = self.stage.record() if tasks and self.stage is not None else None
+        tasks = [self._task(bucket, ready) for bucket in tasks]
         # handed over together: without DWBP every channel starts at once
         self.scheduler.submit_all(tasks)
         self.submitted.clear()
@@ -221,6 +283,8 @@ class SyncEngine:
             for strategy in self.strategies.values():
                 strategy.wait(clock)
         self.scheduler.call(catch_up)
+        if self.stage is not None:
+            self.stage.refresh(self.items, self.rule)
 
     # -- communication-thread side ---------------------------------------------------------------
     def exchange(self, task, channel):

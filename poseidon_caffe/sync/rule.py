@@ -37,7 +37,12 @@ class UpdateRule:
 
 class SolverRule(UpdateRule):
     """A worker's rule: the solver's fields, its net's multipliers, and the rates the solver
-    computed (``rates`` is filled by the runner, one entry per clock)."""
+    computed (``rates`` is filled by the runner, one entry per clock).
+
+    On a device the solver's history lives there; the host updates of the exchanges (on the
+    communication thread, which never touches the device) run on a host copy of it, read once
+    here and written back by ``store_history`` before a snapshot. A blob whose update runs on
+    the device (``apply_on_device``) keeps its history there."""
 
     def __init__(self, solver):
         self.solver = solver
@@ -45,9 +50,42 @@ class SolverRule(UpdateRule):
         self.rates = {}
         super().__init__(solver.param, solver.type, self.net.params_lr,
                          self.net.params_weight_decay, self.rates.__getitem__)
+        self.host_copies = None
+        params = self.net.learnable_params
+        if any(getattr(blob.backend, "on_device", False) for blob in params):
+            self.host_copies = {
+                index: [blob.backend.to_host(h).reshape(-1)
+                        for h in solver.param_history(index)]
+                for index, blob in enumerate(params)}
 
     def history(self, index):
+        if self.host_copies is not None:
+            return self.host_copies[index]
         return [h.reshape(-1) for h in self.solver.param_history(index)]
+
+    def keep_on_device(self, index):
+        """``index`` is updated on the device with the solver's own history."""
+        if self.host_copies is not None:
+            self.host_copies.pop(index, None)
+
+    def store_history(self):
+        """Write the host copies of the history back into the solver's device arrays (before
+        a snapshot); nothing to do on the CPU."""
+        if self.host_copies is None:
+            return
+        params = self.net.learnable_params
+        for index, copies in self.host_copies.items():
+            for target, host in zip(self.solver.param_history(index), copies):
+                params[index].backend.upload(host.reshape(target.shape), target)
+
+    def apply_on_device(self, index, data, diff, clock):
+        """Caffe's update of one parameter on the device: the solver's own kernels and
+        history (what a single-device solver runs), ``diff`` the averaged gradient."""
+        p = self.param
+        self.net.learnable_params[index].backend.solver_update(
+            self.kind, p, data, diff, self.solver.param_history(index),
+            self.rate_of(clock) * self.lr_mult[index], clock, p.iter_size,
+            p.weight_decay * self.decay_mult[index], p.regularization_type)
 
     def initial_history(self, index):
         return [np.asarray(h, dtype=np.float32) for h in self.history(index)]

@@ -7,6 +7,12 @@ gradient itself, then applies the same update to its replica. Level 1 gathers th
 devices of a host into its leader; level 2 exchanges the hosts' factors between leaders; level 1
 again gives every device the stacked factors. The factors of several layers travel at once,
 each layer's exchange on its channel's duplicate of the leaders.
+
+On a device rank (``device.py``) the factors are read off the device into pinned rows, and
+the stacked factors of every worker are left in the item's pinned buffer: the compute thread
+rebuilds the gradient there with one GEMM and applies the solver's device update before the
+layer's next forward. With clip_gradients the global norm needs every summed gradient on the
+host at once, so there the product is taken on the host as on a CPU rank.
 """
 import numpy as np
 
@@ -35,13 +41,16 @@ class SufficientFactors(Strategy):
     def open(cls, engine, items):
         if not items:
             return None
-        return cls(engine.transport, engine.topology, engine.counters, engine.iter_size)
+        opened = cls(engine.transport, engine.topology, engine.counters, engine.iter_size)
+        opened.device_apply = engine.stage is not None and engine.clip is None
+        return opened
 
     def __init__(self, transport, topology, counters, iter_size=1):
         super().__init__(transport, topology, counters)
         self.iter_size = int(iter_size)
         self.parts = {}            # item index -> [(top diff, bottom data)] of this iteration
         self.peers = topology.leaders.Dup() if topology.leaders is not None else None
+        self.device_apply = False  # leave the stacked factors for the device (see above)
 
     def capture(self, item):
         # the layer's top diff and bottom data change with the next pass: read them now
@@ -52,6 +61,11 @@ class SufficientFactors(Strategy):
         if len(parts) < self.iter_size:
             raise SyncError("no sufficient factors were captured for %s in iteration %d (its "
                             "layer's backward did not run)" % (item.name, clock))
+        staged = getattr(item.sfb, "staged", None)
+        if staged is not None:
+            # the passes' rows were copied into these pinned buffers, in order: no host work
+            # here, as the copies may still be running
+            return staged
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def run(self, bucket, payloads, clock, what):
@@ -61,6 +75,15 @@ class SufficientFactors(Strategy):
     def start(self, bucket, payloads, clock, what, channel):
         item = bucket.items[0]
         top_diff, bottom_data = payloads[0]
+        if self.device_apply:
+            D, A = yield from self.gather(channel, top_diff, bottom_data, bucket.name)
+            rows = D.shape[0]
+            # [all top diffs | all bottom data], as the device's GEMM takes them
+            stacked = item.sfb.stacked
+            stacked[:D.size] = D.reshape(-1)
+            stacked[D.size:D.size + A.size] = A.reshape(-1)
+            item.factors_in = rows
+            return None
         grad = yield from self.aggregate(channel, top_diff, bottom_data, item.sfb.transpose,
                                          bucket.name)
         return [np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)]
@@ -72,6 +95,11 @@ class SufficientFactors(Strategy):
         ``top_diff`` is K x N and ``bottom_data`` K x M; the result has the weight's layout:
         N x M, or M x N when the layer's ``transpose`` is set.
         """
+        D, A = yield from self.gather(channel, top_diff, bottom_data, key)
+        return (A.T @ D) if transpose else (D.T @ A)
+
+    def gather(self, channel, top_diff, bottom_data, key):
+        """Every worker's factors, stacked in rank order: (all top diffs, all bottom data)."""
         K, N = top_diff.shape
         M = bottom_data.shape[1]
         mine = np.concatenate([top_diff.reshape(-1), bottom_data.reshape(-1)]).astype(np.float32)
@@ -89,7 +117,7 @@ class SufficientFactors(Strategy):
         stacked = everything.reshape(-1, mine.size)
         D = stacked[:, :K * N].reshape(-1, N)
         A = stacked[:, K * N:].reshape(-1, M)
-        return (A.T @ D) if transpose else (D.T @ A)
+        return D, A
 
     def _exchange_between_hosts(self, comm, host_factors, everything, key):
         """Every leader sends its host's factors to every other leader: 2(P-1) messages."""

@@ -1,0 +1,152 @@
+"""Level 1 on a device rank: what crosses the bus between the device and the exchanges.
+
+A rank whose net lives on a device (the CUDA backend) exchanges through page-locked host
+buffers, one set per exchanged blob, and never through the blob's host arrays (``blob.data``,
+``blob.diff`` would make the host the head of Caffe's SyncedMemory and copy synchronously on
+whichever thread touched them). Per iteration:
+
+- out: when backward makes a layer's gradients final (the grad-ready hook, compute thread),
+  the device -> pinned copy of each gradient (or, for a blob that travels as sufficient
+  factors, of the layer's top diff and bottom data rows) is queued on a copy stream and an
+  event is recorded after it. The exchange starts on the communication thread once that event
+  has completed; the compute thread never waits for the copy;
+- in: before the layer's next forward (the before-forward hook, after the freshness wait) the
+  fresh weights go pinned -> device, into the blob's device memory, whose head stays on the
+  device. A blob that travelled as factors instead gets the stacked factors of every worker:
+  its summed gradient is rebuilt there by one GEMM and the solver's own device update applies
+  it (the same kernels, history and order as a single-device solver).
+
+All device work runs on the compute thread; the communication thread reads and writes pinned
+host memory only and asks the copy events whether they are done.
+"""
+import numpy as np
+
+from .dwbp import SyncError
+
+
+def on_device(items):
+    """The backend the items' blobs live on, when that is a device; else None."""
+    for item in items:
+        backend = getattr(item.blob, "backend", None)
+        if getattr(backend, "on_device", False):
+            return backend
+    return None
+
+
+class DeviceStage:
+    """The pinned buffers, the copy stream and the copies of one device rank's items."""
+
+    def __init__(self, backend, items, iter_size=1, workers=1, depth=2):
+        self.backend = backend
+        self.driver = backend.driver
+        self.stream = self.driver.stream()
+        self.iter_size = int(iter_size)
+        self.workers = int(workers)
+        # a gradient buffer is reused ``depth`` clocks later: by then its exchange has ended
+        self.depth = max(2, int(depth))
+        pinned = self.driver.pinned_empty
+        for item in items:
+            # the weights as the exchanges see them; the same bytes as the device's at start
+            item.host_data = pinned((item.count,), np.float32)
+            item.host_data[...] = item.blob.synced_data.cpu_data()
+            item.host_grads = None   # made on first use: a blob sent as factors needs none
+            item.device_version = item.fresh     # the clock whose weights the device holds
+            item.factors_in = None
+            if item.sfb is not None and getattr(item.sfb, "device_blobs", None) is not None:
+                self._stage_factors(item)
+
+    def _stage_factors(self, item):
+        source = item.sfb
+        rows = self.iter_size * int(source.rows_per_pass)
+        pinned = self.driver.pinned_empty
+        source.staged = (pinned((rows, source.N), np.float32),
+                         pinned((rows, source.M), np.float32))
+        source.passes_read = 0
+        # every worker's factors, stacked as [all top diffs | all bottom data]: one upload
+        source.stacked = pinned((self.workers * rows * (source.N + source.M),), np.float32)
+        source.read = lambda: self.copy_factors(item)
+
+    # -- the communication thread ----------------------------------------------------------
+    def enter_thread(self):
+        """Make the device's context current on the communication thread, which queries the
+        copy events (a CUDA driver call needs one there; the emulated device has none)."""
+        context = getattr(self.driver, "context", None)
+        if context is not None:
+            context.push()
+
+    def leave_thread(self):
+        context = getattr(self.driver, "context", None)
+        if context is not None:
+            context.pop()
+
+    # -- out (compute thread) ----------------------------------------------------------------
+    def copy_gradient(self, item, clock):
+        """Queue the copy of ``item``'s device gradient into its pinned buffer for ``clock``;
+        returns that buffer (complete once the next recorded event has)."""
+        if item.host_grads is None:
+            item.host_grads = [self.driver.pinned_empty((item.count,), np.float32)
+                               for _ in range(self.depth)]
+        buf = item.host_grads[clock % self.depth]
+        self.driver.copy_dtoh(buf, item.blob.dev_diff.ptr, self.stream)
+        return buf
+
+    def copy_factors(self, item):
+        """Queue the copy of this pass's factor rows (top diff, bottom data) into the pinned
+        rows of the pass; returns views of them (complete once the next event has)."""
+        source = item.sfb
+        bottom, top = source.device_blobs
+        m = int(source.rows_per_pass)
+        if top.count != m * source.N or bottom.count != m * source.M:
+            raise SyncError("%s: the layer now runs %d rows, not the %d its factors were "
+                            "staged for" % (item.name, top.count // source.N, m))
+        p = source.passes_read % self.iter_size
+        source.passes_read += 1
+        diff_rows = source.staged[0][p * m:(p + 1) * m]
+        data_rows = source.staged[1][p * m:(p + 1) * m]
+        self.driver.copy_dtoh(diff_rows, top.dev_diff.ptr, self.stream)
+        self.driver.copy_dtoh(data_rows, bottom.dev_data.ptr, self.stream)
+        return diff_rows, data_rows
+
+    def record(self):
+        """An event after every copy queued so far: the exchanges' trigger."""
+        event = self.driver.event()
+        event.record(self.stream)
+        return event
+
+    # -- in (compute thread) -----------------------------------------------------------------
+    def refresh(self, items, rule):
+        """Bring the device's copy of ``items`` to the freshest clock the exchanges left."""
+        for item in items:
+            fresh = item.fresh
+            if fresh <= item.device_version:
+                continue
+            if item.factors_in is not None:
+                self._apply_factors(item, rule, fresh - 1)
+            else:
+                device = item.blob.mutable_dev_data
+                self.driver.copy_htod(device.ptr, item.host_data)
+            item.device_version = fresh
+
+    def _apply_factors(self, item, rule, clock):
+        """The summed gradient from every worker's factors, rebuilt on the device by one GEMM
+        over the stacked rows (the product one device of the whole batch computes), then the
+        solver's update of that clock on the device."""
+        source, be = item.sfb, self.backend
+        rows = item.factors_in
+        item.factors_in = None
+        n = rows * (source.N + source.M)
+        stacked = be.empty((n,))
+        self.driver.copy_htod(stacked.ptr, source.stacked[:n])
+        D = stacked.rows(0, rows * source.N).reshape(rows, source.N)
+        A = stacked.rows(rows * source.N, n).reshape(rows, source.M)
+        # the blob's diff holds nothing of use until backward: it lends its memory here and
+        # is cleared again, so backward accumulates from zero as always
+        diff = item.blob.mutable_dev_diff.reshape(-1)
+        grad = diff.reshape(source.M, source.N) if source.transpose else \
+            diff.reshape(source.N, source.M)
+        if source.transpose:
+            be.gemm(A, D, trans_a=True, alpha=1.0 / self.workers, out=grad)
+        else:
+            be.gemm(D, A, trans_a=True, alpha=1.0 / self.workers, out=grad)
+        rule.apply_on_device(item.index, item.blob.mutable_dev_data.reshape(-1), diff, clock)
+        be.fill(diff, 0.0)
