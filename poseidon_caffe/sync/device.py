@@ -54,6 +54,10 @@ class DeviceStage:
             item.factors_in = None
             if item.sfb is not None and getattr(item.sfb, "device_blobs", None) is not None:
                 self._stage_factors(item)
+        # what crossed the bus from the end of the first iteration (which makes the buffers)
+        # to the end of the latest: the job's statistics report it per iteration
+        self._first_mark = self._last_mark = None
+        self._marked = 0
 
     def _stage_factors(self, item):
         source = item.sfb
@@ -112,6 +116,24 @@ class DeviceStage:
         event = self.driver.event()
         event.record(self.stream)
         return event
+
+    # -- what crossed ------------------------------------------------------------------------
+    def end_iteration(self):
+        """Mark the end of an iteration (compute thread, after its gradients were queued)."""
+        now = self.driver.transfers_now()
+        if self._first_mark is None:
+            self._first_mark = now
+        else:
+            self._marked += 1
+        self._last_mark = now
+
+    def moved(self):
+        """The driver's copies and host waits over the iterations after the first: a dict of
+        ``Transfers``' counts (the prefetch thread's batches included) and ``iterations``;
+        None before two iterations have ended."""
+        if not self._marked:
+            return None
+        return dict(self._last_mark.since(self._first_mark).__dict__, iterations=self._marked)
 
     # -- in (compute thread) -----------------------------------------------------------------
     def refresh(self, items, rule):

@@ -250,6 +250,8 @@ class SyncEngine:
             if self.clip is not None:
                 self._clip_and_update(clock)
         self.counters.end_iteration()
+        if self.stage is not None:
+            self.stage.end_iteration()
         self.clock = clock + 1
 
     def _timed(self, start, end, name, category, capture=False):
@@ -337,6 +339,13 @@ class SyncEngine:
                      human_bytes(local))
         log.info("    Sync total: %s off-host per iteration (predicted %s per host)",
                  human_bytes(total_meas), human_bytes(total_pred))
+        moved = None if (window or self.stage is None) else self.stage.moved()
+        if moved:
+            n = moved["iterations"]
+            log.info("    Device: per iteration %s in (%g copies), %s out (%g copies), %g host "
+                     "waits", human_bytes(moved["htod_bytes"] / n), moved["htod_calls"] / n,
+                     human_bytes(moved["dtoh_bytes"] / n), moved["dtoh_calls"] / n,
+                     moved["host_syncs"] / n)
         if window:
             self.counters.reset_window()
 
@@ -361,6 +370,8 @@ class SyncEngine:
             "in_flight_peak": self.scheduler.in_flight_peak,
             "comm_polls": self.scheduler.polls,
             "comm_cpu_seconds": self.scheduler.cpu_seconds,
+            # a device rank's copies and host waits after its first iteration (device.py)
+            "device_transfers": None if self.stage is None else self.stage.moved(),
         }
 
     def items_by_index(self):

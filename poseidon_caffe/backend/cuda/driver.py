@@ -130,6 +130,11 @@ class Driver:
             setattr(t, direction + "_calls", getattr(t, direction + "_calls") + calls)
             setattr(t, direction + "_bytes", getattr(t, direction + "_bytes") + nbytes)
 
+    def transfers_now(self):
+        """A copy of ``transfers`` taken whole while a prefetch thread may be counting."""
+        with self._count_lock:
+            return self.transfers.snapshot()
+
     def count_host_sync(self):
         """Note one wait of the host for the device (see Transfers.host_syncs)."""
         with self._count_lock:
