@@ -1,6 +1,8 @@
 """scripts/bench_gpu.py end to end on the emulated device, with tiny settings: its JSON has
-the net's row, positive times for the net and every layer, and each convolution's flop count
-from its shapes; that JSON is a compute file for ``simulate``."""
+the net's row, positive times for the net and every layer, each convolution's flop count from
+its shapes, and the host's waits per training iteration (none for LeNet and CIFAR-10 quick
+with display off; the loss read of a display is one); that JSON is a compute file for
+``simulate``."""
 import json
 import os
 import subprocess
@@ -21,8 +23,9 @@ def bench_run(tmp_path_factory):
     env = dict(os.environ, POSEIDON_CAFFE_GPU="emulated",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_gpu.py"), "--nets", "lenet",
-         "--iters", "1", "--batch", "lenet=4", "--gemm-size", "64", "--json", str(out),
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_gpu.py"), "--nets",
+         "lenet,cifar10_quick", "--iters", "2", "--batch", "lenet=4", "--batch",
+         "cifar10_quick=2", "--gemm-size", "64", "--json", str(out),
          "--save-nets", str(folder / "nets")],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -38,6 +41,12 @@ def test_bench_gpu_runs_on_the_emulated_device(bench_run):
     assert report["sgemm"]["n"] == 64 and report["sgemm"]["gflops"] > 0
     row = report["nets"]["lenet"]
     assert row["batch"] == 4 and row["ours_ms"] > 0 and row["conv_share"] > 0
+    # a training iteration outside display makes the host wait for the device nowhere
+    for name in ("lenet", "cifar10_quick"):
+        net = report["nets"][name]
+        assert net["train_ms"] > 0
+        assert net["host_waits_per_iter"] == 0, (name, net["host_waits_per_iter"])
+    assert "waits/iter" in stdout
     if report["torch"] is None:
         assert row["torch_ms"] is None and row["ratio"] is None
     names = [layer["name"] for layer in row["layers"]]
@@ -51,6 +60,27 @@ def test_bench_gpu_runs_on_the_emulated_device(bench_run):
     assert abs(layers["conv2"]["forward_gflop"] - 2 * 4 * 50 * 20 * 25 * 8 * 8 / 1e9) < 1e-12
     assert layers["conv2"]["backward_gflop"] == 2 * layers["conv2"]["forward_gflop"]
     assert layers["conv2"]["backward_ms"] > 0 and layers["conv2"]["forward_share"] > 0
+
+
+@needs_compiler
+def test_the_wait_count_sees_the_loss_read_of_a_display(monkeypatch):
+    """The same count with display on: a displayed iteration reads the losses kept on the
+    device and, to print it, the net's output (LeNet's one loss top), two waits (so the zero
+    above is a count that runs, not one that cannot move)."""
+    import importlib.util
+    from poseidon_caffe import backend
+    spec = importlib.util.spec_from_file_location(
+        "bench_gpu", os.path.join(ROOT, "scripts", "bench_gpu.py"))
+    bench_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_gpu)
+    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    backend.set_mode_gpu()
+    try:
+        assert bench_gpu.train_waits("lenet", 2, 2, display=1)["host_waits_per_iter"] == 2
+        # iterations 2 and 3 (after the two of warm-up): only the first is displayed
+        assert bench_gpu.train_waits("lenet", 2, 2, display=2)["host_waits_per_iter"] == 1
+    finally:
+        backend.set_mode_cpu()
 
 
 @needs_compiler
