@@ -301,6 +301,7 @@ def main(argv=None):
         raise SystemExit("--iters, --gemm-size and --gemm-reps must be >= 1")
     batches = parse_batches(args.batch)
     import logging
+    import poseidon_caffe.log   # noqa: F401  (sets its level on import: quieten it after)
     logging.getLogger("poseidon_caffe").setLevel(logging.WARNING)   # no net-setup lines
 
     from poseidon_caffe import backend as backends
