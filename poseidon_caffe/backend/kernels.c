@@ -102,16 +102,16 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
     float *plane = malloc(sizeof(float) * ((size_t)h * w + 1));  /* + a -inf cell */
     float *rm = malloc(sizeof(float) * cells);         /* row maxima */
     int32_t *ra = malloc(sizeof(int32_t) * cells);     /* and their column taps */
-    int32_t *ar = malloc(sizeof(int32_t) * (size_t)ow);    /* one output row's winners */
+    int32_t *pa = malloc(sizeof(int32_t) * (size_t)oh * ow);   /* one plane's winners */
     int32_t *src = malloc(sizeof(int32_t) * cells * (size_t)kw);   /* tap t reads src */
     int *start = malloc(sizeof(int) * (size_t)ow);
-    if (g == NULL || plane == NULL || rm == NULL || ra == NULL || ar == NULL || src == NULL ||
+    if (g == NULL || plane == NULL || rm == NULL || ra == NULL || pa == NULL || src == NULL ||
             start == NULL) {
         free(g);
         free(plane);
         free(rm);
         free(ra);
-        free(ar);
+        free(pa);
         free(src);
         free(start);
         return -1;
@@ -121,10 +121,12 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
      * -inf cell past its end for those, so the gather needs no test */
     int32_t none = h * w;
     plane[none] = -INFINITY;
+    int empty_columns = 0;
     for (int j = 0; j < ow; ++j) {
         int ws, we;
         window(j, sw, pw, kw, w, &ws, &we);
         start[j] = ws < we ? ws : -1;
+        empty_columns |= ws >= we;
     }
     for (int t = 0; t < kw; ++t) {
         for (int u = 0; u < h; ++u) {
@@ -159,35 +161,44 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
             window(i, sh, ph, kh, h, &hs, &he);
             int top = i * sh - ph;
             float *yr = yp + i * ow;
+            int32_t *ar = pa + i * ow;
             if (hs >= he) {
                 for (int j = 0; j < ow; ++j) {
                     yr[j] = -FLT_MAX;
                     ar[j] = -1;
                 }
-            } else {
-                memcpy(yr, rm + hs * ow, sizeof(float) * (size_t)ow);
-                const int32_t *first = ra + hs * ow;
-                int32_t offset = (hs - top) * kw;
-                for (int j = 0; j < ow; ++j)
-                    ar[j] = first[j] < 0 ? -1 : first[j] + offset;
-                for (int u = hs + 1; u < he; ++u)
-                    take_greater(rm + u * ow, ra + u * ow, (u - top) * kw, ow, yr, ar);
+                continue;
             }
-            size_t at = (size_t)p * oh * ow + (size_t)i * ow;
-            if (arg_bytes == 1) {
-                uint8_t *out = (uint8_t *)arg + at;
-                for (int j = 0; j < ow; ++j)
-                    out[j] = ar[j] < 0 ? NO_WINNER_BYTE : (uint8_t)ar[j];
-            } else {
-                memcpy((int32_t *)arg + at, ar, sizeof(int32_t) * (size_t)ow);
+            memcpy(yr, rm + hs * ow, sizeof(float) * (size_t)ow);
+            const int32_t *first = ra + hs * ow;
+            int32_t offset = (hs - top) * kw;
+            /* an empty column's -1 is set again below */
+            for (int j = 0; j < ow; ++j)
+                ar[j] = first[j] + offset;
+            for (int u = hs + 1; u < he; ++u)
+                take_greater(rm + u * ow, ra + u * ow, (u - top) * kw, ow, yr, ar);
+        }
+        for (int j = 0; empty_columns && j < ow; ++j) {
+            if (start[j] < 0) {
+                for (int i = 0; i < oh; ++i)
+                    pa[i * ow + j] = -1;
             }
+        }
+        /* one pass per plane, not per row: small planes have rows of a few outputs */
+        size_t outputs = (size_t)oh * ow;
+        if (arg_bytes == 1) {
+            uint8_t *out = (uint8_t *)arg + (size_t)p * outputs;
+            for (size_t q = 0; q < outputs; ++q)
+                out[q] = pa[q] < 0 ? NO_WINNER_BYTE : (uint8_t)pa[q];
+        } else {
+            memcpy((int32_t *)arg + (size_t)p * outputs, pa, sizeof(int32_t) * outputs);
         }
     }
     free(g);
     free(plane);
     free(rm);
     free(ra);
-    free(ar);
+    free(pa);
     free(src);
     free(start);
     return 0;
