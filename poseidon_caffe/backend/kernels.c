@@ -63,6 +63,14 @@ static inline void take_greater(const float *restrict g, const int32_t *restrict
     }
 }
 
+/* to = from + offset, for n cells (restrict: the loop runs on vectors without a test). */
+static inline void add_offset(const int32_t *restrict from, int32_t offset, int n,
+                              int32_t *restrict to)
+{
+    for (int q = 0; q < n; ++q)
+        to[q] = from[q] + offset;
+}
+
 /* The same with one index for every cell: tap t of a row. */
 static inline void take_greater_tap(const float *restrict g, int32_t t, int n,
                                     float *restrict best, int32_t *restrict at)
@@ -80,6 +88,13 @@ static inline void take_greater_tap(const float *restrict g, int32_t t, int n,
  * 255 cells (255: no winner), else int32 (-1: no winner). A flat index would need int32
  * whatever the window, four times the memory of the outputs' byte each. */
 #define NO_WINNER_BYTE 255
+
+/* to = the low byte of each from: a place, or -1 -> NO_WINNER_BYTE */
+static inline void narrow(const int32_t *restrict from, size_t n, uint8_t *restrict to)
+{
+    for (size_t q = 0; q < n; ++q)
+        to[q] = (uint8_t)from[q];
+}
 
 /* y = the maximum of each window; arg = the place in its window (see above) of the first
  * maximum in row-major order (a later cell takes over only when strictly greater), no winner
@@ -173,8 +188,7 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
             const int32_t *first = ra + hs * ow;
             int32_t offset = (hs - top) * kw;
             /* an empty column's -1 is set again below */
-            for (int j = 0; j < ow; ++j)
-                ar[j] = first[j] + offset;
+            add_offset(first, offset, ow, ar);
             for (int u = hs + 1; u < he; ++u)
                 take_greater(rm + u * ow, ra + u * ow, (u - top) * kw, ow, yr, ar);
         }
@@ -184,12 +198,11 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
                     pa[i * ow + j] = -1;
             }
         }
-        /* one pass per plane, not per row: small planes have rows of a few outputs */
+        /* one pass per plane, not per row: small planes have rows of a few outputs; places
+         * are 0..254 and -1 (no winner) keeps its low byte, 255: a plain narrowing */
         size_t outputs = (size_t)oh * ow;
         if (arg_bytes == 1) {
-            uint8_t *out = (uint8_t *)arg + (size_t)p * outputs;
-            for (size_t q = 0; q < outputs; ++q)
-                out[q] = pa[q] < 0 ? NO_WINNER_BYTE : (uint8_t)pa[q];
+            narrow(pa, outputs, (uint8_t *)arg + (size_t)p * outputs);
         } else {
             memcpy((int32_t *)arg + (size_t)p * outputs, pa, sizeof(int32_t) * outputs);
         }
