@@ -384,6 +384,15 @@ EMPTY_WINDOW_GEOMS = [
 ]
 
 
+# the compiled MAX keeps each winner's place in its window in one byte up to 255 cells
+# (255 = no winner), in int32 past that: 15x17 = 255 and 16x17 = 272 cells, with padding and
+# a last window overhanging the input on both axes
+BIG_WINDOW_GEOMS = [
+    ((17, 19), (15, 17), (2, 3), (1, 2), (3, 3)),
+    ((20, 21), (16, 17), (3, 2), (2, 3), (4, 6)),
+]
+
+
 POOL_PATHS = ["stages", "taps", "native"]
 
 
@@ -399,7 +408,7 @@ def _take_pool_path(plan, path):
 
 
 @pytest.mark.parametrize("path", POOL_PATHS)
-@pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS, ids=str)
+@pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS + BIG_WINDOW_GEOMS, ids=str)
 def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
@@ -470,6 +479,33 @@ def test_native_ave_pooling_is_caffes_float32_arithmetic():
             want_dx[a, b, u, v] = np.float32(want_dx[a, b, u, v] + share)
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(dx, want_dx)
+
+
+@pytest.mark.parametrize("spec, winner_bytes",
+                         [(POOL_GEOMS[2], 1), (EMPTY_WINDOW_GEOMS[1], 1),
+                          (BIG_WINDOW_GEOMS[0], 1), (BIG_WINDOW_GEOMS[1], 4)], ids=str)
+def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, winner_bytes):
+    """The compiled MAX keeps one byte per output where a window has at most 255 cells, gives
+    the numpy tap loop's outputs and mask (flat input index, -1 for an empty window) exactly,
+    and its gradient is Caffe's: each output's diff added in float32 at its mask, in the
+    outputs' order."""
+    from poseidon_caffe.backend.pool import PoolPlan
+    g = PoolGeometry(*spec)
+    native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
+    _take_pool_path(native_plan, "native")
+    _take_pool_path(numpy_plan, "taps")
+    x = np.round(_rand((2, 3) + g.in_shape, 28) * 3)           # ties: the first one wins
+    y = native_plan.max_forward(x, np.empty((2, 3) + g.out_shape, np.float32))
+    assert native_plan._arg.itemsize == winner_bytes and native_plan._arg.shape == y.shape
+    np.testing.assert_array_equal(y, numpy_plan.max_forward(x, np.empty_like(y)))
+    np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
+    dy = _rand(y.shape, 29)
+    dx = native_plan.routed_backward(dy, np.full(x.shape, np.nan, np.float32))
+    mask = numpy_plan.mask().reshape(6, -1)
+    flat = mask + np.arange(6)[:, None] * g.in_count
+    want = np.zeros(x.size, np.float32)
+    np.add.at(want, flat[mask >= 0], dy.reshape(6, -1)[mask >= 0])   # in order, in float32
+    np.testing.assert_array_equal(dx.reshape(-1), want)
 
 
 @pytest.mark.parametrize("path", POOL_PATHS)

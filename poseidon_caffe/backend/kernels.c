@@ -8,7 +8,7 @@
  * handed.
  *
  * The window rules are Caffe's (pooling_layer.cpp): MAX ignores padding and an empty window
- * gives -FLT_MAX and index -1; AVE sums the window clipped to the input and divides by its
+ * gives -FLT_MAX and no winner; AVE sums the window clipped to the input and divides by its
  * size clipped to input + padding, in Caffe's order of summation.
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,7 +24,7 @@
  * than this source). */
 int kernels_version(void)
 {
-    return 3;
+    return 4;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -48,48 +48,85 @@ static void tap_outputs(int t, int stride, int pad, int size, int outputs, int *
     *hi = h < outputs ? h : outputs;
 }
 
-/* For n cells: where g[q] (flat index idx[q], or base + q when idx is NULL) is greater than
- * best[q], it becomes best[q] and its index at[q]; a NaN becomes best[q] (and stays: no value
- * is greater than NaN) but not its index. Masks, not branches, so the loop runs on vectors. */
-static inline void take_greater(const float *restrict g, const int32_t *restrict idx, int n,
-                                float *restrict best, int32_t *restrict at)
+/* For n cells: where g[q] is greater than best[q], it becomes best[q] and at[q] becomes
+ * idx[q] + offset; a NaN becomes best[q] (and stays: no value is greater than NaN) but does
+ * not move at[q]. Masks, not branches, so the loop runs on vectors. */
+static inline void take_greater(const float *restrict g, const int32_t *restrict idx,
+                                int32_t offset, int n, float *restrict best,
+                                int32_t *restrict at)
 {
     for (int q = 0; q < n; ++q) {
         float value = g[q];
         int32_t greater = -(int32_t)(value > best[q]);
         best[q] = (value > best[q]) | (value != value) ? value : best[q];
-        at[q] = (at[q] & ~greater) | (idx[q] & greater);
+        at[q] = (at[q] & ~greater) | ((idx[q] + offset) & greater);
     }
 }
 
-/* y = the maximum of each window; arg = flat index (u * w + v) of the first maximum in
- * row-major order (a later cell takes over only when strictly greater), -1 for an empty
- * window. A NaN in a window makes its output NaN, as numpy's maximum does.
+/* to = from + offset, for n cells (restrict: the loop runs on vectors without a test). */
+static inline void add_offset(const int32_t *restrict from, int32_t offset, int n,
+                              int32_t *restrict to)
+{
+    for (int q = 0; q < n; ++q)
+        to[q] = from[q] + offset;
+}
+
+/* The same with one index for every cell: tap t of a row. */
+static inline void take_greater_tap(const float *restrict g, int32_t t, int n,
+                                    float *restrict best, int32_t *restrict at)
+{
+    for (int q = 0; q < n; ++q) {
+        float value = g[q];
+        int32_t greater = -(int32_t)(value > best[q]);
+        best[q] = (value > best[q]) | (value != value) ? value : best[q];
+        at[q] = (at[q] & ~greater) | (t & greater);
+    }
+}
+
+/* Winners are kept as their place inside the window, (row tap) * kw + column tap, counted
+ * from the window's corner in the padded input: one byte each where the window has at most
+ * 255 cells (255: no winner), else int32 (-1: no winner). A flat index would need int32
+ * whatever the window, four times the memory of the outputs' byte each. */
+#define NO_WINNER_BYTE 255
+
+/* to = the low byte of each from: a place, or -1 -> NO_WINNER_BYTE */
+static inline void narrow(const int32_t *restrict from, size_t n, uint8_t *restrict to)
+{
+    for (size_t q = 0; q < n; ++q)
+        to[q] = (uint8_t)from[q];
+}
+
+/* y = the maximum of each window; arg = the place in its window (see above) of the first
+ * maximum in row-major order (a later cell takes over only when strictly greater), no winner
+ * for an empty window; arg_bytes: 1 or 4, arg's element size. A NaN in a window makes its
+ * output NaN, as numpy's maximum does.
  *
  * Two stages per plane, each a few long loops over whole planes rather than one short loop
  * per window (which cell wins is data, which a branch predictor cannot learn, and the running
  * maximum of one window is a chain of dependent steps): along the rows, every input row's
- * maximum per output column, kept with its index; then along the columns, the first row
+ * maximum per output column, kept with its column tap; then along the columns, the first row
  * whose maximum is strictly greater. A cell tap t of column j reads is gathered for the
  * whole plane at once, -inf where the window has no such cell, so the comparison loops run
  * on vectors. -1: out of memory. */
-int pool_max_forward(const float *restrict x, float *restrict y, int32_t *restrict arg,
-                     int64_t planes, int h, int w, int oh, int ow, int kh, int kw, int sh,
-                     int sw, int ph, int pw)
+int pool_max_forward(const float *restrict x, float *restrict y, void *restrict arg,
+                     int arg_bytes, int64_t planes, int h, int w, int oh, int ow, int kh,
+                     int kw, int sh, int sw, int ph, int pw)
 {
     size_t cells = (size_t)h * ow;
     float *g = malloc(sizeof(float) * cells);          /* one tap's cells, whole plane */
     float *plane = malloc(sizeof(float) * ((size_t)h * w + 1));  /* + a -inf cell */
     float *rm = malloc(sizeof(float) * cells);         /* row maxima */
-    int32_t *ra = malloc(sizeof(int32_t) * cells);     /* and where they are */
+    int32_t *ra = malloc(sizeof(int32_t) * cells);     /* and their column taps */
+    int32_t *pa = malloc(sizeof(int32_t) * (size_t)oh * ow);   /* one plane's winners */
     int32_t *src = malloc(sizeof(int32_t) * cells * (size_t)kw);   /* tap t reads src */
     int *start = malloc(sizeof(int) * (size_t)ow);
-    if (g == NULL || plane == NULL || rm == NULL || ra == NULL || src == NULL ||
+    if (g == NULL || plane == NULL || rm == NULL || ra == NULL || pa == NULL || src == NULL ||
             start == NULL) {
         free(g);
         free(plane);
         free(rm);
         free(ra);
+        free(pa);
         free(src);
         free(start);
         return -1;
@@ -99,10 +136,12 @@ int pool_max_forward(const float *restrict x, float *restrict y, int32_t *restri
      * -inf cell past its end for those, so the gather needs no test */
     int32_t none = h * w;
     plane[none] = -INFINITY;
+    int empty_columns = 0;
     for (int j = 0; j < ow; ++j) {
         int ws, we;
         window(j, sw, pw, kw, w, &ws, &we);
         start[j] = ws < we ? ws : -1;
+        empty_columns |= ws >= we;
     }
     for (int t = 0; t < kw; ++t) {
         for (int u = 0; u < h; ++u) {
@@ -115,28 +154,29 @@ int pool_max_forward(const float *restrict x, float *restrict y, int32_t *restri
     for (int64_t p = 0; p < planes; ++p) {
         const float *xp = x + p * (int64_t)h * w;
         float *yp = y + p * (int64_t)oh * ow;
-        int32_t *ap = arg + p * (int64_t)oh * ow;
         memcpy(plane, xp, sizeof(float) * (size_t)none);
         /* along the rows: start from each window's first cell, then every tap */
         for (int u = 0; u < h; ++u) {
             for (int j = 0; j < ow; ++j) {
                 int first = start[j];
                 rm[u * ow + j] = first < 0 ? -FLT_MAX : xp[u * w + (first < 0 ? 0 : first)];
-                ra[u * ow + j] = first < 0 ? -1 : u * w + first;
+                ra[u * ow + j] = first < 0 ? -1 : first - (j * sw - pw);
             }
         }
         for (int t = 0; t < kw; ++t) {
             const int32_t *st = src + (size_t)t * cells;
             for (size_t q = 0; q < cells; ++q)
                 g[q] = plane[st[q]];
-            take_greater(g, st, (int)cells, rm, ra);
+            take_greater_tap(g, t, (int)cells, rm, ra);
         }
-        /* along the columns: the first row of the window, then a row that is greater */
+        /* along the columns: the first row of the window, then a row that is greater; row
+         * u's column taps become places by adding u's row tap times kw */
         for (int i = 0; i < oh; ++i) {
             int hs, he;
             window(i, sh, ph, kh, h, &hs, &he);
+            int top = i * sh - ph;
             float *yr = yp + i * ow;
-            int32_t *ar = ap + i * ow;
+            int32_t *ar = pa + i * ow;
             if (hs >= he) {
                 for (int j = 0; j < ow; ++j) {
                     yr[j] = -FLT_MAX;
@@ -145,35 +185,86 @@ int pool_max_forward(const float *restrict x, float *restrict y, int32_t *restri
                 continue;
             }
             memcpy(yr, rm + hs * ow, sizeof(float) * (size_t)ow);
-            memcpy(ar, ra + hs * ow, sizeof(int32_t) * (size_t)ow);
+            const int32_t *first = ra + hs * ow;
+            int32_t offset = (hs - top) * kw;
+            /* an empty column's -1 is set again below */
+            add_offset(first, offset, ow, ar);
             for (int u = hs + 1; u < he; ++u)
-                take_greater(rm + u * ow, ra + u * ow, ow, yr, ar);
+                take_greater(rm + u * ow, ra + u * ow, (u - top) * kw, ow, yr, ar);
+        }
+        for (int j = 0; empty_columns && j < ow; ++j) {
+            if (start[j] < 0) {
+                for (int i = 0; i < oh; ++i)
+                    pa[i * ow + j] = -1;
+            }
+        }
+        /* one pass per plane, not per row: small planes have rows of a few outputs; places
+         * are 0..254 and -1 (no winner) keeps its low byte, 255: a plain narrowing */
+        size_t outputs = (size_t)oh * ow;
+        if (arg_bytes == 1) {
+            narrow(pa, outputs, (uint8_t *)arg + (size_t)p * outputs);
+        } else {
+            memcpy((int32_t *)arg + (size_t)p * outputs, pa, sizeof(int32_t) * outputs);
         }
     }
     free(g);
     free(plane);
     free(rm);
     free(ra);
+    free(pa);
     free(src);
     free(start);
     return 0;
 }
 
-/* dx = each dy added at its window's winner (arg from pool_max_forward; -1 routes nowhere). */
-void pool_max_backward(const float *restrict dy, const int32_t *restrict arg,
-                       float *restrict dx, int64_t planes,
-                       int in_count, int out_count)
+/* dx of one plane: each dy added at its window's winner, in the outputs' order. Inlined with
+ * a constant arg_bytes, so each element size gets its own loop. */
+static inline void route_plane(const float *restrict dy, const void *restrict arg,
+                               int arg_bytes, float *restrict dx, const int32_t *restrict cell,
+                               int w, int oh, int ow, int sh, int sw, int ph, int pw)
 {
-    memset(dx, 0, sizeof(float) * (size_t)(planes * in_count));
+    const uint8_t *a1 = arg;
+    const int32_t *a4 = arg;
+    for (int i = 0; i < oh; ++i) {
+        int64_t corner = (int64_t)(i * sh - ph) * w - pw;     /* of window (i, 0) */
+        for (int j = 0; j < ow; ++j, corner += sw) {
+            int32_t place = arg_bytes == 1 ? a1[j] : a4[j];
+            if (arg_bytes == 1 ? place != NO_WINNER_BYTE : place >= 0)
+                dx[corner + cell[place]] += dy[j];
+        }
+        a1 += ow;
+        a4 += ow;
+        dy += ow;
+    }
+}
+
+/* dx = each dy added at its window's winner (arg from pool_max_forward, arg_bytes its element
+ * size): the window's corner plus the offset of the winner's place in the input. -1: out of
+ * memory. */
+int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
+                      float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
+                      int kh, int kw, int sh, int sw, int ph, int pw)
+{
+    int32_t *cell = malloc(sizeof(int32_t) * (size_t)kh * kw);   /* place -> offset */
+    if (cell == NULL)
+        return -1;
+    for (int a = 0; a < kh; ++a)
+        for (int b = 0; b < kw; ++b)
+            cell[a * kw + b] = a * w + b;
+    memset(dx, 0, sizeof(float) * (size_t)(planes * h * w));
+    int64_t out_count = (int64_t)oh * ow;
     for (int64_t p = 0; p < planes; ++p) {
         const float *dyp = dy + p * out_count;
-        const int32_t *ap = arg + p * out_count;
-        float *dxp = dx + p * in_count;
-        for (int o = 0; o < out_count; ++o) {
-            if (ap[o] >= 0)
-                dxp[ap[o]] += dyp[o];
-        }
+        float *dxp = dx + p * (int64_t)h * w;
+        if (arg_bytes == 1)
+            route_plane(dyp, (const uint8_t *)arg + p * out_count, 1, dxp, cell, w, oh, ow,
+                        sh, sw, ph, pw);
+        else
+            route_plane(dyp, (const int32_t *)arg + p * out_count, 4, dxp, cell, w, oh, ow,
+                        sh, sw, ph, pw);
     }
+    free(cell);
+    return 0;
 }
 
 /* Caffe's AVE divisor on one axis: the window clipped to input + padding, before clipping to

@@ -14,7 +14,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 3                  # kernels_version() of the kernels.c these calls are written for
+VERSION = 4                  # kernels_version() of the kernels.c these calls are written for
 
 
 def _load():
@@ -29,10 +29,10 @@ def _load():
     if version is None or version() != VERSION:
         # built from another kernels.c (rebuild: python setup.py build_ext --inplace)
         return None
-    lib.pool_max_forward.argtypes = [_P, _P, _P, _L] + _WINDOW
+    lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW
     lib.pool_max_forward.restype = _I
-    lib.pool_max_backward.argtypes = [_P, _P, _P, _L, _I, _I]
-    lib.pool_max_backward.restype = None
+    lib.pool_max_backward.argtypes = [_P, _P, _I, _P, _L] + _WINDOW
+    lib.pool_max_backward.restype = _I
     lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW
     lib.pool_ave_forward.restype = _I
     lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW
@@ -62,21 +62,33 @@ def pools(geom):
     return lib is not None and len(geom.in_shape) == 2 and geom.in_count < 2 ** 31
 
 
+def winner_type(geom):
+    """The element type of MAX's kept winners: one byte where a window has at most 255 cells
+    (255 then means no winner), else int32 (-1)."""
+    return np.uint8 if int(np.prod(geom.kernel)) <= 255 else np.int32
+
+
+def no_winner(dtype):
+    return 255 if np.dtype(dtype) == np.uint8 else -1
+
+
 def max_pool_forward(x, y, arg, geom):
-    """y = MAX pooling of x (N, C, H, W); arg (int32, y's shape) = each winner's flat index
-    in its plane, -1 for an empty window."""
+    """y = MAX pooling of x (N, C, H, W); arg (y's shape, winner_type) = each winner's place
+    in its window, (row tap) * kernel_w + column tap from the window's corner in the padded
+    input, no_winner for an empty window."""
     planes = x.shape[0] * x.shape[1]
-    if lib.pool_max_forward(_address(x), _address(y), _address(arg), planes,
+    if lib.pool_max_forward(_address(x), _address(y), _address(arg), arg.itemsize, planes,
                             *_pool_window(geom)):
         raise MemoryError("MAX pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return y
 
 
-def max_pool_backward(dy, arg, dx):
-    """dx = zero, then each dy added at its winner."""
+def max_pool_backward(dy, arg, dx, geom):
+    """dx = zero, then each dy added at its winner (arg from max_pool_forward)."""
     planes = dy.shape[0] * dy.shape[1]
-    lib.pool_max_backward(_address(dy), _address(arg), _address(dx), planes,
-                          int(np.prod(dx.shape[2:])), int(np.prod(dy.shape[2:])))
+    if lib.pool_max_backward(_address(dy), _address(arg), arg.itemsize, _address(dx), planes,
+                             *_pool_window(geom)):
+        raise MemoryError("MAX pooling: no memory for a %dx%d window" % geom.kernel)
     return dx
 
 

@@ -51,7 +51,8 @@ class PoolPlan:
         self._has_empty = geom.empty_windows() is not None
         # the compiled 2-D MAX and AVE passes, where built
         self.native = native.pools(geom)
-        self._arg = None           # int32 winners of the last compiled MAX forward
+        self._arg = None           # winners of the last compiled MAX forward: each one's
+        #                            place in its window (native.max_pool_forward)
         self._inv_sizes = None
         self._test_terms = None
 
@@ -133,7 +134,7 @@ class PoolPlan:
     def max_forward(self, x, y):
         if self._native_takes(x, y):
             if self._arg is None or self._arg.shape != y.shape:
-                self._arg = np.empty(y.shape, dtype=np.int32)
+                self._arg = np.empty(y.shape, dtype=native.winner_type(self.geom))
             native.max_pool_forward(x, y, self._arg, self.geom)
             self._winners = "native"
             return y
@@ -226,7 +227,7 @@ class PoolPlan:
 
     def _winner_indices(self):
         if self._winners == "native":
-            return self._arg.astype(np.int64)
+            return self._native_indices()
         if self._winners == "taps":
             base, taps = self.geom.bottom_offsets()
             return base + taps[self._tap_index]
@@ -247,10 +248,21 @@ class PoolPlan:
             flat = flat * g.in_shape[axis] + (pos - g.pad[axis])
         return np.broadcast_to(flat, final.shape).astype(np.int64)
 
+    def _native_indices(self):
+        """The compiled forward's winners, places in their windows, as flat input indices:
+        the window's corner plus the place's row and column taps; -1 where no winner."""
+        g = self.geom
+        place = self._arg.astype(np.int64)
+        rows = np.arange(g.out_shape[0])[:, None] * g.stride[0] - g.pad[0] + place // g.kernel[1]
+        cols = np.arange(g.out_shape[1]) * g.stride[1] - g.pad[1] + place % g.kernel[1]
+        flat = rows * g.in_shape[1] + cols
+        flat[self._arg == native.no_winner(self._arg.dtype)] = -1
+        return flat
+
     def routed_backward(self, dy, dx):
         """dx = dy sent to the input element each output took (MAX and STOCHASTIC train)."""
         if self._winners == "native" and native.takes(dy, dx):
-            return native.max_pool_backward(dy, self._arg, dx)
+            return native.max_pool_backward(dy, self._arg, dx, self.geom)
         if self._winners in ("taps", "native"):
             return self._routed_by_taps(dy, dx)
 
