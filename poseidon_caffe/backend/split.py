@@ -21,11 +21,14 @@ from .threads import over_parts
 
 class SplitConvPlan:
     """The ConvPlan calls (forward / backward / prepare) over batch parts; ``make_plan(n)``
-    builds the plan of one part of ``n`` images."""
+    builds the plan of one part of ``n`` images. ``shared``, when given, is what the parts'
+    plans share of one forward (the FFT's weight spectrum): renewed before each forward,
+    dropped after each backward."""
 
-    def __init__(self, geom, make_plan, threads):
+    def __init__(self, geom, make_plan, threads, shared=None):
         self.geom = geom
         self.threads = threads
+        self.shared = shared
         self._make_plan = make_plan
         self._plans = []            # per part: (part size, plan)
         self._source = None         # the array of the last forward / prepare
@@ -69,6 +72,8 @@ class SplitConvPlan:
     def forward(self, x, w, bias, y):
         n = x.shape[0]
         views = {}
+        if self.shared is not None:
+            self.shared.renew()
 
         def run(i, lo, hi):
             views[i] = x[lo:hi]
@@ -100,6 +105,8 @@ class SplitConvPlan:
                                             dw=dwi, dbias=dbi)
             partials[i] = (dwi, dbi)
         over_parts(run, n, self.threads)
+        if self.shared is not None:
+            self.shared.drop()
         for i in sorted(partials)[1:]:
             for target, part in zip((dw, dbias), partials[i]):
                 if target is not None:
