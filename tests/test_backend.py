@@ -627,7 +627,8 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     from poseidon_caffe.backend.conv import ConvPlan
     from poseidon_caffe.backend.split import ChunkedConvPlan
     made = []
-    chunked = ChunkedConvPlan(geom, lambda k: made.append(k) or ConvPlan(geom), 2)
+    chunked = ChunkedConvPlan(
+        geom, lambda k, columns: made.append(k) or ConvPlan(geom, columns=columns), 2)
     whole = ConvPlan(geom)
     x = _rand((5, geom.channels) + geom.in_shape, 60)
     w = _rand(geom.weight_shape, 61)
@@ -646,7 +647,10 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert sorted(made) == [1, 2]                 # one plan per chunk size
-    assert chunked.workspace_bytes(5) == whole.workspace_bytes(2) + whole.workspace_bytes(1)
+    # the two plans' columns are one storage, the larger chunk's
+    assert np.shares_memory(chunked._plans[1]._col, chunked._plans[2]._col)
+    assert chunked.workspace_bytes(5) == \
+        whole.workspace_bytes(2) + whole.workspace_bytes(1) - whole.column_bytes(1)
 
 
 def test_large_im2col_layers_run_in_chunks(monkeypatch):

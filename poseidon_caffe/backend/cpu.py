@@ -265,7 +265,8 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         if batch and not geom.is_pointwise and batch * per_image > IM2COL_CHUNK_BYTES:
             # columns of the whole batch would be hundreds of MB: a chunk at a time
             from .split import ChunkedConvPlan
-            return ChunkedConvPlan(geom, lambda k: ConvPlan(geom, self.dtype),
+            return ChunkedConvPlan(geom,
+                                   lambda k, columns: ConvPlan(geom, self.dtype, columns),
                                    max(1, IM2COL_CHUNK_BYTES // per_image))
         return ConvPlan(geom, self.dtype)
 

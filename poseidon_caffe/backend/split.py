@@ -115,8 +115,10 @@ class SplitConvPlan:
 
 class ChunkedConvPlan:
     """The ConvPlan calls over chunks of ``chunk`` images, one after another, each by a plan
-    for that chunk size (``make_plan(k)``); only the last chunk's columns stay between calls.
-    Parameter gradients accumulate over the chunks (the plans add into dw and dbias)."""
+    for that chunk size (``make_plan(k, columns)``); only the last chunk's columns stay between
+    calls. The plans run one after another, so they share one storage for their columns
+    (``columns`` hands out views of it). Parameter gradients accumulate over the chunks (the
+    plans add into dw and dbias)."""
 
     def __init__(self, geom, make_plan, chunk):
         self.geom = geom
@@ -124,16 +126,28 @@ class ChunkedConvPlan:
         self._make_plan = make_plan
         self._plans = {}            # chunk size -> plan (two sizes at most: k and the rest)
         self._last = None           # (array, view) of the last chunk of the last forward
+        self._storage = None        # the columns of every chunk size's plan
+
+    def _columns(self, shape, dtype):
+        """A view of the shared storage. Only the last chunk's plan keeps its columns for
+        backward, and the last chunk runs last: the other plan's columns, overwritten, are
+        made again when next needed (its chunks are never the same array twice)."""
+        need = int(np.prod(shape, dtype=np.int64))
+        if self._storage is None or self._storage.size < need or self._storage.dtype != dtype:
+            self._storage = np.empty(need, dtype)
+        return self._storage[:need].reshape(shape)
 
     def _plan(self, k):
         if k not in self._plans:
-            self._plans[k] = self._make_plan(k)
+            self._plans[k] = self._make_plan(k, self._columns)
         return self._plans[k]
 
     def workspace_bytes(self, n):
         k = min(n, self.chunk)
-        sizes = {k, n % k} - {0}
-        return sum(self._plan(size).workspace_bytes(size) for size in sizes)
+        plans = [(size, self._plan(size)) for size in {k, n % k} - {0}]
+        columns = [plan.column_bytes(size) for size, plan in plans]
+        return sum(plan.workspace_bytes(size) for size, plan in plans) - sum(columns) + \
+            max(columns)
 
     def _bounds(self, n):
         return [(lo, min(n, lo + self.chunk)) for lo in range(0, n, self.chunk)]
