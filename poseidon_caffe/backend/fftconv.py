@@ -63,13 +63,11 @@ class WeightSpectrum:
         self.current = False
         self.source = None
 
-    def get(self, w, make, reuse_only=False):
-        """The spectrum of ``w``: made by ``make(buffer)`` unless current for this same array;
-        with ``reuse_only``, None rather than a new one."""
+    def get(self, w, make):
+        """The spectrum of ``w``: made by ``make(buffer)`` unless current for this same
+        array."""
         with self.lock:
             if not (self.current and self.source is w):
-                if reuse_only:
-                    return None
                 self.buffer = make(self.buffer)
                 self.source, self.current = w, True
             return self.buffer
