@@ -1,6 +1,7 @@
 """The CPU backend's op set, called directly: geometry, im2col/col2im, conv plans, pool plans,
 LRN and GEMM, against loops and identities written here."""
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -590,6 +591,24 @@ def test_over_parts_covers_the_range_once_on_two_threads():
     assert over_parts(work, 1, threads=2) == [(0, 1)] and len(seen) == 1
 
 
+def test_over_parts_runs_each_part_on_the_same_thread_every_call():
+    """A part's scratch (work arrays sized for the part) then lives in one thread per part,
+    not in whichever pool thread took the part last."""
+    import threading
+    from poseidon_caffe.backend import threads
+    names, stores = set(), {}
+
+    def work(i, lo, hi):
+        names.add((i, threading.current_thread().name))
+        threads.scratch("test_part", (hi - lo, 1000))
+        stores[threading.current_thread().name] = threads._local.__dict__["scratch"]
+    for _ in range(20):
+        threads.over_parts(work, 6, threads=2)
+        threads.over_batch(lambda lo, hi: time.sleep(0.001), 8, 10 ** 9, threads=2)
+    assert len(names) == 2 and {i for i, _ in names} == {0, 1}
+    assert len([s for s in stores.values() if "test_part" in s]) == 2
+
+
 SPLIT_CONV = [   # (geometry, algorithm)
     (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "im2col"),   # groups
     (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "fft"),      # groups
@@ -644,7 +663,8 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     from poseidon_caffe.backend.conv import ConvPlan
     from poseidon_caffe.backend.split import ChunkedConvPlan
     made = []
-    chunked = ChunkedConvPlan(geom, lambda k: made.append(k) or ConvPlan(geom), 2)
+    chunked = ChunkedConvPlan(
+        geom, lambda k, columns: made.append(k) or ConvPlan(geom, columns=columns), 2)
     whole = ConvPlan(geom)
     x = _rand((5, geom.channels) + geom.in_shape, 60)
     w = _rand(geom.weight_shape, 61)
@@ -663,7 +683,10 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert sorted(made) == [1, 2]                 # one plan per chunk size
-    assert chunked.workspace_bytes(5) == whole.workspace_bytes(2) + whole.workspace_bytes(1)
+    # the two plans' columns are one storage, the larger chunk's
+    assert np.shares_memory(chunked._plans[1]._col, chunked._plans[2]._col)
+    assert chunked.workspace_bytes(5) == \
+        whole.workspace_bytes(2) + whole.workspace_bytes(1) - whole.column_bytes(1)
 
 
 def test_large_im2col_layers_run_in_chunks(monkeypatch):
@@ -743,6 +766,69 @@ def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
     for key in results[1]:
         np.testing.assert_allclose(results[0][key], results[1][key], rtol=1e-5, atol=1e-5,
                                    err_msg=key)
+
+
+def test_gemm_adds_into_its_output_a_block_of_rows_at_a_time(monkeypatch):
+    """Without an accumulating BLAS call the product is made a few rows at a time (no
+    temporary the size of the output); every row is still added once."""
+    from poseidon_caffe.backend import cpu
+    monkeypatch.setattr(cpu, "_ACCUMULATING_GEMM", None)
+    monkeypatch.setattr(cpu, "ACCUMULATE_BLOCK_BYTES", 2 * 5 * 4)      # two rows of 5
+    a, dy = _rand((9, 7), 53), _rand((9, 5), 54)
+    acc = np.full((7, 5), 3, np.float32)
+    B.gemm(a, dy, trans_a=True, alpha=0.5, beta=2.0, out=acc)
+    np.testing.assert_allclose(acc, 0.5 * a.T @ dy + 6, rtol=1e-5)
+    monkeypatch.setattr(B, "split_threads", 2)
+    monkeypatch.setattr(cpu, "SPLIT_GEMM_FLOPS", 1.0)
+    acc = np.ones((7, 5), np.float32)
+    B.gemm(a, dy, trans_a=True, beta=1.0, out=acc)                   # columns cut, then rows
+    np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-5)
+
+
+def test_fft_batch_parts_share_one_weight_spectrum_and_never_a_stale_one(monkeypatch):
+    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.conv import ConvPlan
+    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch: "fft")
+    made = []
+    spectrum = FFTConvPlan._conj_weight_spectrum
+    monkeypatch.setattr(FFTConvPlan, "_conj_weight_spectrum",
+                        lambda self, w, buffer=None: made.append(1) or spectrum(self, w, buffer))
+    split = type(B)()
+    split.split_threads = 2
+    geom = ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2)
+    plan, reference = split.conv_plan(geom, 5), ConvPlan(geom)
+    x, w, dy = _rand((5, 4, 7, 6), 55), _rand(geom.weight_shape, 56), _rand((5, 6, 7, 6), 57)
+    y, want_y = np.empty_like(dy), np.empty_like(dy)
+    plan.forward(x, w, None, y)
+    parts = [part for _, part in plan._plans]
+    assert len(parts) == 2 and parts[0].weights is parts[1].weights and len(made) == 1
+    dx, want = np.empty_like(x), np.empty_like(x)
+    dw, want_dw = np.zeros_like(w), np.zeros_like(w)
+    plan.backward(x, dy, w, dx=dx, dw=dw)               # the forward's spectrum, not remade
+    assert len(made) == 1
+    reference.forward(x, w, None, want_y)
+    reference.backward(x, dy, w, dx=want, dw=want_dw)
+    for got, expected in ((y, want_y), (dx, want), (dw, want_dw)):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    w *= 3                                              # same array, new values
+    plan.backward(None, dy, w, dx=dx)                   # remade once, for both parts
+    assert len(made) == 2
+    reference.backward(None, dy, w, dx=want)
+    np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fft_plan_workspace_is_what_it_keeps():
+    """workspace_bytes (the net's memory estimate) against the arrays the plan holds after a
+    forward and backward: input spectrum, padded real buffers, weight spectrum."""
+    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    geom = ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2)
+    plan = FFTConvPlan(geom)
+    x, w, dy = _rand((3, 4, 7, 6), 58), _rand(geom.weight_shape, 59), _rand((3, 6, 7, 6), 60)
+    plan.forward(x, w, None, np.empty_like(dy))
+    plan.backward(x, dy, w, dx=np.empty_like(x), dw=np.zeros_like(w))
+    kept = [plan._spectrum, plan.weights.buffer] + list(plan._buffers.values())
+    assert plan.workspace_bytes(3) == sum(a.nbytes for a in kept)
 
 
 def test_gemm_cut_over_threads_matches_one_product(monkeypatch):

@@ -128,12 +128,14 @@ class ConvPlan:
     The plan owns its work buffers (padded input, columns, col2im accumulator) and reuses them
     across calls; it keeps the columns of its last forward so that backward-filter needs no
     second im2col (Caffe's backward reads the same bottom data the forward did). ``by_image``
-    picks the image-by-image column layout (see the module's notes).
+    picks the image-by-image column layout (see the module's notes). ``columns(shape, dtype)``,
+    when given, supplies the columns' storage: plans run one after another may share it.
     """
 
-    def __init__(self, geom, dtype=np.float32):
+    def __init__(self, geom, dtype=np.float32, columns=None):
         self.geom = geom
         self.dtype = dtype
+        self._columns = columns
         self.by_image = (geom.group == 1 and not geom.is_pointwise and
                          geom.out_count >= BY_IMAGE_MIN_OUTPUTS)
         self._key = None           # (batch, layout) the buffers were made for
@@ -152,9 +154,22 @@ class ConvPlan:
             return 0
         itemsize = np.dtype(self.dtype).itemsize
         pad = g.channels * n * int(np.prod(g.padded_shape, dtype=np.int64))
-        if self.by_image:
-            return ((g.col_rows + 1) * n * g.out_count + (pad if any(g.pad) else 0)) * itemsize
-        return (g.col_rows * n * g.out_count + pad) * itemsize
+        if self.by_image and not any(g.pad):
+            pad = 0
+        return self.column_bytes(n) + pad * itemsize
+
+    def column_bytes(self, n):
+        """Bytes of the columns of a batch of n (part of ``workspace_bytes``)."""
+        g = self.geom
+        if g.is_pointwise:
+            return 0
+        rows = g.col_rows + 1 if self.by_image else g.col_rows
+        return rows * n * g.out_count * np.dtype(self.dtype).itemsize
+
+    def _column_array(self, shape):
+        if self._columns is None:
+            return np.empty(shape, self.dtype)
+        return self._columns(shape, self.dtype)
 
     def _buffers(self, n):
         if self._key != (n, self.by_image):
@@ -166,12 +181,12 @@ class ConvPlan:
             if g.is_pointwise:
                 return
             if self.by_image:
-                self._col = np.empty((n, g.col_rows + 1, g.out_count), self.dtype)
+                self._col = self._column_array((n, g.col_rows + 1, g.out_count))
                 self._col[:, g.col_rows] = 1          # the bias row
                 if any(g.pad):
                     self._pad = np.zeros((n, g.channels) + g.padded_shape, self.dtype)
             else:
-                self._col = np.empty((g.col_rows, n * g.out_count), self.dtype)
+                self._col = self._column_array((g.col_rows, n * g.out_count))
                 self._pad = np.zeros((g.channels, n) + g.padded_shape, self.dtype)
 
     def prepare(self, x, reuse=False):

@@ -41,6 +41,8 @@ WINOGRAD_FULL_ROW = 8
 IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
+# the product a GEMM adds into its output is made this many bytes of rows at a time
+ACCUMULATE_BLOCK_BYTES = 2 * 1024 * 1024
 # Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
 FLT_MIN = float(np.finfo(np.float32).tiny)
 
@@ -210,7 +212,17 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
             return result
         if beta != 1.0:
             out *= beta
-        out += (a @ b) * alpha if alpha != 1.0 else a @ b
+        # a block of rows at a time: a product the size of out (fc6's weight gradient: 151 MB)
+        # would be a temporary as large, for one add
+        if out.ndim != 2 or a.ndim != 2:
+            out += (a @ b) * alpha if alpha != 1.0 else a @ b
+            return out
+        rows = max(1, ACCUMULATE_BLOCK_BYTES // max(1, out.shape[1] * out.itemsize))
+        for lo in range(0, out.shape[0], rows):
+            block = a[lo:lo + rows] @ b
+            if alpha != 1.0:
+                block *= alpha
+            out[lo:lo + rows] += block
         return out
 
     def sumsq(self, x):
@@ -225,11 +237,17 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         algorithm = conv_algorithm(geom, batch) if batch else "im2col"
         if batch and self.split_threads > 1 and batch >= self.split_threads:
             from .split import SplitConvPlan
-            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1, n),
-                                 self.split_threads)
+            weights = None
+            if algorithm == "fft":
+                # the weight spectrum is the same for every part: one, shared
+                from .fftconv import WeightSpectrum
+                weights = WeightSpectrum()
+            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1, n,
+                                                                 weights=weights),
+                                 self.split_threads, shared=weights)
         return self._conv_plan(geom, algorithm, batch=batch)
 
-    def _conv_plan(self, geom, algorithm, fft_workers=None, batch=None):
+    def _conv_plan(self, geom, algorithm, fft_workers=None, batch=None, weights=None):
         if algorithm == "pointwise":
             from .pointwise import PointwiseConvPlan
             return PointwiseConvPlan(geom, self.dtype)
@@ -238,7 +256,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
             return WinogradConvPlan(geom, self.dtype)
         if algorithm == "fft":
             from .fftconv import FFTConvPlan
-            plan = FFTConvPlan(geom, self.dtype)
+            plan = FFTConvPlan(geom, self.dtype, weights=weights)
             if fft_workers:
                 plan.workers = fft_workers
             return plan
@@ -247,7 +265,8 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         if batch and not geom.is_pointwise and batch * per_image > IM2COL_CHUNK_BYTES:
             # columns of the whole batch would be hundreds of MB: a chunk at a time
             from .split import ChunkedConvPlan
-            return ChunkedConvPlan(geom, lambda k: ConvPlan(geom, self.dtype),
+            return ChunkedConvPlan(geom,
+                                   lambda k, columns: ConvPlan(geom, self.dtype, columns),
                                    max(1, IM2COL_CHUNK_BYTES // per_image))
         return ConvPlan(geom, self.dtype)
 

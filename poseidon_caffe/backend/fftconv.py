@@ -15,12 +15,16 @@ only the real inputs and outputs are, once, on their way in and out. The weights
 few taps, so their spectrum (and dW's way back) is a product with small DFT matrices instead
 of one FFT per (output, input) channel pair.
 """
+import threading
+
 import numpy as np
 import scipy.fft as sfft
 
 from .threads import thread_count
 
 WORKERS = thread_count()        # as many FFT threads as the BLAS has
+# bytes of the weight gradient's spectrum made at a time
+FILTER_BLOCK_BYTES = 8 * 1024 * 1024
 
 
 def fft_shape(geom):
@@ -37,10 +41,45 @@ def _along(matrix, arr, axis, out=None):
     return result.reshape(shape)
 
 
-class FFTConvPlan:
-    """A ConvPlan with the same calls (forward / backward / prepare), computed by FFT."""
+class WeightSpectrum:
+    """The conjugate weight spectrum of one layer, made once per forward and read by the
+    backward right after it; the plans of a layer's batch parts share one (it is the same for
+    every part, and as large as a part's input spectrum several times over).
 
-    def __init__(self, geom, dtype=np.float32):
+    ``renew`` (before a forward) marks it out of date; the first part to ask then makes it,
+    the others wait for it under the lock. ``drop`` (after a backward) keeps the next backward
+    from reading it: the weights may have changed in between."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.buffer = None
+        self.source = None          # the weights array it was made from
+        self.current = False
+
+    def renew(self):
+        self.current = False
+
+    def drop(self):
+        self.current = False
+        self.source = None
+
+    def get(self, w, make):
+        """The spectrum of ``w``: made by ``make(buffer)`` unless current for this same
+        array."""
+        with self.lock:
+            if not (self.current and self.source is w):
+                self.buffer = make(self.buffer)
+                self.source, self.current = w, True
+            return self.buffer
+
+
+class FFTConvPlan:
+    """A ConvPlan with the same calls (forward / backward / prepare), computed by FFT.
+
+    ``weights`` is the WeightSpectrum of the layer when the plan is one batch part of it (its
+    owner renews and drops it); without it the plan keeps one of its own."""
+
+    def __init__(self, geom, dtype=np.float32, weights=None):
         if any(s != 1 for s in geom.stride):
             raise ValueError("FFT convolution needs stride 1, got %s" % (geom.stride,))
         self.geom = geom
@@ -52,20 +91,21 @@ class FFTConvPlan:
         self.freqs = int(np.prod(self.freq_shape))
         self._spectrum = None          # (F, G, N, C/G) spectrum of the last prepared input
         self._source = None
-        self._weights = None           # conj spectrum (F, G, C/G, M/G) of the forward's weights
-        self._weights_source = None
-        self._weights_buffer = None
+        # conj spectrum (F, G, C/G, M/G) of the forward's weights
+        self._owns_weights = weights is None
+        self.weights = WeightSpectrum() if weights is None else weights
         self._buffers = {}
         self._dft = self._dft_matrices()
         self.workers = WORKERS         # FFT threads; one when the batch is split over threads
 
     def workspace_bytes(self, n):
-        """Bytes of the kept spectra (input and output, complex64) and of the zero-padded
-        real buffer a batch of n needs."""
+        """Bytes a batch of n keeps between calls: the input's spectrum (complex64), the
+        zero-padded real buffers of input and output gradient, and the weight spectrum."""
         g = self.geom
-        spectra = self.freqs * n * (g.channels + g.num_output) * 8
-        real = int(np.prod(self.shape, dtype=np.int64)) * n * max(g.channels, g.num_output)
-        return spectra + real * np.dtype(self.dtype).itemsize
+        spectra = self.freqs * n * g.channels * 8
+        real = int(np.prod(self.shape, dtype=np.int64)) * n * (g.channels + g.num_output)
+        weights = self.freqs * g.channels * (g.num_output // g.group) * 8
+        return spectra + weights + real * np.dtype(self.dtype).itemsize
 
     # -- the kernel's small DFTs -------------------------------------------------------------
     def _dft_matrices(self):
@@ -88,9 +128,10 @@ class FFTConvPlan:
             inverse.append((np.exp(phase).T * weight / length).astype(np.complex64))
         return forward, inverse
 
-    def _conj_weight_spectrum(self, w):
+    def _conj_weight_spectrum(self, w, buffer=None):
         """(F, G, C/G, M/G) complex conjugate of the (dilated, zero-padded) weights' spectrum,
-        made by conjugate DFT matrices (the forward needs conj(W), so no conjugating copy)."""
+        made by conjugate DFT matrices (the forward needs conj(W), so no conjugating copy),
+        into ``buffer`` when it has the shape."""
         g = self.geom
         gr, mg, cg = g.group, g.num_output // g.group, g.channels // g.group
         nd = self.nd
@@ -98,25 +139,37 @@ class FFTConvPlan:
         order = tuple(range(3, 3 + nd)) + (0, 2, 1)
         arr = np.ascontiguousarray(w.reshape((gr, mg, cg) + g.kernel).transpose(order))
         shape = (self.freqs, gr, cg, mg)
-        if self._weights_buffer is None or self._weights_buffer.shape != shape:
-            self._weights_buffer = np.empty(shape, dtype=np.complex64)
+        if buffer is None or buffer.shape != shape:
+            buffer = np.empty(shape, dtype=np.complex64)
         for axis in reversed(range(nd)):
             # the last product lands in a kept buffer: a fresh one each call would page-fault
-            arr = _along(self._dft[0][axis], arr, axis,
-                         out=self._weights_buffer if axis == 0 else None)
-        return self._weights_buffer
+            arr = _along(self._dft[0][axis], arr, axis, out=buffer if axis == 0 else None)
+        return buffer
 
-    def _filter_gradient(self, spec):
-        """(F, G, M/G, C/G) spectrum -> (M, C/G, *k) real weight gradient at the kernel taps."""
+    def _add_filter_gradient(self, dyc, xs, dw):
+        """dw (M, C/G, *k) += the real weight gradient at the kernel taps of conj(DY)
+        (F, G, N, M/G) and X (F, G, N, C/G), a block of output channels at a time: the
+        product at every frequency is as large as the weight spectrum (54 MB a batch part for
+        AlexNet's conv2), a block of it a few MB."""
         g = self.geom
         gr, mg, cg = g.group, g.num_output // g.group, g.channels // g.group
         nd = self.nd
-        arr = spec.reshape(self.freq_shape + (gr, mg, cg))
-        for axis in range(nd):
-            arr = _along(self._dft[1][axis], arr, axis)
-        # (*k, G, M/G, C/G) -> (G, M/G, C/G, *k)
+        step = max(1, FILTER_BLOCK_BYTES // (self.freqs * gr * cg * 8))
+        # (G, M/G, C/G, *k) view of dw; (*k, G, m, C/G) -> (G, m, C/G, *k)
+        contiguous = dw.flags.c_contiguous
+        target = dw.reshape((gr, mg, cg) + g.kernel) if contiguous else \
+            np.zeros((gr, mg, cg) + g.kernel, dw.dtype)
         order = (nd, nd + 1, nd + 2) + tuple(range(nd))
-        return arr.real.transpose(order).reshape(g.weight_shape)
+        for lo in range(0, mg, step):
+            hi = min(mg, lo + step)
+            # (F, G, m, N) @ (F, G, N, C/G)
+            spec = np.matmul(dyc[..., lo:hi].transpose(0, 1, 3, 2), xs)
+            arr = spec.reshape(self.freq_shape + (gr, hi - lo, cg))
+            for axis in range(nd):
+                arr = _along(self._dft[1][axis], arr, axis)
+            target[:, lo:hi] += arr.real.transpose(order)
+        if not contiguous:
+            dw += target.reshape(dw.shape)
 
     # -- spatial-first real buffers ----------------------------------------------------------
     def _buffer(self, name, channels, n):
@@ -164,8 +217,10 @@ class FFTConvPlan:
     def forward(self, x, w, bias, y):
         g = self.geom
         xs = self.prepare(x)
-        wc = self._conj_weight_spectrum(w)
-        self._weights, self._weights_source = wc, w     # the backward right after reuses it
+        if self._owns_weights:
+            self.weights.renew()
+        # the backward right after reuses it
+        wc = self.weights.get(w, lambda buffer: self._conj_weight_spectrum(w, buffer))
         ys = np.matmul(xs, wc)                                  # (F, G, N, M/G)
         self._spatial(ys, g.num_output, (0,) * g.nd, g.out_shape, y)
         if bias is not None:
@@ -174,22 +229,24 @@ class FFTConvPlan:
 
     def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
         g = self.geom
-        # the forward's weight spectrum serves only the backward right after it
-        cached = self._weights if self._weights_source is w else None
-        self._weights = self._weights_source = None
         if dbias is not None:
             dbias += dy.sum(axis=(0,) + tuple(range(2, 2 + g.nd)))
         if dx is None and dw is None:
+            if self._owns_weights:
+                self.weights.drop()
             return
         # conj(DY) serves both products: dW = conj(DY)^T X, and dX = conj(conj(DY) conj(W)^T)
-        dyc = np.conjugate(self._spectrum_of(dy, g.num_output, "dy", (0,) * g.nd))
+        dyc = self._spectrum_of(dy, g.num_output, "dy", (0,) * g.nd)
+        np.conjugate(dyc, out=dyc)          # in place: no second spectrum of dy
         if dw is not None:
             xs = self.prepare(x, reuse=True)
-            # (F, G, M/G, N) @ (F, G, N, C/G)
-            spec = np.matmul(dyc.transpose(0, 1, 3, 2), xs)
-            dw += self._filter_gradient(spec)
+            self._add_filter_gradient(dyc, xs, dw)
         if dx is not None:
-            wc = cached if cached is not None else self._conj_weight_spectrum(w)
+            # the forward's weight spectrum serves only the backward right after it
+            wc = self.weights.get(w, lambda buffer: self._conj_weight_spectrum(w, buffer))
             xs = np.matmul(dyc, wc.transpose(0, 1, 3, 2))         # (F, G, N, C/G)
+            del dyc
             np.conjugate(xs, out=xs)
             self._spatial(xs, g.channels, g.pad, g.in_shape, dx)
+        if self._owns_weights:
+            self.weights.drop()

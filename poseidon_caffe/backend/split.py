@@ -21,11 +21,14 @@ from .threads import over_parts
 
 class SplitConvPlan:
     """The ConvPlan calls (forward / backward / prepare) over batch parts; ``make_plan(n)``
-    builds the plan of one part of ``n`` images."""
+    builds the plan of one part of ``n`` images. ``shared``, when given, is what the parts'
+    plans share of one forward (the FFT's weight spectrum): renewed before each forward,
+    dropped after each backward."""
 
-    def __init__(self, geom, make_plan, threads):
+    def __init__(self, geom, make_plan, threads, shared=None):
         self.geom = geom
         self.threads = threads
+        self.shared = shared
         self._make_plan = make_plan
         self._plans = []            # per part: (part size, plan)
         self._source = None         # the array of the last forward / prepare
@@ -69,6 +72,8 @@ class SplitConvPlan:
     def forward(self, x, w, bias, y):
         n = x.shape[0]
         views = {}
+        if self.shared is not None:
+            self.shared.renew()
 
         def run(i, lo, hi):
             views[i] = x[lo:hi]
@@ -100,6 +105,8 @@ class SplitConvPlan:
                                             dw=dwi, dbias=dbi)
             partials[i] = (dwi, dbi)
         over_parts(run, n, self.threads)
+        if self.shared is not None:
+            self.shared.drop()
         for i in sorted(partials)[1:]:
             for target, part in zip((dw, dbias), partials[i]):
                 if target is not None:
@@ -108,8 +115,10 @@ class SplitConvPlan:
 
 class ChunkedConvPlan:
     """The ConvPlan calls over chunks of ``chunk`` images, one after another, each by a plan
-    for that chunk size (``make_plan(k)``); only the last chunk's columns stay between calls.
-    Parameter gradients accumulate over the chunks (the plans add into dw and dbias)."""
+    for that chunk size (``make_plan(k, columns)``); only the last chunk's columns stay between
+    calls. The plans run one after another, so they share one storage for their columns
+    (``columns`` hands out views of it). Parameter gradients accumulate over the chunks (the
+    plans add into dw and dbias)."""
 
     def __init__(self, geom, make_plan, chunk):
         self.geom = geom
@@ -117,16 +126,28 @@ class ChunkedConvPlan:
         self._make_plan = make_plan
         self._plans = {}            # chunk size -> plan (two sizes at most: k and the rest)
         self._last = None           # (array, view) of the last chunk of the last forward
+        self._storage = None        # the columns of every chunk size's plan
+
+    def _columns(self, shape, dtype):
+        """A view of the shared storage. Only the last chunk's plan keeps its columns for
+        backward, and the last chunk runs last: the other plan's columns, overwritten, are
+        made again when next needed (its chunks are never the same array twice)."""
+        need = int(np.prod(shape, dtype=np.int64))
+        if self._storage is None or self._storage.size < need or self._storage.dtype != dtype:
+            self._storage = np.empty(need, dtype)
+        return self._storage[:need].reshape(shape)
 
     def _plan(self, k):
         if k not in self._plans:
-            self._plans[k] = self._make_plan(k)
+            self._plans[k] = self._make_plan(k, self._columns)
         return self._plans[k]
 
     def workspace_bytes(self, n):
         k = min(n, self.chunk)
-        sizes = {k, n % k} - {0}
-        return sum(self._plan(size).workspace_bytes(size) for size in sizes)
+        plans = [(size, self._plan(size)) for size in {k, n % k} - {0}]
+        columns = [plan.column_bytes(size) for size, plan in plans]
+        return sum(plan.workspace_bytes(size) for size, plan in plans) - sum(columns) + \
+            max(columns)
 
     def _bounds(self, n):
         return [(lo, min(n, lo + self.chunk)) for lo in range(0, n, self.chunk)]

@@ -28,6 +28,7 @@ def thread_count():
 _pool = {"executor": None, "size": 0}
 _pool_lock = threading.Lock()
 _local = threading.local()
+_part_threads = {}          # part index (from 1) -> its own one-thread executor
 
 
 def _executor(size):
@@ -38,6 +39,17 @@ def _executor(size):
             _pool["executor"] = ThreadPoolExecutor(size, thread_name_prefix="Backend-")
             _pool["size"] = size
         return _pool["executor"]
+
+
+def _part_executor(i):
+    """The thread that runs part ``i`` of every ``over_parts`` call: always the same one, so
+    the scratch of a part lives in one thread, not in whichever pool thread took it last."""
+    with _pool_lock:
+        executor = _part_threads.get(i)
+        if executor is None:
+            executor = ThreadPoolExecutor(1, thread_name_prefix="Part-%d" % i)
+            _part_threads[i] = executor
+        return executor
 
 
 def slices(n, bytes_per_item, threads, slice_bytes=None):
@@ -149,8 +161,9 @@ def over_parts(fn, n, threads=None):
         finally:
             _local.inside = False
 
-    # the calling thread takes the first part itself: one hand-off fewer to wait for
-    futures = [_executor(threads).submit(run, i) for i in range(1, count)]
+    # the calling thread takes the first part itself: one hand-off fewer to wait for; part i
+    # always goes to the same thread, which keeps the only copy of that part's scratch
+    futures = [_part_executor(i).submit(run, i) for i in range(1, count)]
     try:
         run(0)
     finally:
