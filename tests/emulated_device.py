@@ -5,6 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
+from poseidon_caffe import backend
 from poseidon_caffe.backend.cuda import build
 from poseidon_caffe.backend.cuda.emulated import EmulatedDriver
 from poseidon_caffe.backend.cuda.kernels import KernelSet
@@ -12,6 +13,15 @@ from poseidon_caffe.backend.cuda.kernels import KernelSet
 needs_compiler = pytest.mark.skipif(build.host_compiler() is None or
                                     shutil.which(build.host_compiler()) is None,
                                     reason="no C++ compiler for the host build of the kernels")
+
+
+@pytest.fixture
+def gpu_mode(monkeypatch):
+    """The process's backend on the emulated device for one test, back to the CPU after."""
+    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    backend.set_mode_gpu()
+    yield backend.get_backend()
+    backend.set_mode_cpu()
 
 
 class Device:

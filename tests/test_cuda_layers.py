@@ -9,18 +9,10 @@ from poseidon_caffe import rng as prng
 from poseidon_caffe.blob import Blob, SyncedBlob
 from poseidon_caffe.layers.base import LayerError
 
-from emulated_device import needs_compiler
+from emulated_device import gpu_mode, needs_compiler  # noqa: F401 (a fixture)
 from gradcheck import check_gradient, make_layer
 
 pytestmark = needs_compiler
-
-
-@pytest.fixture
-def gpu_mode(monkeypatch):
-    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
-    backend.set_mode_gpu()
-    yield backend.get_backend()
-    backend.set_mode_cpu()
 
 
 def labels(shape, classes, seed):

@@ -13,17 +13,9 @@ from poseidon_caffe.net import Net
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import get_solver
 
-from emulated_device import needs_compiler
+from emulated_device import gpu_mode, needs_compiler  # noqa: F401 (a fixture)
 
 pytestmark = needs_compiler
-
-
-@pytest.fixture
-def gpu_mode(monkeypatch):
-    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
-    backend.set_mode_gpu()
-    yield backend.get_backend()
-    backend.set_mode_cpu()
 
 
 def test_cpu_blobs_stay_plain_numpy():

@@ -14,19 +14,11 @@ from poseidon_caffe.io import parse_solver_text, read_net_param, read_solver_par
 from poseidon_caffe.solver import get_solver
 from poseidon_caffe.solver import solver as solver_module
 
-from emulated_device import needs_compiler
+from emulated_device import gpu_mode, needs_compiler  # noqa: F401 (a fixture)
 
 pytestmark = needs_compiler
 EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "mnist")
 BATCH = 8
-
-
-@pytest.fixture
-def gpu_mode(monkeypatch):
-    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
-    backend.set_mode_gpu()
-    yield backend.get_backend()
-    backend.set_mode_cpu()
 
 
 @pytest.fixture(scope="module")

@@ -467,15 +467,20 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         k.vec_mul(dx.size, dx.ptr, y.ptr, dx.ptr)
         return dx
 
-    def softmax_loss_forward_on_device(self, prob, labels, ignore_label, out, count=False):
-        """out (one value on the device) = summed -log p(label); with ``count`` also the
-        count of labels not ignored, read to the host (None without)."""
+    def _softmax_loss_terms(self, prob, labels, ignore_label):
+        """Per (outer, inner) position: -log p(label), and 1 where the label is not ignored."""
         outer, channels, inner = prob.shape
         n = outer * inner
         loss, counts = self.empty((n,)), self.empty((n,))
         self.kernels.softmax_loss_forward(n, prob.ptr, labels.ptr, channels, inner,
                                           int(ignore_label is not None), int(ignore_label or 0),
                                           loss.ptr, counts.ptr)
+        return loss, counts
+
+    def softmax_loss_forward_on_device(self, prob, labels, ignore_label, out, count=False):
+        """out (one value on the device) = summed -log p(label); with ``count`` also the
+        count of labels not ignored, read to the host (None without)."""
+        loss, counts = self._softmax_loss_terms(prob, labels, ignore_label)
         self.sum_into(loss, out)
         return self.sum(counts) if count else None
 
@@ -483,12 +488,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         """(summed -log p(label), count of labels not ignored) over (outer, channels, inner)
         probabilities; ``ignore_label`` None when there is none. NaN for a label out of
         range."""
-        outer, channels, inner = prob.shape
-        n = outer * inner
-        loss, counts = self.empty((n,)), self.empty((n,))
-        self.kernels.softmax_loss_forward(n, prob.ptr, labels.ptr, channels, inner,
-                                          int(ignore_label is not None), int(ignore_label or 0),
-                                          loss.ptr, counts.ptr)
+        loss, counts = self._softmax_loss_terms(prob, labels, ignore_label)
         return self.sum(loss), self.sum(counts)
 
     def softmax_loss_backward(self, prob, labels, ignore_label, scale, dx):
