@@ -17,7 +17,7 @@ from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
 from .transport import Channel, Transport
 
-CHANNELS = 4      # exchanges in flight at once, by default
+CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
 
 
 class FactorSource:
@@ -95,8 +95,10 @@ class SyncEngine:
                 self.strategies[cls.name] = opened
         fusing = {cls.name for cls in registry.registered() if cls.fuses}
         self.buckets = make_buckets(self.items, self.plan, fuse_bytes, fusing)
-        # the lanes exchanges travel on; no more than there are buckets to fill them
-        channels = max(1, min(int(channels), len(self.buckets)))
+        # the lanes exchanges travel on: one per bucket (Poseidon gave every layer its own
+        # sync thread), or as many as asked, no more than there are buckets to fill them
+        channels = int(channels) if channels and int(channels) > 0 else len(self.buckets)
+        channels = max(1, min(channels, len(self.buckets)))
         self.channels = [Channel.duplicate(k, topology) for k in range(channels)]
         for bucket in self.buckets:
             bucket.channel = bucket.index % channels

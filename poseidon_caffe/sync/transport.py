@@ -12,9 +12,9 @@ rank, its pulls, the stop agreement) in one MPI_Testsome, so a rank that waits f
 still serves them. A wait that passes its
 deadline raises SyncTimeout naming the ranks it waited for, instead of hanging.
 
-A ``Channel`` is the set of communicators one exchange at a time uses for its collectives
-(the devices of a host, the host leaders): exchanges in flight together use different
-channels, so that every communicator sees its collectives in the same order on every rank.
+A ``Channel`` is the communicator one exchange at a time uses for its on-host collectives:
+exchanges in flight together use different channels, so that every communicator sees its
+collectives in the same order on every rank.
 """
 import time
 
@@ -45,31 +45,27 @@ class Until:
 
 
 class Channel:
-    """The communicators of one lane of exchanges: ``local`` (the devices of this host; None
-    with one device) and ``leaders`` (the host leaders; None off a leader or with one host)."""
+    """The lane of one exchange at a time: ``local``, its own duplicate of the communicator of
+    this host's devices (None with one device), for the exchange's on-host collectives.
+    Off-host messages travel on the strategies' communicators, told apart by tags that the
+    bucket's index makes unique (a bucket is never in flight twice)."""
 
-    def __init__(self, index, local, leaders, owned=False):
+    def __init__(self, index, local, owned=False):
         self.index = index
         self.local = local
-        self.leaders = leaders
         self.owned = owned
 
     @classmethod
     def duplicate(cls, index, topology):
-        """A channel with communicators of its own (collective over the host and the leaders:
-        every worker makes its channels in the same order at start-up)."""
-        local = topology.local.Dup() if topology.local is not None and \
-            topology.local.size > 1 else None
-        leaders = topology.leaders.Dup() if topology.leaders is not None and \
-            topology.leaders.size > 1 else None
-        return cls(index, local, leaders, owned=True)
+        """A channel with a communicator of its own (collective over the host: every worker
+        makes its channels in the same order at start-up)."""
+        local = topology.local
+        return cls(index, local.Dup() if local is not None and local.size > 1 else None, True)
 
     def free(self):
-        if self.owned:
-            for comm in (self.local, self.leaders):
-                if comm is not None:
-                    comm.Free()
-        self.local = self.leaders = None
+        if self.owned and self.local is not None:
+            self.local.Free()
+        self.local = None
 
 
 class Transport:
@@ -83,7 +79,7 @@ class Transport:
         self.services = []
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
-        self.default_channel = Channel(-1, topology.local, topology.leaders)
+        self.default_channel = Channel(-1, topology.local)
 
     def progress(self, extra=()):
         """Test ``extra`` and every service's requests in one call into MPI (which moves them
