@@ -45,7 +45,8 @@ Definitions (per net, host count and mode; JSON field names):
   stall_ms_on / stall_ms_off   the compute thread's waits for the communication per iteration
                    (the engine's wait_seconds over the measured iterations), and copy_ms_on
                    its copies of gradients handed over (timeline spans "sync").
-  engine           after<N>: this tree's engine with N channels; before: --before's tree.
+  engine           after: this tree's engine, a channel per bucket; after<N>: with N channels;
+                   before: --before's tree.
   wire_bytes_per_iter  bytes a host's link carried (sent plus received, Ethernet/IP/TCP
                    headers included; the namespace's interface counters, read by each rank
                    around the measured iterations), averaged over the hosts; null on loopback.
@@ -54,7 +55,7 @@ Definitions (per net, host count and mode; JSON field names):
 
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
         [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
-        [--alexnet-iters 5] [--repeat 1] [--channels 4[,1]] [--before DIR] [--sacp]
+        [--alexnet-iters 5] [--repeat 1] [--channels 0[,4,1]] [--before DIR] [--sacp]
         [--sacp-bandwidth RATE[,RATE]] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
         [--traces DIR]
 """
@@ -513,8 +514,8 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--channels", default="4", help="exchanges in flight (a list: one "
-                        "variant of the engine each)")
+    parser.add_argument("--channels", default="0", help="exchanges in flight, 0: one per "
+                        "bucket (a list: one variant of the engine each)")
     parser.add_argument("--before", default="", help="also measure the engine of this tree "
                         "(another commit's files), one exchange at a time")
     parser.add_argument("--alexnet-iters", type=int, default=5)
@@ -536,7 +537,8 @@ def main():
               "netlab": bool(lab_hosts), "engine": a.pythonpath, "before": a.before,
               "rows": [], "sacp": []}
     sys.path.insert(0, ROOT)
-    variants = [("after%s" % c, a.pythonpath, int(c)) for c in a.channels.split(",")]
+    variants = [("after%s" % (c if int(c) else ""), a.pythonpath, int(c))
+                for c in a.channels.split(",")]
     if a.before:
         variants.append(("before", os.path.abspath(a.before), 1))
     with tempfile.TemporaryDirectory() as tmp:
