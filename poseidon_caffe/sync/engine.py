@@ -15,7 +15,7 @@ from . import strategy as registry
 from .counters import ByteCounters
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
-from .transport import Channel, Transport
+from .transport import OFFLOAD_SIZE, Channel, Transport
 
 CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
 
@@ -63,7 +63,7 @@ class SyncEngine:
     def __init__(self, topology, items, rule, mode="auto", staleness=0, svb=None, dwbp=True,
                  batch_rows=None, iter_size=1, start_clock=0, clip=None, fuse_bytes=1 << 16,
                  timeout=300.0, timeline=None, announce=True, update="server",
-                 channels=CHANNELS):
+                 channels=CHANNELS, offload_size=OFFLOAD_SIZE):
         # update "server": one Caffe update of the averaged gradient (one worker with P times
         # the batch); "worker": Poseidon's rule, each worker's solver computes its update from
         # its own gradient and history, and the exchange adds the workers' updates
@@ -77,6 +77,7 @@ class SyncEngine:
         self.clip = clip if (clip is not None and clip >= 0) else None
         self.counters = ByteCounters()
         self.transport = Transport(topology, self.counters, timeout)
+        self.transport.offload_size = int(offload_size)
         self.timeline = timeline
         batch_rows = batch_rows or (lambda item: item.sfb.rows_per_pass if item.sfb else 1)
         self.plan, self.predicted = make_plan(
@@ -232,20 +233,25 @@ class SyncEngine:
         what = "exchanging %s (iteration %d)" % (bucket.name, clock)
         inv = 1.0 / self.workers
         worker_rule = self.update == "worker"
+        compute = self.transport.computed    # the numeric work, off the polling thread
         if worker_rule:
             # the planner gave this bucket a strategy that carries update values
-            for item, payload in zip(bucket.items, task.payloads):
-                self.rule.compute(item.index, item.data_flat, payload,
-                                  self.rule.history(item.index), clock)
+            def updates():
+                for item, payload in zip(bucket.items, task.payloads):
+                    self.rule.compute(item.index, item.data_flat, payload,
+                                      self.rule.history(item.index), clock)
+            yield from compute(updates, bucket.count)
         sums = yield from self.strategies[bucket.strategy].start(bucket, task.payloads, clock,
                                                                  what, channel)
         if sums is not None:       # None: the strategy left the fresh weights in the items
-            for item, total in zip(bucket.items, sums):
-                if worker_rule:
-                    item.data_flat[...] -= total     # the sum of the workers' updates
-                    continue
-                total *= inv
-                self._local_update(item, total, clock)
+            def apply():
+                for item, total in zip(bucket.items, sums):
+                    if worker_rule:
+                        item.data_flat[...] -= total     # the sum of the workers' updates
+                        continue
+                    total *= inv
+                    self._local_update(item, total, clock)
+            yield from compute(apply, bucket.count)
         if self.clip is None:
             self.scheduler.mark_fresh(bucket.items, clock)
 
@@ -315,4 +321,5 @@ class SyncEngine:
                 channel.free()
         self.scheduler.call(close_all)
         self.scheduler.stop()
+        self.transport.close()
         self.closed = True

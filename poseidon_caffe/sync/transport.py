@@ -16,9 +16,13 @@ A ``Channel`` is the communicator one exchange at a time uses for its on-host co
 exchanges in flight together use different channels, so that every communicator sees its
 collectives in the same order on every rank.
 """
+import concurrent.futures
 import time
 
 from mpi4py import MPI
+
+
+OFFLOAD_SIZE = 1 << 18     # values (1 MB of float32) from which numeric work goes to a thread
 
 
 class SyncTimeout(RuntimeError):
@@ -74,12 +78,44 @@ class Transport:
         self.counters = counters
         self.timeout = float(timeout)
         # what must be served while anything waits (this rank's parameter-server shard and
-        # pulls, the stop agreement): objects with requests_in_flight() and
-        # progress() -- take the requests that have completed (null ones)
+        # pulls, the stop agreement): objects with requests_in_flight(), progress() -- take
+        # the requests that have completed (null ones) -- and busy() -- work finished
+        # elsewhere (an update on the worker thread) waits for progress()
         self.services = []
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
         self.default_channel = Channel(-1, topology.local)
+        self.worker = None         # the thread that runs exchanges' numeric work
+        self.offload_size = OFFLOAD_SIZE
+        self.wake = None           # called when such work is done (the scheduler's bell)
+
+    def submit(self, fn):
+        """Run ``fn()`` on the worker thread (one at a time, in the order submitted); the
+        future of its result. Its end wakes the communication thread."""
+        if self.worker is None:
+            self.worker = concurrent.futures.ThreadPoolExecutor(1, "sync-work")
+        future = self.worker.submit(fn)
+        if self.wake is not None:
+            future.add_done_callback(lambda done: self.wake())
+        return future
+
+    def computed(self, fn, size):
+        """The step of an exchange that computes ``fn()`` (a GEMM, an update over ``size``
+        values) on the worker thread, so that the communication thread goes on testing every
+        other exchange's requests meanwhile (numpy lets go of the GIL); returns its result.
+        Small work runs here: handing it over would cost more than it takes."""
+        if size < self.offload_size:
+            return fn()
+            yield  # pragma: no cover -- makes this a generator
+        future = self.submit(fn)
+        if not future.done():
+            yield Until(future.done)
+        return future.result()
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.shutdown()
+            self.worker = None
 
     def progress(self, extra=()):
         """Test ``extra`` and every service's requests in one call into MPI (which moves them
@@ -91,15 +127,13 @@ class Transport:
             start = len(requests)
             requests.extend(service.requests_in_flight())
             spans.append((service, start, len(requests)))
-        if not requests:
-            return False
-        done = MPI.Request.Testsome(requests)
-        if not done:
-            return False
+        done = (MPI.Request.Testsome(requests) if requests else None) or ()
+        moved = bool(done)
         for service, start, end in spans:
-            if any(start <= i < end for i in done):
+            if any(start <= i < end for i in done) or service.busy():
                 service.progress()
-        return True
+                moved = True
+        return moved
 
     def wait(self, requests, what, peers=()):
         """Wait for all ``requests``; ``peers`` are the world ranks they depend on."""

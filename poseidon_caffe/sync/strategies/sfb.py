@@ -84,10 +84,14 @@ class SufficientFactors(Strategy):
             yield from self._exchange_between_hosts(self.peers, host_factors, everything, key,
                                                     tag)
         yield from self.transport.local_bcast(channel, everything, key)
-        stacked = everything.reshape(-1, mine.size)
-        D = stacked[:, :K * N].reshape(-1, N)
-        A = stacked[:, K * N:].reshape(-1, M)
-        return (A.T @ D) if transpose else (D.T @ A)
+
+        def rebuild():
+            stacked = everything.reshape(-1, mine.size)
+            D = stacked[:, :K * N].reshape(-1, N)
+            A = stacked[:, K * N:].reshape(-1, M)
+            return (A.T @ D) if transpose else (D.T @ A)
+        grad = yield from self.transport.computed(rebuild, M * N)
+        return grad
 
     def _exchange_between_hosts(self, comm, host_factors, everything, key, tag):
         """Every leader sends its host's factors to every other leader: 2(P-1) messages."""
