@@ -45,6 +45,10 @@ Definitions (per net, host count and mode; JSON field names):
   stall_ms_on / stall_ms_off   the compute thread's waits for the communication per iteration
                    (the engine's wait_seconds over the measured iterations), and copy_ms_on
                    its copies of gradients handed over (timeline spans "sync").
+  cpu_ms_per_rank_on / _off  CPU time (user and system) of a rank's process per measured
+                   iteration; comm_thread_cpu_ms_on the communication thread's part of it.
+                   On this machine every host's TCP stack and sync work share the same cores
+                   as the layers, so what DWBP overlaps can come back as slower layers.
   engine           after: this tree's engine, a channel per bucket; after<N>: with N channels;
                    before: --before's tree.
   wire_bytes_per_iter  bytes a host's link carried (sent plus received, Ethernet/IP/TCP
@@ -132,6 +136,7 @@ wire = (wire_bytes() - wire0) / cfg["iters"]
 window.append(timeline.now_us() if timeline else 0.0)
 stall = ((runner.engine.wait_seconds - stall0) / cfg["iters"]) if runner else 0.0
 result = {"seconds": seconds, "cpu_seconds": cpu, "wire": wire, "window_us": window,
+          "iterations": cfg["iters"] + cfg["warmup"],
           "stall": stall,
           "forward": phases["forward"] / cfg["iters"],
           "backward": phases["backward"] / cfg["iters"]}
@@ -377,6 +382,9 @@ def summary(ranks):
     return {"seconds": max(r["seconds"] for r in ranks),
             "cpu_seconds": sum(r["cpu_seconds"] for r in ranks) / len(ranks),
             "stall": sum(r["stall"] for r in ranks) / len(ranks),
+            # the communication thread's CPU per iteration (warm-up included), where it says
+            "comm_cpu": (sum(r.get("comm_cpu_seconds") or 0 for r in ranks) / len(ranks)
+                         / max(1, ranks[0].get("iterations") or 1)),
             "engine_bytes": sum(r.get("engine_bytes", 0) for r in leaders) / len(leaders),
             "wire": sum(r["wire"] for r in leaders) / len(leaders),
             "predicted": ranks[0].get("predicted"), "plan": ranks[0].get("plan"),
@@ -447,6 +455,7 @@ def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, 
             "in_flight_peak": on["in_flight_peak"],
             "cpu_ms_per_rank_on": on["cpu_seconds"] * 1e3,
             "cpu_ms_per_rank_off": off["cpu_seconds"] * 1e3,
+            "comm_thread_cpu_ms_on": on["comm_cpu"] * 1e3,
             "plan": on["plan"],
         })
     return rows
