@@ -11,7 +11,17 @@ MAX_BLOB_COUNT = 2 ** 63 - 1
 
 class Blob:
     """Storage is allocated on first use, not at reshape: a net can shape every blob, add up
-    what they will need and refuse a net that cannot fit before any large array exists."""
+    what they will need and refuse a net that cannot fit before any large array exists.
+
+    ``data`` and ``diff`` are host arrays (numpy) that a user may read and write. Layers use
+    ``dev_data``/``dev_diff`` to read and ``mutable_dev_data``/``mutable_dev_diff`` to write:
+    the backend's own arrays. On the CPU all six are the same numpy arrays; on a device backend
+    the blob is a ``SyncedBlob`` (Caffe's SyncedMemory rule, below)."""
+
+    def __new__(cls, shape=(), backend=None, dtype=None):
+        if cls is Blob and getattr(backend or get_backend(), "on_device", False):
+            cls = SyncedBlob
+        return object.__new__(cls)
 
     def __init__(self, shape=(), backend=None, dtype=None):
         self._backend = backend or get_backend()
@@ -127,6 +137,14 @@ class Blob:
     def diff(self, value):
         self.diff[...] = value
 
+    # the backend's arrays, for layers: on the CPU the host arrays themselves
+    dev_data = mutable_dev_data = data
+    dev_diff = mutable_dev_diff = diff
+
+    def zero_diff(self):
+        """diff = 0 where it lives (the solver clears parameter gradients each iteration)."""
+        self.diff[...] = 0
+
     def _shared_or_new_data(self):
         source = self._data_source
         if source is None:
@@ -165,3 +183,90 @@ class Blob:
 
     def __repr__(self):
         return "<Blob %s>" % (self._shape,)
+
+
+class SyncedBlob(Blob):
+    """A blob on a device backend: data and diff are each one SyncedMemory (Caffe's rule: the
+    memory lives where it was last written -- host, device or both -- and is copied only when
+    the other side reads it).
+
+    ``data``/``diff`` give the host array, current, and make the host the head: numpy writes
+    cannot be seen, so any host access counts as a possible write (Caffe's mutable_cpu_data),
+    and the next device read copies the array up once. A host array kept across a device
+    write is stale: read ``blob.data`` again after a forward. ``dev_data``/``dev_diff`` give a
+    current device view (Caffe's gpu_data); ``mutable_dev_data``/``mutable_dev_diff`` also make
+    the device the head (mutable_gpu_data)."""
+
+    # _data/_diff hold SyncedMemory objects here, shared between blobs that share storage
+    def _memory(self, which):
+        mem = getattr(self, which)
+        if mem is None:
+            if which == "_data":
+                source = self._data_source
+                if source is not None:
+                    if source.count != self.count:
+                        raise ValueError("blob of shape %s shares the data of a blob that now "
+                                         "has shape %s" % (self._shape, source.shape))
+                    mem = source._memory("_data")
+                else:
+                    mem = self._backend.synced_memory(self.count)
+                self._data, self._data_source = mem, None
+                hook, self.before_first_use = self.before_first_use, None
+                if hook is not None:
+                    hook()
+            else:
+                mem = self._diff = self._backend.synced_memory(self.count)
+        return mem
+
+    def reshape(self, *shape):
+        old_count = self.count
+        data, diff, source, shared = self._data, self._diff, self._data_source, \
+            self._data_shared
+        self._data = self._diff = None
+        super().reshape(*shape)
+        if self.count == old_count:
+            # the memory is flat: a new shape is only a new view of it
+            self._data, self._diff, self._data_source, self._data_shared = \
+                data, diff, source, shared
+
+    def _host(self, which):
+        return self._memory(which).mutable_cpu_data().reshape(self._shape)
+
+    def _device(self, which, mutable):
+        mem = self._memory(which)
+        ptr = mem.mutable_gpu_data() if mutable else mem.gpu_data()
+        return self._backend.view(ptr, self._shape, mem)
+
+    data = property(lambda self: self._host("_data"),
+                    lambda self, value: self._host("_data").__setitem__(Ellipsis, value))
+    diff = property(lambda self: self._host("_diff"),
+                    lambda self, value: self._host("_diff").__setitem__(Ellipsis, value))
+    dev_data = property(lambda self: self._device("_data", False))
+    dev_diff = property(lambda self: self._device("_diff", False))
+    mutable_dev_data = property(lambda self: self._device("_data", True))
+    mutable_dev_diff = property(lambda self: self._device("_diff", True))
+
+    @property
+    def synced_data(self):
+        """The SyncedMemory of data (its head and copy counts, for tests and tools)."""
+        return self._memory("_data")
+
+    @property
+    def synced_diff(self):
+        return self._memory("_diff")
+
+    def zero_diff(self):
+        self._backend.fill(self.mutable_dev_diff, 0.0)
+
+    def share_data(self, other):
+        if other.count != self.count:
+            raise ValueError("cannot share data of %d values with a blob of %d"
+                             % (other.count, self.count))
+        if other._data is None:
+            self._data, self._data_source = None, other
+        else:
+            self._data, self._data_source = other._data, None
+        self._data_shared = True
+
+    def update(self):
+        self._backend.axpby(-1.0, self.dev_diff, 1.0, self.mutable_dev_data)

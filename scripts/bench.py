@@ -1,32 +1,64 @@
-"""Time one training iteration (forward + backward) of LeNet, CIFAR-10 quick and AlexNet.
+"""Time one training iteration (forward + backward) of five nets, ours against PyTorch.
 
-    python scripts/bench.py [--threads 1,2] [--iters N] [--nets lenet,cifar10_quick,alexnet]
-                            [--torch PYTHON] [--profile]
+    python scripts/bench.py [--threads 1,2] [--iters N] [--rounds R] [--nets lenet,
+                            cifar10_quick,alexnet,googlenet,vgg16] [--torch PYTHON]
+                            [--profile] [--check]
 
-Each (net, threads) pair runs in its own subprocess, with OPENBLAS_NUM_THREADS (and the OMP /
-MKL equivalents) set before numpy loads. When PyTorch is importable by this interpreter, or by
-the interpreter given with --torch, the same nets run in PyTorch in the same way and the ratio
-is printed. --profile adds a per-layer-type breakdown and the share of time spent in GEMM.
+Nets (batch, input):
+  lenet           64, 1x28x28      Caffe's examples/mnist LeNet
+  cifar10_quick  100, 3x32x32      Caffe's examples/cifar10 quick net
+  alexnet         32, 3x227x227    Caffe's bvlc_alexnet (LRN, grouped convolutions)
+  googlenet       32, 3x224x224    examples/googlenet/train_val.prototxt, TRAIN phase, its data
+                                   layer replaced by DummyData of the same shape; all three
+                                   losses (0.3, 0.3, 1), LRN, inception branches, dropout
+  vgg16           32, 3x64x64      VGG-16's layout (configuration D: thirteen 3x3 convolutions
+                                   in five blocks of 64-512 channels, 2x2 max pooling), at
+                                   64x64 so that an iteration takes seconds, not tens; then
+                                   fc 4096, 4096 (dropout 0.5) and 1000
+
+Each (net, threads, engine) runs in its own subprocess, with OPENBLAS_NUM_THREADS (and the
+OMP / MKL equivalents) set before numpy loads; it reports the best of N iterations (wall and
+process CPU time) and its peak resident memory (ru_maxrss of that process, and the same less
+what the process held once its libraries were imported). The input is drawn once and kept, on
+both sides: drawing a fresh batch every iteration would time the random generator, not the net.
+googlenet and vgg16 run in PyTorch as a translation of the same prototxt (the same layers,
+shapes, fillers, in-place ReLU and dropout, loss weights); lenet, cifar10_quick and alexnet as
+the hand-written equivalents below. --check runs both on the same weights without dropout and
+compares the losses. --profile adds a per-layer-type breakdown and the time inside GEMM and FFT.
 """
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 
-BATCH = {"lenet": 64, "cifar10_quick": 100, "alexnet": 32}
-INPUT = {"lenet": (1, 28, 28), "cifar10_quick": (3, 32, 32), "alexnet": (3, 227, 227)}
-CLASSES = {"lenet": 10, "cifar10_quick": 10, "alexnet": 1000}
-# one training iteration, ms, one thread, measured on this machine
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOOGLENET = os.path.join(ROOT, "examples", "googlenet", "train_val.prototxt")
+
+BATCH = {"lenet": 64, "cifar10_quick": 100, "alexnet": 32, "googlenet": 32, "vgg16": 32}
+INPUT = {"lenet": (1, 28, 28), "cifar10_quick": (3, 32, 32), "alexnet": (3, 227, 227),
+         "googlenet": (3, 224, 224), "vgg16": (3, 64, 64)}
+NETS = tuple(BATCH)
+# best-of iterations when --iters is not given: the big nets take seconds an iteration
+ITERS = {"lenet": 10, "cifar10_quick": 10, "alexnet": 5, "googlenet": 3, "vgg16": 3}
+# one training iteration, ms, one thread, measured on this machine: Caffe 1.0 / PyTorch
 REFERENCE_1T = {"lenet": (20, 17), "cifar10_quick": (162, 82), "alexnet": (1908, 1556)}
+VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
+
+
+def _weights(std):
+    """A gaussian weight filler, or Caffe's xavier when ``std`` is None."""
+    return ('weight_filler { type: "gaussian" std: %g }' % std if std is not None else
+            'weight_filler { type: "xavier" }')
 
 
 def _conv(name, bottom, n, k, stride=1, pad=0, group=1, std=0.01):
     return ('layer { name: "%s" type: "Convolution" bottom: "%s" top: "%s" convolution_param {'
             ' num_output: %d kernel_size: %d stride: %d pad: %d group: %d'
-            ' weight_filler { type: "gaussian" std: %g } bias_filler { type: "constant" } } }\n'
-            % (name, bottom, name, n, k, stride, pad, group, std))
+            ' %s bias_filler { type: "constant" } } }\n'
+            % (name, bottom, name, n, k, stride, pad, group, _weights(std)))
 
 
 def _pool(name, bottom, method, k, s):
@@ -40,8 +72,8 @@ def _relu(name, blob):
 
 def _ip(name, bottom, n, std=0.01):
     return ('layer { name: "%s" type: "InnerProduct" bottom: "%s" top: "%s" inner_product_param {'
-            ' num_output: %d weight_filler { type: "gaussian" std: %g }'
-            ' bias_filler { type: "constant" } } }\n' % (name, bottom, name, n, std))
+            ' num_output: %d %s bias_filler { type: "constant" } } }\n'
+            % (name, bottom, name, n, _weights(std)))
 
 
 def _lrn(name, bottom):
@@ -54,14 +86,61 @@ def _dropout(name, blob):
             ' dropout_ratio: 0.5 } }\n' % (name, blob, blob))
 
 
-def net_prototxt(net):
-    c, h, w = INPUT[net]
-    b = BATCH[net]
-    text = ('name: "%s"\nlayer { name: "data" type: "DummyData" top: "data" top: "label"'
-            ' dummy_data_param { data_filler { type: "gaussian" std: 1 }'
+def _dummy_data(shape, batch):
+    # constant fillers fill once at setup; the worker writes its drawn input over them
+    return ('layer { name: "data" type: "DummyData" top: "data" top: "label"'
+            ' dummy_data_param { data_filler { type: "constant" value: 0 }'
             ' data_filler { type: "constant" value: 1 }'
             ' shape { dim: %d dim: %d dim: %d dim: %d } shape { dim: %d } } }\n'
-            % (net, b, c, h, w, b))
+            % ((batch,) + tuple(shape) + (batch,)))
+
+
+def _googlenet_prototxt():
+    """examples/googlenet's train_val, TRAIN phase, its Data layer replaced by DummyData of
+    the batch and crop it reads."""
+    from google.protobuf import text_format
+    from poseidon_caffe.net.filtering import filter_net
+    from poseidon_caffe.proto import caffe_pb2
+    with open(GOOGLENET) as f:
+        param = text_format.Parse(f.read(), caffe_pb2.NetParameter())
+    state = caffe_pb2.NetState(phase=caffe_pb2.TRAIN)
+    param = filter_net(param, state)
+    text = "name: %s\n" % json.dumps(param.name)
+    for layer in param.layer:
+        if layer.type == "Data":
+            crop = layer.transform_param.crop_size
+            batch = layer.data_param.batch_size
+            if (batch, 3, crop, crop) != (BATCH["googlenet"],) + INPUT["googlenet"]:
+                raise SystemExit("%s: the TRAIN data layer reads batch %d crop %d, the bench "
+                                 "expects %s" % (GOOGLENET, batch, crop, INPUT["googlenet"]))
+            text += _dummy_data(INPUT["googlenet"], batch)
+        else:
+            text += "layer {\n%s}\n" % text_format.MessageToString(layer, indent=2)
+    return text
+
+
+def _vgg16_prototxt():
+    text = ""
+    bottom = "data"
+    for b, widths in enumerate(VGG16_BLOCKS, 1):
+        for i, width in enumerate(widths, 1):
+            name = "conv%d_%d" % (b, i)
+            text += _conv(name, bottom, width, 3, pad=1, std=None)
+            text += _relu("relu%d_%d" % (b, i), name)
+            bottom = name
+        text += _pool("pool%d" % b, bottom, "MAX", 2, 2)
+        bottom = "pool%d" % b
+    # xavier throughout: sixteen layers of gaussian 0.01 would shrink the signal to nothing
+    text += _ip("fc6", bottom, 4096, None) + _relu("relu6", "fc6") + _dropout("drop6", "fc6")
+    text += _ip("fc7", "fc6", 4096, None) + _relu("relu7", "fc7") + _dropout("drop7", "fc7")
+    text += _ip("fc8", "fc7", 1000, None)
+    return text, "fc8"
+
+
+def net_prototxt(net):
+    if net == "googlenet":
+        return _googlenet_prototxt()
+    text = 'name: "%s"\n' % net + _dummy_data(INPUT[net], BATCH[net])
     if net == "lenet":
         text += _conv("conv1", "data", 20, 5, std=0.1) + _pool("pool1", "conv1", "MAX", 2, 2)
         text += _conv("conv2", "pool1", 50, 5, std=0.1) + _pool("pool2", "conv2", "MAX", 2, 2)
@@ -76,6 +155,9 @@ def net_prototxt(net):
         text += _pool("pool3", "conv3", "AVE", 3, 2)
         text += _ip("ip1", "pool3", 64, 0.1) + _ip("ip2", "ip1", 10, 0.1)
         last = "ip2"
+    elif net == "vgg16":
+        body, last = _vgg16_prototxt()
+        text += body
     else:
         text += _conv("conv1", "data", 96, 11, stride=4) + _relu("relu1", "conv1")
         text += _lrn("norm1", "conv1") + _pool("pool1", "norm1", "MAX", 3, 2)
@@ -94,13 +176,175 @@ def net_prototxt(net):
     return text
 
 
+# -- the same net for PyTorch: a plain description of the prototxt's layers ---------------
+def torch_layers(net):
+    """The TRAIN net's layers as JSON-able dicts the PyTorch worker builds its model from
+    (made here, so the PyTorch process loads neither protobuf nor this project)."""
+    from google.protobuf import text_format
+    from poseidon_caffe.proto import caffe_pb2
+    param = text_format.Parse(net_prototxt(net), caffe_pb2.NetParameter())
+
+    def filler(f):
+        return {"type": f.type, "std": f.std, "value": f.value}
+
+    layers = []
+    for layer in param.layer:
+        d = {"type": layer.type, "name": layer.name, "bottom": list(layer.bottom),
+             "top": list(layer.top)}
+        if layer.type == "Convolution":
+            p = layer.convolution_param
+            d.update(num_output=p.num_output, kernel=p.kernel_size[0],
+                     stride=p.stride[0] if p.stride else 1, pad=p.pad[0] if p.pad else 0,
+                     group=p.group, weight_filler=filler(p.weight_filler),
+                     bias_filler=filler(p.bias_filler))
+        elif layer.type == "InnerProduct":
+            p = layer.inner_product_param
+            d.update(num_output=p.num_output, weight_filler=filler(p.weight_filler),
+                     bias_filler=filler(p.bias_filler))
+        elif layer.type == "Pooling":
+            p = layer.pooling_param
+            d.update(method=caffe_pb2.PoolingParameter.PoolMethod.Name(p.pool),
+                     kernel=p.kernel_size, stride=p.stride, pad=p.pad)
+        elif layer.type == "LRN":
+            p = layer.lrn_param
+            d.update(size=p.local_size, alpha=p.alpha, beta=p.beta, k=p.k)
+        elif layer.type == "Dropout":
+            d.update(ratio=layer.dropout_param.dropout_ratio)
+        elif layer.type == "SoftmaxWithLoss":
+            d.update(loss_weight=layer.loss_weight[0] if layer.loss_weight else 1.0)
+        elif layer.type == "Concat":
+            d.update(axis=layer.concat_param.axis)
+        elif layer.type not in ("DummyData", "ReLU"):
+            raise SystemExit("no PyTorch translation for layer %s of type %s"
+                             % (layer.name, layer.type))
+        layers.append(d)
+    return layers
+
+
+def _torch_graph(layers, batch, shape):
+    """A torch.nn.Module running ``layers`` in order over named blobs, as Caffe's net does."""
+    import math
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    def fill(tensor, f, fan_in):
+        with torch.no_grad():
+            if f["type"] == "gaussian":
+                tensor.normal_(0.0, f["std"])
+            elif f["type"] == "xavier":          # Caffe's default: uniform, fan in
+                bound = math.sqrt(3.0 / fan_in)
+                tensor.uniform_(-bound, bound)
+            else:
+                tensor.fill_(f["value"])
+
+    class Graph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = layers
+            self.ops = nn.ModuleDict()
+            channels = {"data": shape[0]}
+            sizes = {"data": shape[1] * shape[2]}
+            spatial = {"data": shape[1:]}
+            for d in layers:
+                key = d["name"].replace("/", "__").replace(".", "_")
+                d["key"] = key
+                kind = d["type"]
+                b = d["bottom"][0] if d["bottom"] else None
+                if kind == "Convolution":
+                    op = nn.Conv2d(channels[b], d["num_output"], d["kernel"], d["stride"],
+                                   d["pad"], groups=d["group"])
+                    fill(op.weight, d["weight_filler"], op.weight[0].numel())
+                    fill(op.bias, d["bias_filler"], 1)
+                    h, w = spatial[b]
+                    out = [(v + 2 * d["pad"] - d["kernel"]) // d["stride"] + 1 for v in (h, w)]
+                    channels[d["top"][0]] = d["num_output"]
+                    spatial[d["top"][0]] = tuple(out)
+                elif kind == "InnerProduct":
+                    fan_in = channels[b] * spatial[b][0] * spatial[b][1]
+                    op = nn.Linear(fan_in, d["num_output"])
+                    fill(op.weight, d["weight_filler"], fan_in)
+                    fill(op.bias, d["bias_filler"], 1)
+                    channels[d["top"][0]] = d["num_output"]
+                    spatial[d["top"][0]] = (1, 1)
+                elif kind == "Pooling":
+                    # Caffe rounds up, minus a last window that starts in the padding:
+                    # PyTorch's ceil_mode rule; AVE divides by the window clipped to the
+                    # padded input, as count_include_pad does
+                    cls = nn.MaxPool2d if d["method"] == "MAX" else nn.AvgPool2d
+                    op = cls(d["kernel"], d["stride"], d["pad"], ceil_mode=True)
+                    h, w = spatial[b]
+                    out = []
+                    for v in (h, w):
+                        o = -(-(v + 2 * d["pad"] - d["kernel"]) // d["stride"]) + 1
+                        if d["pad"] and (o - 1) * d["stride"] >= v + d["pad"]:
+                            o -= 1
+                        out.append(o)
+                    channels[d["top"][0]] = channels[b]
+                    spatial[d["top"][0]] = tuple(out)
+                elif kind == "LRN":
+                    op = nn.LocalResponseNorm(d["size"], d["alpha"], d["beta"], d["k"])
+                elif kind == "ReLU":
+                    op = nn.ReLU(inplace=d["top"] == d["bottom"])
+                elif kind == "Dropout":
+                    # not in place: PyTorch's ReLU backward reads the output dropout would
+                    # overwrite (Caffe's reads its own copy of the mask instead)
+                    op = nn.Dropout(d["ratio"])
+                elif kind == "Concat":
+                    op = None
+                    channels[d["top"][0]] = sum(channels[x] for x in d["bottom"])
+                    spatial[d["top"][0]] = spatial[d["bottom"][0]]
+                else:
+                    op = None
+                if op is not None:
+                    self.ops[key] = op
+                for t in d["top"]:
+                    channels.setdefault(t, channels.get(b))
+                    spatial.setdefault(t, spatial.get(b))
+
+        def forward(self, data, label):
+            blobs = {"data": data, "label": label}
+            loss = 0.0
+            for d in self.layers:
+                kind = d["type"]
+                if kind == "DummyData":
+                    continue
+                if kind == "SoftmaxWithLoss":
+                    loss = loss + d["loss_weight"] * F.cross_entropy(
+                        blobs[d["bottom"][0]], blobs[d["bottom"][1]])
+                    continue
+                if kind == "Concat":
+                    y = torch.cat([blobs[b] for b in d["bottom"]], d["axis"])
+                else:
+                    x = blobs[d["bottom"][0]]
+                    if kind == "InnerProduct":
+                        x = x.flatten(1)
+                    y = self.ops[d["key"]](x)
+                blobs[d["top"][0]] = y
+            return loss
+
+    return Graph()
+
+
 # -- the worker: one net, one thread count, in a fresh process ---------------------------------
-def _time_ours(net_name, iters, profile):
+def _input(net_name, seed=1):
+    import numpy as np
+    return np.random.default_rng(seed).standard_normal(
+        (BATCH[net_name],) + INPUT[net_name], dtype=np.float32)
+
+
+def _ours(net_name):
     from google.protobuf import text_format
     from poseidon_caffe.net import Net
     from poseidon_caffe.proto import caffe_pb2
     param = text_format.Parse(net_prototxt(net_name), caffe_pb2.NetParameter())
     net = Net(param, caffe_pb2.TRAIN)
+    net.blobs["data"].data[...] = _input(net_name)
+    return net
+
+
+def _time_ours(net_name, iters, profile):
+    net = _ours(net_name)
     net.forward_backward()                       # warm-up: buffers, plans
     def step():
         net.clear_param_diffs()
@@ -109,6 +353,19 @@ def _time_ours(net_name, iters, profile):
     if profile:
         result["profile"] = _profile(net, iters)
     return result
+
+
+def _rss_mb():
+    """Resident memory of this process now, MB (VmRSS)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def _peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _measure(step, iters):
@@ -176,22 +433,22 @@ def _profile(net, iters):
             "per_type_ms": {k: [v[0] * scale, v[1] * scale] for k, v in per_type.items()}}
 
 
-def _time_torch(net_name, iters):
-    import torch
+def _torch_model(net_name, layers):
     import torch.nn as nn
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if layers is not None:
+        return _torch_graph(layers, BATCH[net_name], INPUT[net_name])
     if net_name == "lenet":
-        model = nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5),
-                              nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(),
-                              nn.Linear(500, 10))
+        body = nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5),
+                             nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(),
+                             nn.Linear(500, 10))
     elif net_name == "cifar10_quick":
-        model = nn.Sequential(nn.Conv2d(3, 32, 5, padding=2), nn.MaxPool2d(3, 2, ceil_mode=True),
-                              nn.ReLU(), nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(),
-                              nn.AvgPool2d(3, 2, ceil_mode=True), nn.Conv2d(32, 64, 5, padding=2),
-                              nn.ReLU(), nn.AvgPool2d(3, 2, ceil_mode=True), nn.Flatten(),
-                              nn.Linear(64 * 4 * 4, 64), nn.Linear(64, 10))
+        body = nn.Sequential(nn.Conv2d(3, 32, 5, padding=2), nn.MaxPool2d(3, 2, ceil_mode=True),
+                             nn.ReLU(), nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(),
+                             nn.AvgPool2d(3, 2, ceil_mode=True), nn.Conv2d(32, 64, 5, padding=2),
+                             nn.ReLU(), nn.AvgPool2d(3, 2, ceil_mode=True), nn.Flatten(),
+                             nn.Linear(64 * 4 * 4, 64), nn.Linear(64, 10))
     else:
-        model = nn.Sequential(
+        body = nn.Sequential(
             nn.Conv2d(3, 96, 11, stride=4), nn.ReLU(), nn.LocalResponseNorm(5, 1e-4, 0.75),
             nn.MaxPool2d(3, 2, ceil_mode=True), nn.Conv2d(96, 256, 5, padding=2, groups=2),
             nn.ReLU(), nn.LocalResponseNorm(5, 1e-4, 0.75), nn.MaxPool2d(3, 2, ceil_mode=True),
@@ -200,22 +457,80 @@ def _time_torch(net_name, iters):
             nn.Conv2d(384, 256, 3, padding=1, groups=2), nn.ReLU(),
             nn.MaxPool2d(3, 2, ceil_mode=True), nn.Flatten(), nn.Linear(9216, 4096), nn.ReLU(),
             nn.Dropout(), nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(), nn.Linear(4096, 1000))
-    x = torch.randn((BATCH[net_name],) + INPUT[net_name])
-    y = torch.ones(BATCH[net_name], dtype=torch.long)
     loss_fn = nn.CrossEntropyLoss()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = body
+
+        def forward(self, data, label):
+            return loss_fn(self.body(data), label)
+    return Model()
+
+
+def _time_torch(net_name, iters, layers):
+    import torch
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    model = _torch_model(net_name, layers)
+    x = torch.from_numpy(_input(net_name))
+    y = torch.ones(BATCH[net_name], dtype=torch.long)
 
     def step():
         model.zero_grad()
-        loss_fn(model(x), y).backward()
+        model(x, y).backward()
     step()
     return _measure(step, iters)
 
 
+def _check(net_name, layers):
+    """The loss of ours and of the PyTorch translation on the same weights and input, with
+    dropout off (ratio 0 on both sides): equal up to float summation order when both compute
+    the same net."""
+    import torch
+    from poseidon_caffe.net import Net
+    from poseidon_caffe.proto import caffe_pb2
+    from google.protobuf import text_format
+    param = text_format.Parse(net_prototxt(net_name), caffe_pb2.NetParameter())
+    for layer in param.layer:
+        if layer.type == "Dropout":
+            layer.dropout_param.dropout_ratio = 0.0
+    for d in layers:
+        if d["type"] == "Dropout":
+            d["ratio"] = 0.0
+    net = Net(param, caffe_pb2.TRAIN)
+    x = _input(net_name)
+    net.blobs["data"].data[...] = x
+    ours = float(net.forward_prefilled())
+    model = _torch_graph(layers, BATCH[net_name], INPUT[net_name])
+    with torch.no_grad():
+        for d in layers:
+            if d["type"] in ("Convolution", "InnerProduct"):
+                op = model.ops[d["key"]]
+                params = net.params[d["name"]]
+                op.weight.copy_(torch.from_numpy(params[0].data.reshape(op.weight.shape)))
+                op.bias.copy_(torch.from_numpy(params[1].data))
+        theirs = float(model(torch.from_numpy(x), torch.ones(BATCH[net_name], dtype=torch.long)))
+    return {"ours_loss": ours, "torch_loss": theirs}
+
+
 def _worker(args):
-    if args.engine == "torch":
-        result = _time_torch(args.worker, args.iters)
+    base = _rss_mb()
+    if args.engine == "check":
+        result = _check(args.worker, json.loads(sys.stdin.read()))
+    elif args.engine == "torch":
+        import torch  # noqa: F401  (its libraries count as loaded, as numpy's do for ours)
+        layers = json.loads(sys.stdin.read()) if args.worker in ("googlenet", "vgg16") else None
+        base = _rss_mb()
+        result = _time_torch(args.worker, args.iters, layers)
     else:
+        import numpy  # noqa: F401
+        import scipy.fft  # noqa: F401
+        import poseidon_caffe.net  # noqa: F401
+        base = _rss_mb()
         result = _time_ours(args.worker, args.iters, args.profile)
+    result["peak_mb"] = _peak_rss_mb()
+    result["base_mb"] = base
     print("RESULT " + json.dumps(result))
 
 
@@ -227,18 +542,34 @@ def _thread_env(threads):
     # machine-specific OpenBLAS overrides would distort the comparison
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OPENBLAS_L2_SIZE", None)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
-def _run(python, net, threads, iters, engine, profile):
+def _run(python, net, threads, iters, engine, profile, stdin=""):
     cmd = [python, os.path.abspath(__file__), "--worker", net, "--iters", str(iters),
            "--engine", engine] + (["--profile"] if profile else [])
-    proc = subprocess.run(cmd, env=_thread_env(threads), capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=_thread_env(threads), capture_output=True, text=True,
+                          input=stdin)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    sys.stderr.write("%s %s (%d threads) failed:\n%s\n" % (engine, net, threads, proc.stderr))
+    tail = "\n".join(proc.stderr.splitlines()[-15:])
+    sys.stderr.write("%s %s (%d threads) failed:\n%s\n" % (engine, net, threads, tail))
     return None
+
+
+def _best(a, b):
+    """The faster of two results of one engine, with the larger of their peaks (the peak does
+    not depend on the load)."""
+    if a is None or b is None:
+        return a or b
+    best = dict(min((a, b), key=lambda r: r["cpu_ms"] + r["ms"]))
+    for key in ("ms", "cpu_ms", "mean_ms"):
+        best[key] = min(a[key], b[key])
+    best["peak_mb"] = max(a["peak_mb"], b["peak_mb"])
+    best["base_mb"] = max(a["base_mb"], b["base_mb"])
+    return best
 
 
 def _torch_python(requested):
@@ -253,34 +584,70 @@ def _torch_python(requested):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--nets", default="lenet,cifar10_quick,alexnet")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="best of N iterations (default: %s)" %
+                        ", ".join("%s %d" % kv for kv in ITERS.items()))
+    parser.add_argument("--nets", default=",".join(NETS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run ours and PyTorch alternately this many times each and keep "
+                             "the best of each (a shared machine's load comes and goes)")
     parser.add_argument("--torch", default=None, help="a python that can import torch")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--check", action="store_true",
+                        help="compare the losses of googlenet and vgg16 with PyTorch's")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--engine", default="ours", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)
-    torch_python = _torch_python(args.torch)
-    print("ms per training iteration (best of %d; cpu = process CPU time)" % args.iters)
-    print("%-14s %7s %18s %18s %7s %15s" % ("net", "threads", "ours wall/cpu", "torch wall/cpu",
-                                             "ratio", "ref caffe/torch"))
-    unknown = [n for n in args.nets.split(",") if n not in REFERENCE_1T]
+    nets = args.nets.split(",")
+    unknown = [n for n in nets if n not in NETS]
     if unknown:
-        parser.error("--nets takes %s, not %s" % (", ".join(REFERENCE_1T), ", ".join(unknown)))
-    for net in args.nets.split(","):
+        parser.error("--nets takes %s, not %s" % (", ".join(NETS), ", ".join(unknown)))
+    torch_python = _torch_python(args.torch)
+    if args.check:
+        for net in nets:
+            if net in ("googlenet", "vgg16") and torch_python:
+                result = _run(torch_python, net, 1, 1, "check", False,
+                              json.dumps(torch_layers(net)))
+                print("%-14s loss ours %s, PyTorch %s" % (
+                    net, *(("%.6f" % result[k]) if result else "failed"
+                           for k in ("ours_loss", "torch_loss"))))
+        return
+    print("ms per training iteration, best of N (1 thread: ratio of process CPU times; more: "
+          "of wall times); peak RSS in MB (in brackets: above the libraries' own)")
+    print("load: the highest 1-minute load average seen during the row, on %d cores"
+          % (os.cpu_count() or 1))
+    print("%-13s %2s %3s %16s %16s %6s %13s %13s %5s %9s" % (
+        "net", "t", "N", "ours wall/cpu", "torch wall/cpu", "ratio", "ours RSS", "torch RSS",
+        "load", "ref c/t"))
+    for net in nets:
+        iters = args.iters or ITERS[net]
+        layers = json.dumps(torch_layers(net)) if net in ("googlenet", "vgg16") else ""
         for threads in (int(t) for t in args.threads.split(",")):
-            ours = _run(sys.executable, net, threads, args.iters, "ours", args.profile)
-            theirs = (_run(torch_python, net, threads, args.iters, "torch", False)
-                      if torch_python else None)
-            ref = REFERENCE_1T[net] if threads == 1 else ("-", "-")
+            ours = theirs = None
+            loads = []
+            for _ in range(args.rounds):
+                ours = _best(ours, _run(sys.executable, net, threads, iters, "ours",
+                                        args.profile))
+                loads.append(os.getloadavg()[0])
+                if torch_python:
+                    theirs = _best(theirs, _run(torch_python, net, threads, iters, "torch",
+                                                False, layers))
+                    loads.append(os.getloadavg()[0])
+            load = max(loads)
+            ref = REFERENCE_1T.get(net, ("-", "-")) if threads == 1 else ("-", "-")
             key = "cpu_ms" if threads == 1 else "ms"    # one thread: CPU time, steadier
             ratio = "%.2f" % (ours[key] / theirs[key]) if ours and theirs else "-"
-            print("%-14s %7d %18s %18s %7s %15s" % (
-                net, threads, "%.1f / %.1f" % (ours["ms"], ours["cpu_ms"]) if ours else "failed",
-                "%.1f / %.1f" % (theirs["ms"], theirs["cpu_ms"]) if theirs else "-", ratio,
-                "%s / %s" % ref))
+
+            def times(r):
+                return "%.1f / %.1f" % (r["ms"], r["cpu_ms"]) if r else "-"
+
+            def rss(r):
+                return "%.0f (%.0f)" % (r["peak_mb"], r["peak_mb"] - r["base_mb"]) if r else "-"
+            print("%-13s %2d %3d %16s %16s %6s %13s %13s %5.2f %9s" % (
+                net, threads, iters, times(ours), times(theirs), ratio, rss(ours), rss(theirs),
+                load, "%s/%s" % ref))
             if args.profile and ours:
                 prof = ours["profile"]
                 share = 100.0 / max(prof["total_ms"], 1e-9)

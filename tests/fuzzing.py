@@ -472,6 +472,28 @@ def _read_hosts(path):
     launcher.read_localserver(path)
 
 
+COMPUTE_CSV = "# batch: 4\nlayer,forward_ms,backward_ms\ndata,0,0\nip1,1.5,3\nloss,0.5,1\n"
+COMPUTE_JSON = ('{"batch": 4, "layers": [{"name": "data", "forward_ms": 0, "backward_ms": 0}, '
+                '{"name": "ip1", "forward_ms": 1.5, "backward_ms": 3}, '
+                '{"name": "loss", "forward_ms": 0.5, "backward_ms": 1}]}')
+COMPUTE_LOG = "".join("I1123 10:00:00.000000  1234 brew.py:375] %10s\t%s: %g ms.\n" % (n, k, v)
+                      for n, f, b in (("data", 0, 0), ("ip1", 1.5, 3), ("loss", 0.5, 1))
+                      for k, v in (("forward", f), ("backward", b)))
+
+
+def _simulation_error():
+    from poseidon_caffe.simulator.model import SimulationError
+    return SimulationError
+
+
+def _read_compute_file(path):
+    from poseidon_caffe.simulator.compute import read_compute_file
+    from poseidon_caffe.simulator.model import NetModel, Param
+    model = NetModel("fuzz", ["data", "ip1", "loss"], ["Input", "InnerProduct", "SoftmaxWithLoss"],
+                     [Param(0, "ip1[0]", (3, 4), 1, 1)], batch=4)
+    read_compute_file(path, model)
+
+
 def targets():
     models = binary_input([caffemodel_seed(), legacy_caffemodel_seed()], caffe_pb2.NetParameter)
     states = binary_input([solverstate_seed()], caffe_pb2.SolverState)
@@ -496,6 +518,8 @@ def targets():
         Target("io_datum", _read_datum_helpers, (pio.ProtoFileError,), datums, is_file=False),
         Target("host_file", _read_hosts, (launcher.HostFileError,), text_input([HOST_TEXT])),
         Target("flags", _read_flags, (flagmod.FlagError,), argv_input(), is_file=False),
+        Target("compute_file", _read_compute_file, (_simulation_error(),),
+               text_input([COMPUTE_CSV, COMPUTE_JSON, COMPUTE_LOG]), ".csv"),
     ]
     return {t.name: t for t in all_targets}
 

@@ -63,11 +63,13 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, ste
             original = flat[j]
             if kind == "bottom" and kink is not None and abs(original - kink) <= kink_range:
                 continue
-            flat[j] = original + stepsize
+            # blob.data is fetched for every write: on a device backend a host write counts
+            # only through the accessor (it makes the host copy the head)
+            blob.data.reshape(-1)[j] = original + stepsize
             plus = _objective(layer, bottom, top, weights, seed)
-            flat[j] = original - stepsize
+            blob.data.reshape(-1)[j] = original - stepsize
             minus = _objective(layer, bottom, top, weights, seed)
-            flat[j] = original
+            blob.data.reshape(-1)[j] = original
             numeric = (plus - minus) / (2 * stepsize)
             scale = max(abs(grad[j]), abs(numeric), 1.0)
             if abs(grad[j] - numeric) > threshold * scale:

@@ -1,6 +1,5 @@
 """The CPU backend's op set, called directly: geometry, im2col/col2im, conv plans, pool plans,
 LRN and GEMM, against loops and identities written here."""
-import importlib.util
 import itertools
 
 import numpy as np
@@ -29,12 +28,59 @@ STRIDE_ONE = [g for g in GEOMS if all(s == 1 for s in g.stride)]
 
 
 def _plans(geom):
+    """Every plan for the geometry: im2col with channel-major columns, im2col image by image
+    (one group), FFT (stride 1), Winograd (3x3 stride 1) and pointwise (1x1)."""
+    from poseidon_caffe.backend import pointwise, winograd
     from poseidon_caffe.backend.conv import ConvPlan
     from poseidon_caffe.backend.fftconv import FFTConvPlan
     plans = [ConvPlan(geom)]
+    plans[0].by_image = False
+    if geom.group == 1 and not geom.is_pointwise:
+        plans.append(ConvPlan(geom))
+        plans[-1].by_image = True
     if all(s == 1 for s in geom.stride):
         plans.append(FFTConvPlan(geom))
+    if winograd.serves(geom):
+        plans.append(winograd.WinogradConvPlan(geom))
+    if pointwise.serves(geom):
+        plans.append(pointwise.PointwiseConvPlan(geom))
     return plans
+
+
+def test_freed_temporaries_come_back_without_page_faults():
+    """After keep_freed_memory, a freed block of several MB is reused by the next allocation
+    of its size, not returned to the system and faulted in again page by page."""
+    import resource
+    from poseidon_caffe.backend import cpu
+    if not cpu.keep_freed_memory():
+        pytest.skip("the C library is not glibc, or MALLOC_* thresholds are set in the "
+                    "environment")
+
+    def temporaries():
+        for size in (3 << 20, 12 << 20, 5 << 20):          # bytes, as an iteration's mix
+            np.ones(size // 4, np.float32)
+    temporaries()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        temporaries()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 200, faults          # glibc by default: several hundred here
+
+
+# Winograd's tiles: maps a multiple of the 4x4 tile or not, every pad it takes, groups,
+# non-square maps and a map smaller than one tile
+WINOGRAD_GEOMS = [
+    ConvGeometry(3, 5, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ConvGeometry(4, 6, (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    ConvGeometry(2, 3, (6, 5), (3, 3), (1, 1), (0, 0), (1, 1)),
+    ConvGeometry(3, 2, (5, 7), (3, 3), (1, 1), (2, 2), (1, 1)),
+    ConvGeometry(2, 4, (3, 3), (3, 3), (1, 1), (1, 1), (1, 1)),
+]
+# pointwise: per-image GEMMs and transposed chunks, with groups
+POINTWISE_GEOMS = [
+    ConvGeometry(4, 6, (3, 3), (1, 1), (1, 1), (0, 0), (1, 1), 2),
+    ConvGeometry(5, 3, (4, 6), (1, 1), (1, 1), (0, 0), (1, 1)),
+]
 
 
 def test_conv_geometry_output_size_rule():
@@ -108,10 +154,52 @@ def _check_plan(plan, geom, x, w, bias, dy, col, wg, want):
     np.testing.assert_allclose(dx, dx_want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", [0, 1])
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 30], ids=["image by image", "one chunk"])
+@pytest.mark.parametrize("geom", WINOGRAD_GEOMS + POINTWISE_GEOMS, ids=str)
+def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_bytes,
+                                                                     monkeypatch):
+    """The same independent truth as above, with the batch worked in chunks of one image
+    and in one chunk, and the pointwise plan in both of its layouts."""
+    from poseidon_caffe.backend import pointwise, winograd
+    monkeypatch.setattr(winograd, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(pointwise, "CHUNK_BYTES", chunk_bytes)
+    n = 3
+    x = _rand((n, geom.channels) + geom.in_shape, 14)
+    w = _rand(geom.weight_shape, 15)
+    bias = _rand((geom.num_output,), 16)
+    dy = _rand((n, geom.num_output) + geom.out_shape, 17)
+    col = B.im2col(x, geom).reshape(n, geom.group, -1, geom.out_count).astype(np.float64)
+    wg = w.reshape(geom.group, geom.num_output // geom.group, -1).astype(np.float64)
+    want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(
+        (n, geom.num_output) + geom.out_shape) + bias.reshape((1, -1) + (1,) * geom.nd)
+    if winograd.serves(geom):
+        plans = [winograd.WinogradConvPlan(geom)]
+    else:
+        plans = []
+        for per_image in (True, False):
+            plan = pointwise.PointwiseConvPlan(geom)
+            plan.per_image = per_image
+            plans.append(plan)
+    for plan in plans:
+        _check_plan(plan, geom, x, w, bias, dy, col, wg, want)
+
+
+def test_winograd_matrices_compute_a_correlation_exactly():
+    """F(4, 3) in exact arithmetic: y[i] = sum_k d[i + k] g[k] for random d and g."""
+    from poseidon_caffe.backend.winograd import winograd_matrices
+    at, g, bt = winograd_matrices()
+    assert at.shape == (4, 6) and g.shape == (6, 3) and bt.shape == (6, 6)
+    rng = np.random.RandomState(18)
+    d, k = rng.randn(6), rng.randn(3)
+    want = [d[i:i + 3] @ k for i in range(4)]
+    np.testing.assert_allclose(at @ ((g @ k) * (bt @ d)), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["im2col", "by_image", "fft"])
 def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
-    geom = STRIDE_ONE[1]
-    plan = _plans(geom)[kind]
+    geom = STRIDE_ONE[2] if kind == "by_image" else STRIDE_ONE[1]     # by image: one group
+    plan = {"fft" if type(p).__name__ == "FFTConvPlan" else
+            "by_image" if p.by_image else "im2col": p for p in _plans(geom)}[kind]
     x = _rand((2, geom.channels) + geom.in_shape, 8)
     w = _rand(geom.weight_shape, 9)
     y = np.empty((2, geom.num_output) + geom.out_shape, np.float32)
@@ -130,7 +218,11 @@ def test_conv_algorithm_choice_follows_the_cost_model():
     inception_1x1 = ConvGeometry(192, 64, (28, 28), (1, 1), (1, 1), (0, 0), (1, 1))
     assert conv_algorithm(cifar_conv2, 100) == "fft"
     assert conv_algorithm(cifar_conv1, 100) == "im2col"           # three input channels
-    assert conv_algorithm(inception_1x1, 32) == "im2col"          # a plain GEMM
+    assert conv_algorithm(inception_1x1, 32) == "pointwise"       # a plain GEMM
+    googlenet_conv2 = ConvGeometry(64, 192, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1))
+    vgg_conv3 = ConvGeometry(256, 256, (16, 16), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert conv_algorithm(googlenet_conv2, 32) == "winograd"      # a quarter of the products
+    assert conv_algorithm(vgg_conv3, 32) == "winograd"
     assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
     whole = type(B)()
     whole.split_threads = 1
@@ -172,9 +264,8 @@ def test_lrn_window_sum_and_ops():
     a = np.arange(5, dtype=np.float32).reshape(1, 5, 1, 1)
     np.testing.assert_array_equal(window_sum(a, 3, (1,)).ravel(), [1, 3, 6, 9, 7])
     x = _rand((1, 3, 2, 2), 10)
-    y, (scale,) = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)
+    y, _ = B.lrn_forward(x, 3, 3.0, 0.5, 2.0, True)   # the state is the backward's business
     s0 = 2.0 + 1.0 * (x[0, 0] ** 2 + x[0, 1] ** 2)
-    np.testing.assert_allclose(scale[0, 0], s0, rtol=1e-6)
     np.testing.assert_allclose(y[0, 0], x[0, 0] / np.sqrt(s0), rtol=1e-6)
 
 
@@ -293,12 +384,26 @@ EMPTY_WINDOW_GEOMS = [
 ]
 
 
-@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+POOL_PATHS = ["stages", "taps", "native"]
+
+
+def _take_pool_path(plan, path):
+    """Set ``plan`` (a PoolPlan or SplitPoolPlan) on one of its paths: the numpy stages, the
+    numpy tap loop, or the compiled kernels (skipped where they were not built)."""
+    from poseidon_caffe.backend import native
+    if path == "native" and native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install, or "
+                    "POSEIDON_NATIVE=0)")
+    plan.native = path == "native"
+    plan.separable = path == "stages"
+
+
+@pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS, ids=str)
-def test_max_pool_paths_match_caffe_loops(spec, separable, small_slices):
+def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
-    plan.separable = separable
+    _take_pool_path(plan, path)
     x = np.round(_rand((3, 2) + g.in_shape, 20) * 4)          # many ties
     y = np.empty((3, 2) + g.out_shape, np.float32)
     plan.max_forward(x, y)
@@ -314,12 +419,12 @@ def test_max_pool_paths_match_caffe_loops(spec, separable, small_slices):
     np.testing.assert_allclose(dx, dx_want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS, ids=str)
-def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, separable, small_slices):
+def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
-    plan.separable = separable
+    _take_pool_path(plan, path)
     x = _rand((3, 2) + g.in_shape, 22)
     y = np.empty((3, 2) + g.out_shape, np.float32)
     plan.ave_forward(x, y)
@@ -336,6 +441,48 @@ def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, separable, sma
     plan.ave_backward(dy, dx)
     lhs, rhs = np.vdot(y.astype(np.float64), dy), np.vdot(x.astype(np.float64), dx)
     assert abs(lhs - rhs) <= 1e-5 * max(1.0, abs(lhs))
+
+
+def test_native_ave_pooling_is_caffes_float32_arithmetic():
+    """The compiled AVE adds a window's cells in Caffe's row-major order in float32 and
+    divides by Caffe's window size, and its backward adds a cell's shares in the order of
+    Caffe's loop over the outputs: both equal Caffe's loops bit for bit."""
+    g = PoolGeometry(*POOL_GEOMS[2])            # padding, overlap and a clipped last window
+    plan = B.pool_plan(g)
+    _take_pool_path(plan, "native")
+    x, dy = _rand((2, 2) + g.in_shape, 25), _rand((2, 2) + g.out_shape, 26)
+    y = plan.ave_forward(x, np.empty(dy.shape, np.float32))
+    dx = plan.ave_backward(dy, np.full(x.shape, np.nan, np.float32))
+    want_y, want_dx = np.empty_like(y), np.zeros_like(x)
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
+    for a, b, i, j in itertools.product(range(2), range(2), *map(range, g.out_shape)):
+        hs, ws = i * sh - ph, j * sw - pw
+        he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+        size = (he - hs) * (we - ws)
+        cells = list(itertools.product(range(max(hs, 0), min(he, h)),
+                                       range(max(ws, 0), min(we, w))))
+        total = np.float32(0)
+        for u, v in cells:
+            total = np.float32(total + x[a, b, u, v])
+        want_y[a, b, i, j] = total / np.float32(size)
+        share = dy[a, b, i, j] / np.float32(size)
+        for u, v in cells:
+            want_dx[a, b, u, v] = np.float32(want_dx[a, b, u, v] + share)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, want_dx)
+
+
+@pytest.mark.parametrize("path", POOL_PATHS)
+def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
+    g = PoolGeometry(*POOL_GEOMS[1])
+    plan = B.pool_plan(g)
+    _take_pool_path(plan, path)
+    x = _rand((1, 2) + g.in_shape, 27)
+    x[0, 1, 3, 4] = np.nan                       # in the windows of outputs (1, 1) and (1, 2)
+    y = plan.max_forward(x, np.empty((1, 2) + g.out_shape, np.float32))
+    want = np.zeros(y.shape, bool)
+    want[0, 1, 1, 1:3] = True
+    np.testing.assert_array_equal(np.isnan(y), want)
 
 
 @pytest.mark.parametrize("across", [True, False], ids=["across", "within"])
@@ -368,6 +515,29 @@ def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slice
     np.testing.assert_allclose(top, x * scale ** -0.75, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("size,beta,channels", [(5, 0.75, 7), (3, 0.5, 4), (5, 1.0, 2),
+                                               (7, 0.75, 9)])
+def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch):
+    """The compiled across-channels kernels (lrn.c) give the numpy path's top and bottom
+    gradient (remaking the scale the numpy path keeps), window wider than the channels
+    included; a numpy backward after a compiled forward remakes the scale too."""
+    from poseidon_caffe.backend import lrn
+    if lrn._compiled() is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    x = _rand((3, channels, 5, 6), 28) * 3
+    dy = _rand(x.shape, 29)
+    got = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
+    got_dx = lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True)
+    monkeypatch.setitem(lrn._COMPILED, "lib", None)
+    want = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
+    want_dx = lrn.lrn_backward(x, want[0], want[1], dy, size, 0.5, beta, True)
+    np.testing.assert_allclose(lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True),
+                               want_dx, rtol=1e-5, atol=1e-6)
+    assert got[1][0] is None and want[1][0].shape == x.shape    # the scale is not kept
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-6)
+
+
 # -- batch parts over threads: each thread runs a whole convolution / pooling chain ----------
 def test_over_parts_covers_the_range_once_on_two_threads():
     import threading
@@ -389,6 +559,8 @@ SPLIT_CONV = [   # (geometry, algorithm)
     (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "fft"),      # groups
     (ConvGeometry(6, 3, (8, 7), (3, 2), (2, 1), (1, 0), (1, 1), 1), "im2col"),   # col2im
     (ConvGeometry(4, 4, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 2), "im2col"),   # pointwise
+    (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "winograd"),
+    (ConvGeometry(4, 4, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 2), "pointwise"),
 ]
 
 
@@ -426,7 +598,52 @@ def test_split_conv_plan_gives_the_whole_batch_values(geom, algorithm):
     assert not np.allclose(half, results[0][2], atol=1e-3)
 
 
-@pytest.mark.parametrize("geom,algorithm", SPLIT_CONV[:2], ids=str)
+@pytest.mark.parametrize("geom", [SPLIT_CONV[0][0], SPLIT_CONV[2][0],
+                                  ConvGeometry(3, 4, (34, 34), (3, 3), (2, 2), (1, 1), (1, 1))],
+                         ids=str)      # the last: 289 outputs an image, columns image by image
+def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
+    """im2col two images at a time over a batch of 5 (chunks 2, 2, 1), against one plan over
+    the whole batch: forward, backward with gradients added into given values, and a second
+    backward on other data whose columns must be remade, not taken from the last chunk."""
+    from poseidon_caffe.backend.conv import ConvPlan
+    from poseidon_caffe.backend.split import ChunkedConvPlan
+    made = []
+    chunked = ChunkedConvPlan(geom, lambda k: made.append(k) or ConvPlan(geom), 2)
+    whole = ConvPlan(geom)
+    x = _rand((5, geom.channels) + geom.in_shape, 60)
+    w = _rand(geom.weight_shape, 61)
+    bias = _rand((geom.num_output,), 62)
+    dy = _rand((5, geom.num_output) + geom.out_shape, 63)
+    results = []
+    for plan in (chunked, whole):
+        y = np.full(dy.shape, np.nan, np.float32)
+        plan.forward(x, w, bias, y)
+        dx = np.full(x.shape, np.nan, np.float32)
+        dw, db = np.ones_like(w), np.ones_like(bias)
+        plan.backward(x, dy, w, dx=dx, dw=dw, dbias=db)
+        other = np.zeros_like(w)
+        plan.backward(x * 3, dy, w, dw=other)
+        results.append((y, dx, dw, db, other))
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert sorted(made) == [1, 2]                 # one plan per chunk size
+    assert chunked.workspace_bytes(5) == whole.workspace_bytes(2) + whole.workspace_bytes(1)
+
+
+def test_large_im2col_layers_run_in_chunks(monkeypatch):
+    from poseidon_caffe.backend import cpu
+    googlenet_conv1 = ConvGeometry(3, 64, (224, 224), (7, 7), (2, 2), (3, 3), (1, 1))
+    whole = type(B)()
+    whole.split_threads = 1
+    plan = whole.conv_plan(googlenet_conv1, 32)
+    assert type(plan).__name__ == "ChunkedConvPlan"
+    # 147 rows x 112*112 columns of float32 per image, at most IM2COL_CHUNK_BYTES a chunk
+    assert plan.chunk == cpu.IM2COL_CHUNK_BYTES // (147 * 112 * 112 * 4) == 4
+    cifar_conv1 = ConvGeometry(3, 32, (32, 32), (5, 5), (1, 1), (2, 2), (1, 1))
+    assert type(whole.conv_plan(cifar_conv1, 100)).__name__ == "ConvPlan"
+
+
+@pytest.mark.parametrize("geom,algorithm", SPLIT_CONV[:2] + SPLIT_CONV[4:], ids=str)
 def test_split_conv_plan_serves_deconvolution_calls(geom, algorithm):
     """Deconvolution's pattern: backward without x as its forward, then forward of the top
     diff followed by a filter gradient that reuses it, or prepare and filter gradient."""
@@ -451,15 +668,16 @@ def test_split_conv_plan_serves_deconvolution_calls(geom, algorithm):
     np.testing.assert_allclose(results[0][3], 2 * results[0][2], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("separable", [True, False], ids=["stages", "taps"])
+@pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS[:3], ids=str)
-def test_split_pool_plan_gives_the_whole_batch_values(spec, separable):
+def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
     from poseidon_caffe.backend.pool import PoolPlan
     from poseidon_caffe.backend.split import SplitPoolPlan
     g = PoolGeometry(*spec)
     split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2), PoolPlan(g)
-    split.separable = whole.separable = separable
-    assert split.separable == separable
+    _take_pool_path(split, path)
+    _take_pool_path(whole, path)
+    assert split.separable == (path == "stages") and split.native == (path == "native")
     x = np.round(_rand((5, 2) + g.in_shape, 40) * 4)
     y_shape = (5, 2) + g.out_shape
     dy = _rand(y_shape, 41)
@@ -506,14 +724,3 @@ def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
     np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-5)
     np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
                                rtol=1e-5)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("poseidon_caffe.backend.cuda") is not None,
-                    reason="this installation has a CUDA backend")
-def test_gpu_mode_without_a_gpu_backend_says_so_and_keeps_the_cpu():
-    from poseidon_caffe import backend
-    before = backend.get_backend()
-    with pytest.raises(RuntimeError, match="no GPU backend") as info:
-        backend.set_mode_gpu()
-    assert "pycuda" not in str(info.value)
-    assert backend.mode() == "cpu" and backend.get_backend() is before

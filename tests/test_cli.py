@@ -108,6 +108,27 @@ def test_time_and_device_query(tmp_path):
     assert code == 0 and "CPU" in err
 
 
+def test_time_gives_each_layers_share_of_the_total(tmp_path):
+    setup_files(tmp_path)
+    code, err = run(tmp_path, "time", "-model=net.prototxt", "-iterations=2")
+    assert code == 0, err
+    caffe = {}
+    for name, kind, ms in re.findall(r"\]\s+(\S+)\t(forward|backward): (\S+) ms\.", err):
+        caffe[name] = caffe.get(name, 0.0) + float(ms)
+    shares = dict((name, (float(pct), float(ms))) for name, pct, ms in re.findall(
+        r"\]\s+(\S+)\tshare:\s+(\S+) % \((\S+) ms\)", err))
+    assert set(shares) == set(caffe) == {"data", "ip", "loss"}
+    assert err.index("Total Time:") < err.index("Share of forward-backward time per layer")
+    whole = sum(caffe.values())
+    for name, (pct, ms) in shares.items():
+        # each share is the layer's forward + backward of Caffe's lines over their sum
+        assert ms == pytest.approx(caffe[name], rel=1e-3, abs=1e-5)
+        assert pct == pytest.approx(100.0 * caffe[name] / whole, abs=0.06)
+    assert sum(pct for pct, _ in shares.values()) == pytest.approx(100.0, abs=0.2)
+    # the share lines add no line that Caffe's per-layer parsers would take for their own
+    assert len(re.findall(r"\tforward: ", err)) == len(re.findall(r"\tbackward: ", err)) == 3
+
+
 def test_bad_flags_and_commands_are_named(tmp_path):
     code, err = run(tmp_path, "train", "-solvr=x")
     assert code == 1 and "-solvr" in err

@@ -91,6 +91,13 @@ def test_seeds_load():
         assert side["layers"]["train/mnist"]["offset"] == 64
         hosts = launcher.read_localserver(path("localserver", fuzzing.HOST_TEXT))
         assert [h[0] for h in hosts] == [0, 1, 2]
+        from poseidon_caffe.simulator.compute import read_compute_file
+        from poseidon_caffe.simulator.model import NetModel, Param
+        model = NetModel("fuzz", ["data", "ip1", "loss"], ["Input", "InnerProduct", "Softmax"],
+                         [Param(0, "ip1[0]", (3, 4), 1, 1)], batch=4)
+        for name, text in (("t.csv", fuzzing.COMPUTE_CSV), ("t.json", fuzzing.COMPUTE_JSON),
+                           ("t.log", fuzzing.COMPUTE_LOG)):
+            assert read_compute_file(path(name, text), model).forward_ms == [0, 1.5, 0.5]
     values, rest = flagmod.parse(fuzzing.FLAG_ARGS[0], ALL_FLAGS)
     assert (values["iterations"], values["svb"], values["staleness"], rest) == \
         (50, False, 2, ["rest"])

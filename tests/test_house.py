@@ -168,6 +168,21 @@ def test_staging_and_proto_import_nothing_of_the_project():
     assert not bad, "\n".join(bad)
 
 
+def test_netlab_imports_nothing_of_the_project_and_the_library_nothing_of_netlab():
+    """A lab reaches mpiexec through the environment it sets: sync needs nothing of it. The
+    one reach in is the rate grammar (netlab.units), which the simulator shares so that a
+    bandwidth reads the same in both commands."""
+    bad = offenders("netlab", rooms_other_than("netlab"))
+    for room in rooms_other_than("netlab"):
+        if room == "simulator":
+            bad += [line for line in offenders(room, ["netlab"])
+                    if not line.endswith("imports poseidon_caffe.netlab.units")]
+        elif room != "tools":
+            bad += offenders(room, ["netlab"])
+    assert "poseidon_caffe.netlab.lab" in ALL
+    assert not bad, "\n".join(bad)
+
+
 PRIVATE_REACH = re.compile(r"(solver|net|layer)\._\w|\.bottom_vecs\b|\.top_vecs\b|"
                            r"\.param_layer_indices\b|\.prefetcher\b")
 

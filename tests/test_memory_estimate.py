@@ -93,6 +93,34 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
 """
 
 
+def test_work_arrays_in_the_shared_scratch_count_once(monkeypatch):
+    """Two 3x3 layers by Winograd and a 1x1 layer keep their work arrays in the threads'
+    scratch, which they share: the net counts the largest layer's once, not their sum."""
+    monkeypatch.delenv("POSEIDON_MEMORY_LIMIT", raising=False)
+    layers = "".join(
+        'layer { name: "%s" type: "Convolution" bottom: "%s" top: "%s" convolution_param { '
+        'num_output: 16 kernel_size: %d pad: %d weight_filler { type: "gaussian" std: 0.1 } '
+        'bias_term: false } }\n' % (name, bottom, name, k, k // 2)
+        for name, bottom, k in (("a", "data", 3), ("b", "a", 3), ("c", "b", 1)))
+    net = build('name: "w" layer { name: "data" type: "Input" top: "data" input_param { '
+                'shape { dim: 2 dim: 16 dim: 32 dim: 32 } } }\n' + layers)
+    plans = [type(layer._plans[0]).__name__ for layer in net.layers[1:]]
+    part = lambda layer: getattr(layer._plans[0], "_make_plan", lambda n: layer._plans[0])(1)
+    assert [type(part(layer)).__name__ for layer in net.layers[1:]] == \
+        ["WinogradConvPlan", "WinogradConvPlan", "PointwiseConvPlan"], plans
+    # both images' 8x8 tiles of 4x4 outputs: 36 positions x 64 tiles x (16 + 16 channels in,
+    # 16 + 16 out), and the 16 input planes padded to 34x34 (on one thread or two, 2 images)
+    scratch = (36 * 2 * 64 * 64 + 2 * 16 * 34 * 34) * 4
+    assert scratch == 1_327_616
+    # with the batch cut over two threads (a batch of 2 is cut only where 2 threads are
+    # configured), the second thread's scratch also holds a partial weight and bias gradient:
+    # the 3x3 layer's, the largest
+    from poseidon_caffe.backend import get_backend
+    parts = 2 if get_backend().split_threads == 2 else 1
+    partials = (parts - 1) * (16 * 16 * 9 + 16) * 4
+    assert net.memory_estimate()["workspace"] == scratch + partials
+
+
 def test_a_net_over_the_limit_stops_before_allocating(monkeypatch):
     monkeypatch.setenv("POSEIDON_MEMORY_LIMIT", "4M")
     before = rng.get_state()

@@ -392,3 +392,12 @@ def test_layer_type_list_names_the_registered_types():
     for name in ("Data", "Convolution", "InnerProduct", "Python", "MemoryData"):
         assert name in types
     assert types == sorted(types)
+
+
+def test_every_layer_type_has_a_device_path():
+    # GPU mode refuses a net with a layer that has none (no host fallback), so a new layer
+    # type must come with its device path
+    from poseidon_caffe.layers.registry import layer_class
+    types = caffe.layer_type_list()
+    assert len(types) == 61 and {"MVN", "HDF5Output", "Python"} <= set(types)
+    assert [t for t in types if not layer_class(t).device_ready] == []

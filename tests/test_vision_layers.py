@@ -119,11 +119,15 @@ def naive_pool(x, k, s, p, method, out=None):
     return y, mask
 
 
-@pytest.fixture(params=["im2col", "fft"])
+@pytest.fixture(params=["im2col", "im2col_by_image", "fft"])
 def algorithm(request, monkeypatch):
-    """Run a test once per convolution algorithm (FFT where the geometry allows it)."""
-    from poseidon_caffe.backend import cpu
+    """Run a test once per convolution algorithm (FFT where the geometry allows it; im2col
+    with columns image by image wherever it takes the geometry, i.e. one group)."""
+    from poseidon_caffe.backend import conv, cpu
     choice = request.param
+    monkeypatch.setattr(conv, "BY_IMAGE_MIN_OUTPUTS", 1 if choice == "im2col_by_image" else 10 ** 9)
+    if choice == "im2col_by_image":
+        choice = "im2col"
     monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch: (
         choice if all(s == 1 for s in geom.stride) else "im2col"))
     return choice

@@ -1,10 +1,16 @@
 """The seam between layers and the hardware: a backend carries an op set that layers call.
 
-``cpu`` (numpy) is always available; ``cuda`` (pycuda + cuBLAS) is chosen by set_mode_gpu()
-where the toolkit and a device exist. Layers never import numpy-specific or CUDA-specific code
-for their heavy work; they call the current backend's ops (see cpu.py for the op set).
+``cpu`` (numpy) is always available. ``cuda/`` is the CUDA backend (a driver interface over
+pycuda or an emulated device, the kernels, cuBLAS); set_mode_gpu() chooses it for the device
+of set_device(), the emulated one when POSEIDON_CAFFE_GPU=emulated. Layers never import
+numpy-specific or CUDA-specific code for their heavy work; they call the current backend's
+ops (see ops.md for the op set).
 """
-_state = {"backend": None, "mode": "cpu", "device": 0}
+_state = {"backend": None, "mode": "cpu", "device": 0, "devices": {}}
+
+
+class GPUUnavailable(RuntimeError):
+    """GPU mode cannot start: no pycuda, no CUDA driver, or no such device (one line)."""
 
 
 def get_backend():
@@ -20,20 +26,50 @@ def set_mode_cpu():
     _state["backend"] = CPUBackend()
 
 
-def set_mode_gpu():
+def gpu_backend(device=None):
+    """The CUDA backend of ``device`` (default: set_device's), opened once per process and
+    driver kind; GPUUnavailable says why it cannot be."""
+    from .cuda.backend import CUDABackend, driver_kind
+    from .cuda.driver import DriverError
+    device = _state["device"] if device is None else int(device)
     try:
-        from .cuda import CUDABackend
-    except ImportError as exc:
-        if exc.name == __name__ + ".cuda":
-            # installing pycuda cannot help when the backend module itself is absent
-            raise RuntimeError("this installation has no GPU backend (it runs on the CPU)") from None
-        raise RuntimeError("GPU mode needs the 'gpu' extra (pycuda) and a CUDA driver: %s" % exc)
+        key = (driver_kind(), device)
+        backend = _state["devices"].get(key)
+        if backend is None:
+            backend = _state["devices"][key] = CUDABackend(device, key[0])
+    except DriverError as exc:
+        raise GPUUnavailable(str(exc)) from None
+    return backend
+
+
+def gpu_count():
+    """How many devices the driver of POSEIDON_CAFFE_GPU (default: CUDA) sees; 0 without one;
+    GPUUnavailable when the driver or pycuda is missing."""
+    from .cuda.backend import driver_kind
+    from .cuda.driver import DriverError, device_count
+    try:
+        kind = driver_kind()
+        if kind == "cuda":
+            from .cuda.pycuda_driver import _pycuda
+            _pycuda()                  # one line when pycuda or the driver is missing
+        return device_count(kind)
+    except DriverError as exc:
+        raise GPUUnavailable(str(exc)) from None
+
+
+def set_mode_gpu():
+    backend = gpu_backend()
     _state["mode"] = "gpu"
-    _state["backend"] = CUDABackend(_state["device"])
+    _state["backend"] = backend
 
 
 def set_device(device_id):
-    _state["device"] = int(device_id)
+    """The GPU that GPU mode uses; in GPU mode already (pycaffe's set_mode_gpu(); set_device(1))
+    the backend moves to it at once."""
+    device = int(device_id)
+    if _state["mode"] == "gpu":
+        _state["backend"] = gpu_backend(device)
+    _state["device"] = device
 
 
 def mode():

@@ -5,6 +5,13 @@ columns (image, output position...), i.e. shape (C*taps, N*outputs). One GEMM pe
 covers every image at once, which is where OpenBLAS is fastest, and a group's rows are a
 contiguous block. The copies are the cost that matters on a CPU; the copy into the columns is
 one strided numpy copy, the scatter back (col2im) one strided add per kernel tap.
+
+A layer with many output positions per image and one group (a net's first layers) lays its
+columns out image by image instead, (N, C*taps + 1, outputs), with a row of ones at the end:
+the GEMM per image then writes the output in the blob's own (N, M, outputs) order with the
+bias folded in (weights [W | b]), and the weight-gradient GEMM against the same columns gives
+the bias gradient as its last column. No transpose of the output or of its gradient, no
+separate bias pass. Wide per-image products keep the GEMMs efficient.
 """
 import itertools
 
@@ -59,6 +66,46 @@ def im2col(x, geom, out=None, pad_buffer=None):
     return out
 
 
+# outputs per image from which the image-by-image layout is used (its per-image GEMMs are
+# then wide enough; below it, the one wide GEMM of the channel-major layout is faster)
+BY_IMAGE_MIN_OUTPUTS = 256
+
+
+def _by_image_window_view(x, geom, pad_buffer):
+    """A copy-free (N, C, *kernel, *out) view of x, zero-padded in ``pad_buffer`` (N, C,
+    *padded; borders already zero) when the geometry pads."""
+    if any(geom.pad):
+        pad_buffer[_interior(geom)] = x
+        x = pad_buffer
+    n, c = x.shape[:2]
+    sp = x.strides[2:]
+    shape = (n, c) + geom.kernel + geom.out_shape
+    strides = x.strides[:2] + tuple(d * st for d, st in zip(geom.dilation, sp)) + \
+        tuple(s * st for s, st in zip(geom.stride, sp))
+    return as_strided(x, shape=shape, strides=strides, writeable=False)
+
+
+def im2col_by_image(x, geom, out, pad_buffer=None):
+    """(N, C, *in) -> out[:, :C*taps] of out (N, >= C*taps, outputs), rows (c, k0, k1, ...)."""
+    n = x.shape[0]
+    target = out[:, :geom.col_rows].reshape((n, geom.channels) + geom.kernel + geom.out_shape)
+    np.copyto(target, _by_image_window_view(x, geom, pad_buffer))
+    return out
+
+
+def col2im_by_image(col, geom, out, pad_buffer):
+    """Columns (N, C*taps, outputs) -> out (N, C, *in), summing every tap's contribution;
+    ``pad_buffer`` is (N, C, *padded)."""
+    n = col.shape[0]
+    pad_buffer[...] = 0
+    cols = col.reshape((n, geom.channels) + geom.kernel + geom.out_shape)
+    for tap in itertools.product(*(range(k) for k in geom.kernel)):
+        region = pad_buffer[(slice(None), slice(None)) + _tap_slices(geom, tap)]
+        region += cols[(slice(None), slice(None)) + tap]
+    out[...] = pad_buffer[_interior(geom)]
+    return out
+
+
 def col2im(col, geom, n, out=None, pad_buffer=None):
     """Columns (C*taps, N*outputs) -> (N, C, *in), summing every tap's contribution."""
     if pad_buffer is None:
@@ -80,17 +127,21 @@ class ConvPlan:
 
     The plan owns its work buffers (padded input, columns, col2im accumulator) and reuses them
     across calls; it keeps the columns of its last forward so that backward-filter needs no
-    second im2col (Caffe's backward reads the same bottom data the forward did).
+    second im2col (Caffe's backward reads the same bottom data the forward did). ``by_image``
+    picks the image-by-image column layout (see the module's notes).
     """
 
     def __init__(self, geom, dtype=np.float32):
         self.geom = geom
         self.dtype = dtype
-        self._n = None
+        self.by_image = (geom.group == 1 and not geom.is_pointwise and
+                         geom.out_count >= BY_IMAGE_MIN_OUTPUTS)
+        self._key = None           # (batch, layout) the buffers were made for
         self._col = None
         self._col_source = None
         self._pad = None
         self._dpad = None
+        self._with_bias = None     # [W | b], the by-image forward's weights
         self._flipped = False      # not decided yet; None when backward-data uses col2im
 
     def workspace_bytes(self, n):
@@ -101,22 +152,32 @@ class ConvPlan:
             return 0
         itemsize = np.dtype(self.dtype).itemsize
         pad = g.channels * n * int(np.prod(g.padded_shape, dtype=np.int64))
+        if self.by_image:
+            return ((g.col_rows + 1) * n * g.out_count + (pad if any(g.pad) else 0)) * itemsize
         return (g.col_rows * n * g.out_count + pad) * itemsize
 
     def _buffers(self, n):
-        if self._n != n:
+        if self._key != (n, self.by_image):
             g = self.geom
-            self._n = n
-            self._col = None if g.is_pointwise else np.empty((g.col_rows, n * g.out_count),
-                                                             self.dtype)
-            self._pad = (None if g.is_pointwise else
-                         np.zeros((g.channels, n) + g.padded_shape, self.dtype))
+            self._key = (n, self.by_image)
             self._dpad = None
             self._col_source = None
+            self._col = self._pad = None
+            if g.is_pointwise:
+                return
+            if self.by_image:
+                self._col = np.empty((n, g.col_rows + 1, g.out_count), self.dtype)
+                self._col[:, g.col_rows] = 1          # the bias row
+                if any(g.pad):
+                    self._pad = np.zeros((n, g.channels) + g.padded_shape, self.dtype)
+            else:
+                self._col = np.empty((g.col_rows, n * g.out_count), self.dtype)
+                self._pad = np.zeros((g.channels, n) + g.padded_shape, self.dtype)
 
     def prepare(self, x, reuse=False):
-        """The (C*taps, N*outputs) columns of x; ``reuse`` takes those the last forward made
-        from this same array (a backward right after its forward)."""
+        """The columns of x: (C*taps, N*outputs), or (N, C*taps + 1, outputs) by image;
+        ``reuse`` takes those the last forward made from this same array (a backward right
+        after its forward)."""
         g = self.geom
         n = x.shape[0]
         self._buffers(n)
@@ -126,6 +187,8 @@ class ConvPlan:
             col = np.ascontiguousarray(
                 x.reshape(n, g.channels, g.out_count).transpose(1, 0, 2)).reshape(
                     g.channels, n * g.out_count)
+        elif self.by_image:
+            col = im2col_by_image(x, g, self._col, pad_buffer=self._pad)
         else:
             col = im2col(x, g, out=self._col, pad_buffer=self._pad)
         self._col = col
@@ -141,10 +204,20 @@ class ConvPlan:
         g = self.geom
         n = x.shape[0]
         col = self.prepare(x)
+        yv = y.reshape(n, g.num_output, g.out_count)
+        if self.by_image:
+            if bias is None:
+                np.matmul(w.reshape(g.num_output, g.col_rows), col[:, :g.col_rows], out=yv)
+            else:
+                if self._with_bias is None:
+                    self._with_bias = np.empty((g.num_output, g.col_rows + 1), self.dtype)
+                self._with_bias[:, :g.col_rows] = w.reshape(g.num_output, g.col_rows)
+                self._with_bias[:, g.col_rows] = bias
+                np.matmul(self._with_bias, col, out=yv)
+            return y
         cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
         wg = self._grouped(w)
         yt = np.matmul(wg, cols)                  # (G, M/G, N*out)
-        yv = y.reshape(n, g.num_output, g.out_count)
         by_image = yt.reshape(g.num_output, n, g.out_count).transpose(1, 0, 2)
         if bias is None:
             np.copyto(yv, by_image)
@@ -162,6 +235,8 @@ class ConvPlan:
             if dbias is not None:
                 dbias += dyv.sum(axis=(0, 2))
             return
+        if self.by_image:
+            return self._backward_by_image(x, dyv, w, dx, dw, dbias)
         # top diff as (G, M/G, N*out): the GEMM operand of both gradients
         dyt = np.ascontiguousarray(dyv.transpose(1, 0, 2)).reshape(
             g.group, g.num_output // g.group, n * g.out_count)
@@ -186,6 +261,30 @@ class ConvPlan:
                 self._dpad = np.empty((g.channels, n) + g.padded_shape, self.dtype)
             col2im(dcol.reshape(g.col_rows, n * g.out_count), g, n, out=dx,
                    pad_buffer=self._dpad)
+
+    def _backward_by_image(self, x, dyv, w, dx, dw, dbias):
+        g = self.geom
+        n, k = dyv.shape[0], g.col_rows
+        if dw is not None:
+            col = self.prepare(x, reuse=True)
+            # per image dy (M, out) against its columns; the ones row gives the bias gradient
+            rows = k + 1 if dbias is not None else k
+            total = np.matmul(dyv, col[:, :rows].transpose(0, 2, 1)).sum(axis=0)
+            dw.reshape(g.num_output, k)[...] += total[:, :k]
+            if dbias is not None:
+                dbias += total[:, k]
+        elif dbias is not None:
+            dbias += dyv.sum(axis=(0, 2))
+        if dx is None:
+            return
+        if self._flipped_geometry() is not None:
+            self._backward_data_as_convolution(dyv.reshape((n, g.num_output) + g.out_shape),
+                                               w, dx)
+            return
+        dcol = np.matmul(w.reshape(g.num_output, k).T, dyv)            # (N, K, out)
+        if self._dpad is None:
+            self._dpad = np.empty((n, g.channels) + g.padded_shape, self.dtype)
+        col2im_by_image(dcol, g, dx, self._dpad)
 
     # -- backward-data as a forward convolution ---------------------------------------------
     def _flipped_geometry(self):

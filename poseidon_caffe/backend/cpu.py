@@ -1,6 +1,14 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
+import ctypes
+import os
+
 import numpy as np
 
+from .common_ops import CommonOps
+from .loss_ops import LossOps
+from .prelu_ops import PReLUOps
+from .mvn_ops import MVNOps
+from .recurrent_ops import RecurrentOps
 from .threads import over_parts, set_blas_threads, thread_count
 
 try:                                  # a BLAS call that accumulates: out = a b + beta out
@@ -19,38 +27,114 @@ GEMM_FLOPS = 85e9
 COPY_BYTES = 10e9
 FFT_FLOPS = 6e9
 CGEMM_FLOPS = 50e9
+# the share of GEMM_FLOPS Winograd's batched GEMMs and transforms reach (36 GEMMs of a chunk
+# of images each, and small-matrix transforms)
+WINOGRAD_GEMM_SHARE = 0.7
+# Winograd is taken when priced within this factor of the cheapest: it keeps no memory
+# between forward and backward, which FFT does (and the model prices FFT about 1.3x below
+# what it measures beside Winograd on 13x13 and 14x14 maps)
+KEEPS_NOTHING_MARGIN = 1.5
+# tiles in a row from which the copies in and out of tiles run at COPY_BYTES
+WINOGRAD_FULL_ROW = 8
+# the im2col columns a plan keeps at most: larger batches run a chunk of images at a time
+# (a chunk's GEMMs stay thousands of columns wide)
+IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
+# Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
+FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
 def conv_algorithm(geom, batch):
-    """'fft' or 'im2col': whichever a cost model of one forward + backward says is cheaper.
+    """'pointwise', 'winograd', 'fft' or 'im2col': whichever a cost model of one forward +
+    backward says is cheaper.
 
+    pointwise: 1x1 stride-1 unpadded layers are plain GEMMs on the arrays as they lie.
     im2col: three GEMMs (forward, filter, data) and two copies of the columns.
     FFT: transforms of input and output, each forward and back, and three batched complex
-    GEMMs. FFT needs stride 1; it wins for 3x3 and 5x5 kernels on the maps of CIFAR-10 and
-    AlexNet, and loses when the input has only a few channels (a net's first layer), where
-    the transforms of the outputs outweigh the small GEMMs they replace.
+    GEMMs. FFT needs stride 1; it wins for 5x5 kernels on the maps of CIFAR-10 and AlexNet,
+    and loses when the input has only a few channels (a net's first layer), where the
+    transforms of the outputs outweigh the small GEMMs they replace.
+    Winograd F(4x4, 3x3) (3x3 stride 1): three GEMMs with a quarter of im2col's multiplies on
+    the tiles that cover the map, plus the tiles' transforms (small GEMMs) and copies.
     """
+    if geom.is_pointwise:
+        return "pointwise"
     if any(s != 1 for s in geom.stride) or geom.taps == 1:
-        return "im2col"
-    try:
-        from .fftconv import fft_shape
-    except ImportError:                       # scipy is optional; im2col needs only numpy
         return "im2col"
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
     gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
-    im2col_time = 3 * gemm / GEMM_FLOPS + 2 * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES
-    shape = fft_shape(geom)
-    points = float(np.prod(shape))
-    freqs = points / shape[-1] * (shape[-1] // 2 + 1)
-    transforms = 2 * (n * c + n * m)          # the weights' few taps go by small DFT GEMMs
-    fft_time = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
-        3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
-    return "fft" if fft_time < im2col_time else "im2col"
+    times = {"im2col": 3 * gemm / GEMM_FLOPS +
+             2 * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
+    from . import winograd
+    if winograd.serves(geom):
+        times["winograd"] = winograd_time(geom, batch)
+    try:
+        from .fftconv import fft_shape
+    except ImportError:                       # scipy is optional
+        fft_shape = None
+    if fft_shape is not None:
+        shape = fft_shape(geom)
+        points = float(np.prod(shape))
+        freqs = points / shape[-1] * (shape[-1] // 2 + 1)
+        transforms = 2 * (n * c + n * m)      # the weights' few taps go by small DFT GEMMs
+        times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
+            3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
+    best = min(times, key=times.get)
+    if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
+        # FFT keeps its input's and its weights' spectra from forward to backward (80 MB on
+        # a 14x14 map of 160 -> 320 channels); Winograd keeps nothing
+        return "winograd"
+    return best
 
 
-class CPUBackend:
+def winograd_time(geom, batch):
+    """Seconds of one forward + backward by Winograd F(4x4, 3x3) on ``batch`` images: the
+    36 GEMMs of each direction over the tiles, the tiles' transforms (GEMMs with the 36x36,
+    16x36 and 36x16 matrices) and the copies in and out of tiles, at the rates measured on
+    this kind of CPU (its small GEMMs and strided copies run below the big GEMMs' rate)."""
+    from .winograd import TILE
+    n, c, m, g = batch, geom.channels, geom.num_output, geom.group
+    per_axis = [-(-o // TILE) for o in geom.out_shape]
+    tiles = n * int(np.prod(per_axis))
+    core = 3 * 2.0 * 36 * tiles * m * (c // g)
+    transforms = 2.0 * tiles * (36 * 36 * (2 * c + m) + 16 * 36 * (2 * m + c))
+    copies = 4.0 * tiles * (36 * (2 * c + m) * 3 + 16 * (2 * m + c) * 2)
+    # the copies in and out of tiles run a row of tiles at a time: short rows copy slowly
+    row = min(1.0, per_axis[-1] / float(WINOGRAD_FULL_ROW))
+    return (core + transforms) / (GEMM_FLOPS * WINOGRAD_GEMM_SHARE) + \
+        copies / (COPY_BYTES * row)
+
+
+# glibc's mallopt parameters, and the values the backend sets (32 MB is glibc's largest mmap
+# threshold on 64-bit)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 << 20
+_TRIM_THRESHOLD = 1 << 30
+
+
+def keep_freed_memory():
+    """Let the C allocator keep freed blocks of up to 32 MB for reuse.
+
+    An iteration allocates and frees the same temporaries every time (FFT outputs, GEMM
+    results, a few MB each). glibc returns a freed block above its mmap threshold (128 KB, raised
+    only after such a block is freed) to the system and trims the top of its heap, so each of
+    them page-faults again on first touch: thousands of faults an iteration, several ms of a
+    LeNet iteration. A no-op where the C library is not glibc, or where MALLOC_MMAP_THRESHOLD_ /
+    MALLOC_TRIM_THRESHOLD_ in the environment already chose."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and
+                mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
+class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
     dtype = np.float32
@@ -63,10 +147,14 @@ class CPUBackend:
         self.split_threads = thread_count()
         if self.split_threads > 1:
             set_blas_threads(1)
+        keep_freed_memory()
 
     # -- memory ----------------------------------------------------------------------------
     def zeros(self, shape, dtype=None):
         return np.zeros(shape, dtype=dtype or self.dtype)
+
+    def empty(self, shape, dtype=None):
+        return np.empty(shape, dtype=dtype or self.dtype)
 
     def to_device(self, array, dtype=None):
         return np.ascontiguousarray(array, dtype=dtype or self.dtype)
@@ -137,11 +225,17 @@ class CPUBackend:
         algorithm = conv_algorithm(geom, batch) if batch else "im2col"
         if batch and self.split_threads > 1 and batch >= self.split_threads:
             from .split import SplitConvPlan
-            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1),
+            return SplitConvPlan(geom, lambda n: self._conv_plan(geom, algorithm, 1, n),
                                  self.split_threads)
-        return self._conv_plan(geom, algorithm)
+        return self._conv_plan(geom, algorithm, batch=batch)
 
-    def _conv_plan(self, geom, algorithm, fft_workers=None):
+    def _conv_plan(self, geom, algorithm, fft_workers=None, batch=None):
+        if algorithm == "pointwise":
+            from .pointwise import PointwiseConvPlan
+            return PointwiseConvPlan(geom, self.dtype)
+        if algorithm == "winograd":
+            from .winograd import WinogradConvPlan
+            return WinogradConvPlan(geom, self.dtype)
         if algorithm == "fft":
             from .fftconv import FFTConvPlan
             plan = FFTConvPlan(geom, self.dtype)
@@ -149,6 +243,12 @@ class CPUBackend:
                 plan.workers = fft_workers
             return plan
         from .conv import ConvPlan
+        per_image = geom.col_rows * geom.out_count * np.dtype(self.dtype).itemsize
+        if batch and not geom.is_pointwise and batch * per_image > IM2COL_CHUNK_BYTES:
+            # columns of the whole batch would be hundreds of MB: a chunk at a time
+            from .split import ChunkedConvPlan
+            return ChunkedConvPlan(geom, lambda k: ConvPlan(geom, self.dtype),
+                                   max(1, IM2COL_CHUNK_BYTES // per_image))
         return ConvPlan(geom, self.dtype)
 
     def im2col(self, x, geom):
@@ -187,3 +287,276 @@ class CPUBackend:
         """d bottom of lrn_forward, written into ``out`` when given."""
         from .lrn import lrn_backward
         return lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=out)
+
+    # -- light work: the named ops layers call, so one layer runs on every backend ---------
+    # (the CUDA backend has the same names over its kernels; see ops.md "Light work")
+    on_device = False
+
+    def upload(self, host, out):
+        """out <- host, values of the same count (a batch into its blob)."""
+        out[...] = host if host.shape == out.shape else host.reshape(out.shape)
+        return out
+
+    def fill(self, out, value):
+        out[...] = value
+        return out
+
+    def copy(self, src, out):
+        """out <- src, values of the same count."""
+        out[...] = src if src.shape == out.shape else src.reshape(out.shape)
+        return out
+
+    def axpby(self, alpha, x, beta, y):
+        """y = alpha x + beta y."""
+        if beta != 1.0:
+            y *= beta
+        y += x if alpha == 1.0 else alpha * x
+        return y
+
+    def scale(self, alpha, x, out=None):
+        if out is None:
+            x *= alpha
+            return x
+        np.multiply(x, alpha, out=out)
+        return out
+
+    def sum(self, x):
+        return float(np.sum(x, dtype=np.float64))
+
+    def add_bias(self, y, bias):
+        """y (outer, channels, inner) += bias (channels)."""
+        if y.shape[2] == 1:
+            rows = y.reshape(y.shape[:2])
+            rows += bias
+        else:
+            y += bias.reshape(1, -1, 1)
+        return y
+
+    def add_bias_grad(self, dy, dbias):
+        """dbias (channels) += dy (outer, channels, inner) summed over outer and inner."""
+        if dy.shape[2] == 1:
+            dbias += dy.reshape(dy.shape[:2]).sum(axis=0)
+        else:
+            dbias += dy.sum(axis=(0, 2), dtype=np.float64).astype(np.float32)
+        return dbias
+
+    def relu_forward(self, x, y, slope):
+        if slope:
+            y[...] = np.maximum(x, 0) + slope * np.minimum(x, 0)
+        else:
+            np.maximum(x, 0, out=y)
+
+    def relu_backward(self, x, dy, dx, slope):
+        positive = x > 0
+        if slope:
+            dx[...] = dy * np.where(positive, 1.0, slope).astype(dy.dtype)
+        else:
+            np.multiply(dy, positive, out=dx)     # no temporary, one pass
+
+    def neuron_forward(self, kind, x, y, *params):
+        """y = the neuron map ``kind`` of x (neuron.py); returns what its backward also
+        reads besides x and y (swish: the sigmoid), else None."""
+        from .neuron import FORWARD
+        return FORWARD[kind](x, y, *params)
+
+    def neuron_backward(self, kind, dy, *arrays_and_params):
+        """dx of the neuron map ``kind``: (dy, inputs..., dx, params...)."""
+        from .neuron import BACKWARD, BACKWARD_INPUTS
+        count = BACKWARD_INPUTS.get(kind, 1) + 1
+        arrays, params = arrays_and_params[:count], arrays_and_params[count:]
+        BACKWARD[kind](dy, *arrays, *params)
+        return arrays[-1]
+
+    def axis_copy(self, part, whole, axis, offset, to_whole):
+        """Concat/Slice: the part at ``offset`` along ``axis`` of whole; to_whole copies
+        part -> whole, else whole -> part."""
+        index = (slice(None),) * axis + (slice(offset, offset + part.shape[axis]),)
+        if to_whole:
+            whole[index] = part
+        else:
+            part[...] = whole[index]
+
+    def eltwise_forward(self, op, xs, coeffs, y):
+        """Eltwise PROD / SUM (with coefficients) / MAX of the arrays ``xs`` into y; returns
+        MAX's argmax (int32: which input won), else None."""
+        if op == "prod":
+            out = xs[0] * xs[1]
+            for x in xs[2:]:
+                out *= x
+        elif op == "sum":
+            out = coeffs[0] * xs[0]
+            for c, x in zip(coeffs[1:], xs[1:]):
+                out += c * x
+        else:
+            # ties between the first two go to input 1, later ones keep the earlier winner
+            first = xs[0] > xs[1]
+            out = np.where(first, xs[0], xs[1])
+            argmax = np.where(first, 0, 1).astype(np.int32)
+            for i, x in enumerate(xs[2:], 2):
+                better = x > out
+                out = np.where(better, x, out)
+                argmax[better] = i
+            y[...] = out
+            return argmax
+        y[...] = out
+        return None
+
+    def eltwise_backward(self, op, i, xs, y, dy, dx, coeffs, argmax, stable_prod_grad):
+        """dx of input ``i`` of eltwise_forward."""
+        if op == "prod":
+            if stable_prod_grad:
+                others = None
+                for j, x in enumerate(xs):
+                    if j != i:
+                        others = x.copy() if others is None else others * x
+            else:
+                others = y / xs[i]
+            dx[...] = others * dy
+        elif op == "sum":
+            dx[...] = coeffs[i] * dy
+        else:
+            dx[...] = dy * (argmax == i)
+
+    def crop_copy(self, big, small, offsets, to_small):
+        """Crop: small <- the window of big at ``offsets`` (to_small), or that window <-
+        small (the rest of big untouched)."""
+        index = tuple(slice(o, o + s) for o, s in zip(offsets, small.shape))
+        if to_small:
+            small[...] = big[index]
+        else:
+            big[index] = small
+
+    def tile_forward(self, x, y):
+        """y (outer, tiles, inner) = x (outer, 1, inner) repeated."""
+        y[...] = x
+
+    def tile_backward(self, dy, dx):
+        """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
+        dx[...] = dy.sum(axis=1).reshape(dx.shape)
+
+    # -- Embed: rows of a table by index --------------------------------------------------
+    def embed_forward(self, indices, index_values, weight, y):
+        """y (count, N) = weight[indices]; ``indices`` are the checked host integers (the
+        device reads ``index_values``, the bottom's own array)."""
+        y[...] = weight[indices]
+
+    def embed_backward(self, indices, index_values, dy, weight_diff):
+        """weight_diff[indices] += dy, repeated indices summed."""
+        np.add.at(weight_diff, indices, dy)
+
+    # -- Scale and Bias over (outer, dim, inner) ------------------------------------------
+    def scale_forward(self, x, scale, bias, y):
+        """y = x scale[d] (+ bias[d])."""
+        out = x * scale.reshape(1, -1, 1)
+        if bias is not None:
+            out += bias.reshape(1, -1, 1)
+        y[...] = out
+
+    def scale_backward(self, x, scale, dy, dx):
+        """dx = dy scale[d]."""
+        dx[...] = dy * scale.reshape(1, -1, 1)
+
+    def broadcast_grad(self, dy, grad, accumulate, x=None):
+        """grad (dim) (+)= dy (times x) summed over outer and inner, in float64."""
+        total = (dy if x is None else dy * x).sum(axis=(0, 2), dtype=np.float64)
+        if accumulate:
+            grad += total.reshape(grad.shape)
+        else:
+            grad[...] = total.reshape(grad.shape)
+
+    # -- BatchNorm over (num, channels, spatial) -------------------------------------------
+    def batchnorm_batch(self, x, eps, out):
+        """out = x normalised by its own per-channel statistics; returns (std, mean,
+        variance), the statistics in float64."""
+        mean = x.mean(axis=(0, 2), dtype=np.float64)
+        centred = x - mean.reshape(1, -1, 1).astype(x.dtype)
+        variance = np.square(centred).mean(axis=(0, 2), dtype=np.float64)
+        std = np.sqrt(np.asarray(variance, dtype=np.float64) + eps).astype(x.dtype)
+        np.divide(centred, std.reshape(1, -1, 1), out=out)
+        return std, mean, variance
+
+    def batchnorm_global(self, x, mean_sum, variance_sum, factor, eps, out):
+        """out = x normalised by stored statistics (sums times ``factor``); returns std."""
+        mean = mean_sum * factor
+        variance = variance_sum * factor
+        centred = x - mean.reshape(1, -1, 1)
+        std = np.sqrt(np.asarray(variance, dtype=np.float64) + eps).astype(x.dtype)
+        np.divide(centred, std.reshape(1, -1, 1), out=out)
+        return std
+
+    def batchnorm_backward(self, dy, y, std, global_stats, dx):
+        std = std.reshape(1, -1, 1)
+        if global_stats:
+            dx[...] = dy / std
+        else:
+            # mean and variance depend on x: dx = (dy - mean(dy) - y mean(dy y)) / std
+            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
+            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
+            dx[...] = (dy - mean_dy - y * mean_dy_y) / std
+
+    def running_average(self, stat, fraction, value, scale=1.0):
+        """stat = stat fraction + scale value (BatchNorm's running sums)."""
+        stat[...] = stat * fraction + (value if scale == 1.0 else scale * value)
+
+    def dropout_forward(self, x, y, uniform, ratio, scale):
+        mask = uniform >= ratio
+        y[...] = x * mask * np.float32(scale)
+        return mask
+
+    def dropout_backward(self, mask, dy, dx, ratio, scale):
+        dx[...] = dy * mask * np.float32(scale)
+
+    def softmax_forward(self, x, y):
+        """y = softmax of x (outer, channels, inner) along channels, shifted by the max."""
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        e /= e.sum(axis=1, keepdims=True)
+        y[...] = e
+        return y
+
+    def softmax_backward(self, y, dy, dx):
+        dx[...] = (dy - (dy * y).sum(axis=1, keepdims=True)) * y
+        return dx
+
+    @staticmethod
+    def _label_positions(labels, shape, ignore_label):
+        """(labels as ints, valid mask, labels safe to index with, any out of range)."""
+        outer, channels, inner = shape
+        labels = labels.reshape(outer, inner).astype(np.int64)
+        valid = np.ones(labels.shape, dtype=bool) if ignore_label is None else \
+            labels != ignore_label
+        bad = valid & ((labels < 0) | (labels >= channels))
+        return labels, valid, np.where(valid, labels, 0), bool(bad.any())
+
+    def softmax_loss_forward(self, prob, labels, ignore_label):
+        """(summed -log p(label), count not ignored); NaN for a label out of range."""
+        _, valid, safe, bad = self._label_positions(labels, prob.shape, ignore_label)
+        if bad:
+            return float("nan"), float(valid.sum())
+        p_true = np.take_along_axis(prob, safe[:, None, :], axis=1)[:, 0, :]
+        log_p = np.log(np.maximum(p_true, FLT_MIN)).astype(np.float64)
+        return -float((log_p * valid).sum()), float(valid.sum())
+
+    def softmax_loss_backward(self, prob, labels, ignore_label, scale, dx):
+        """dx = scale (prob - onehot(label)), zero where the label is ignored."""
+        _, valid, safe, _ = self._label_positions(labels, prob.shape, ignore_label)
+        grad = prob.copy()
+        grad -= np.arange(prob.shape[1])[None, :, None] == safe[:, None, :]
+        grad *= valid[:, None, :]
+        grad *= scale
+        dx[...] = grad
+        return dx
+
+    def accuracy(self, scores, labels, top_k, ignore_label, per_class=False):
+        """(hits, counted[, per-class accuracies]) of top-k over (outer, channels, inner)."""
+        _, valid, safe, bad = self._label_positions(labels, scores.shape, ignore_label)
+        if bad:
+            return (float("nan"), float(valid.sum())) + ((None,) if per_class else ())
+        true_score = np.take_along_axis(scores, safe[:, None, :], axis=1)
+        # the true class itself is among the ">=" ones, so a hit needs at most top_k of them
+        hit = ((scores >= true_score).sum(axis=1) <= top_k) & valid
+        result = (float(hit.sum()), float(valid.sum()))
+        if per_class:
+            seen = np.bincount(safe[valid], minlength=scores.shape[1])
+            correct = np.bincount(safe[hit], minlength=scores.shape[1])
+            result += (np.where(seen > 0, correct / np.maximum(seen, 1), 0.0),)
+        return result

@@ -11,10 +11,44 @@ of one image when an image is bigger): the ten-odd
 passes of one slice stay in cache, so memory is read and written about once per array, and
 slices run side by side when two threads are configured. Only ``scale`` is kept for the
 backward; scale^-beta is recomputed there from it, in cache, rather than stored and re-read.
+
+Where the compiled kernels are built (native.py, lrn.c), ACROSS_CHANNELS runs there instead:
+one pass over each image's planes in each direction, the window's planes read from cache
+(the same values up to the order of float rounding); the scale is not kept but remade in the
+backward, an image at a time, so a layer holds nothing the size of its input between the two.
 """
+import ctypes
+
 import numpy as np
 
-from . import threads
+from . import native, threads
+
+_COMPILED = {}
+
+
+def _compiled():
+    """The compiled across-channels kernels (lrn.c), or None."""
+    if "lib" not in _COMPILED:
+        lib = native.lib
+        if lib is not None and hasattr(lib, "lrn_across_forward"):
+            p, i, l, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+            lib.lrn_across_forward.argtypes = [p, p, p, l, i, l, i, f, f, f]
+            lib.lrn_across_backward.argtypes = [p, p, p, p, p, l, i, l, i, f, f, f]
+            lib.lrn_across_forward.restype = lib.lrn_across_backward.restype = ctypes.c_int
+        else:
+            lib = None
+        _COMPILED["lib"] = lib
+    return _COMPILED["lib"]
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def _over_images(fn, x):
+    """fn(lo, hi) over slices of the images of x, side by side when threads are configured."""
+    per_image = int(np.prod(x.shape[1:])) * x.itemsize * 4
+    threads.over_batch(fn, x.shape[0], per_image)
 
 
 def window_sum(a, size, axes, out=None):
@@ -89,7 +123,19 @@ def lrn_forward(x, size, alpha, beta, k, across_channels, out=None, state=None):
     if not across_channels:
         k = 1.0
     top = np.empty_like(x) if out is None else out
-    scale = state[0] if state is not None and state[0].shape == x.shape else np.empty_like(x)
+    lib = _compiled() if across_channels else None
+    if lib is not None and native.takes(x, top):
+        n, c = x.shape[:2]
+        positions = int(np.prod(x.shape[2:]))
+
+        def compiled(lo, hi):
+            if lib.lrn_across_forward(_address(x[lo:hi]), _address(top[lo:hi]), None,
+                                      hi - lo, c, positions, size, alpha, beta, k):
+                raise MemoryError("LRN: no memory for a plane of %d values" % positions)
+        _over_images(compiled, x)
+        return top, (None, k)           # the backward remakes the scale from x
+    scale = (state[0] if state is not None and state[0] is not None and
+             state[0].shape == x.shape else np.empty_like(x))
     coef, offset = np.float32(alpha / norm), np.float32(k)
 
     def run(piece):
@@ -106,9 +152,28 @@ def lrn_forward(x, size, alpha, beta, k, across_channels, out=None, state=None):
 def lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=None):
     """d bottom = dy * scale^-beta - 2 alpha beta / norm * x * windowsum(dy * top / scale),
     written into ``out`` when given."""
-    (scale,) = state
+    scale, k = state[0], (state[1] if len(state) > 1 else None)
     axes, norm = _region(size, across_channels)
     dx = np.empty_like(x) if out is None else out
+    lib = _compiled() if across_channels else None
+    if lib is not None and native.takes(x, top, dy, dx) and (scale is None or
+                                                             native.takes(scale)):
+        n, c = x.shape[:2]
+        positions = int(np.prod(x.shape[2:]))
+
+        def compiled(lo, hi):
+            if lib.lrn_across_backward(_address(x[lo:hi]), _address(top[lo:hi]),
+                                       None if scale is None else _address(scale[lo:hi]),
+                                       _address(dy[lo:hi]), _address(dx[lo:hi]), hi - lo, c,
+                                       positions, size, alpha, beta, k or 0.0):
+                raise MemoryError("LRN: no memory for an image of %d values"
+                                  % (c * positions))
+        _over_images(compiled, x)
+        return dx
+    if scale is None:                   # a compiled forward kept none: remake it here
+        scale = window_sum(x * x, size, axes)
+        scale *= np.float32(alpha / norm)
+        scale += np.float32(k)
     coef = np.float32(2.0 * alpha * beta / norm)
 
     def run(piece):

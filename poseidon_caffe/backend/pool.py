@@ -13,9 +13,13 @@ Window rules are Caffe's: MAX ignores padding (the padded cells hold -inf), AVE 
 window clipped to the padded input (padding counts, overhang past it does not), STOCHASTIC
 has no padding. Without padding nothing is copied: a tap whose window overhangs the input
 covers only the outputs whose window reaches it.
+
+Where the compiled kernels are built (native.py), 2-D MAX and AVE run there instead: one pass
+over the input per forward and one scatter per backward, with Caffe's loops' values.
 """
 import numpy as np
 
+from . import native
 from .threads import over_batch
 
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
@@ -34,7 +38,8 @@ class PoolPlan:
         self._tap_index = None     # which tap was drawn (STOCHASTIC train)
         self._took = None          # per stage and tap t > 0: did t take over (MAX)
         self._lead = None          # (N, C) of the last MAX forward by stages
-        self._winners = None       # "stages" or "taps": how the last forward kept its winners
+        self._winners = None       # "stages", "taps" or "native": how the last forward kept
+        #                            its winners
         self._pad_buffers = {}
         # the separable stages run last axis first; stage i reduces spatial axis order[i]
         self.order = tuple(reversed(range(len(geom.in_shape))))
@@ -44,6 +49,9 @@ class PoolPlan:
         self.separable = geom.in_count >= SEPARABLE_MIN_CELLS
         # the stages read the unpadded input, which a window wholly past it does not fit
         self._has_empty = geom.empty_windows() is not None
+        # the compiled 2-D MAX and AVE passes, where built
+        self.native = native.pools(geom)
+        self._arg = None           # int32 winners of the last compiled MAX forward
         self._inv_sizes = None
         self._test_terms = None
 
@@ -119,7 +127,16 @@ class PoolPlan:
         return channels * int(np.prod(self._extent())) * 4 * 3
 
     # -- MAX -------------------------------------------------------------------------------
+    def _native_takes(self, *arrays):
+        return self.native and native.takes(*arrays)
+
     def max_forward(self, x, y):
+        if self._native_takes(x, y):
+            if self._arg is None or self._arg.shape != y.shape:
+                self._arg = np.empty(y.shape, dtype=np.int32)
+            native.max_pool_forward(x, y, self._arg, self.geom)
+            self._winners = "native"
+            return y
         self._max_forward(x, y)
         empty = self.geom.empty_windows()
         if empty is not None:
@@ -208,6 +225,8 @@ class PoolPlan:
         return flat
 
     def _winner_indices(self):
+        if self._winners == "native":
+            return self._arg.astype(np.int64)
         if self._winners == "taps":
             base, taps = self.geom.bottom_offsets()
             return base + taps[self._tap_index]
@@ -230,7 +249,9 @@ class PoolPlan:
 
     def routed_backward(self, dy, dx):
         """dx = dy sent to the input element each output took (MAX and STOCHASTIC train)."""
-        if self._winners == "taps":
+        if self._winners == "native" and native.takes(dy, dx):
+            return native.max_pool_backward(dy, self._arg, dx)
+        if self._winners in ("taps", "native"):
             return self._routed_by_taps(dy, dx)
 
         def run(lo, hi):
@@ -361,6 +382,8 @@ class PoolPlan:
         return self._inv_sizes
 
     def ave_forward(self, x, y):
+        if self._native_takes(x, y):
+            return native.ave_pool_forward(x, y, self.geom)
         inverse = self._inverse_sizes()
         if not self._stages():
             read = self._reader(self._padded(x, 0.0))
@@ -390,6 +413,8 @@ class PoolPlan:
         return y
 
     def ave_backward(self, dy, dx):
+        if self._native_takes(dy, dx):
+            return native.ave_pool_backward(dy, dx, self.geom)
         inverse = self._inverse_sizes()
         if not self._stages():
             share = dy * inverse

@@ -1,13 +1,21 @@
-"""Convolution and pooling cut into batch parts, one per thread, each running its whole chain.
+"""Convolution and pooling cut into batch parts, one per thread, each running its whole chain;
+and im2col convolution cut into chunks of images, one after another, to bound its columns.
 
 BLAS and the FFT thread only their own calls; the copies around them (im2col, transposes,
 spectrum fills, the small per-frequency GEMMs) and pooling's passes run on one core. With
 several threads configured, these plans give each thread a contiguous part of the batch and a
 plan of its own, with BLAS held to one thread, so every step runs on every core. Parameter
-gradients are summed over the parts: each part writes its own partial, then one add.
+gradients are summed over the parts: the first part adds into the gradient itself, the others
+into partials in their thread's scratch (shared by every layer), then one add each.
+
+The columns of a large map (a net's first layer at 224x224: 236 MB for 32 images) cost more
+memory than the GEMMs need to run wide: ChunkedConvPlan runs a part's images a chunk at a
+time, each chunk's GEMMs still thousands of columns wide, and remakes a chunk's columns in
+backward instead of keeping the whole batch's.
 """
 import numpy as np
 
+from . import threads
 from .threads import over_parts
 
 
@@ -22,14 +30,20 @@ class SplitConvPlan:
         self._plans = []            # per part: (part size, plan)
         self._source = None         # the array of the last forward / prepare
         self._source_parts = None   # its part views: a part plan knows its input by identity
-        self._partials = {}
 
     def workspace_bytes(self, n):
-        """The parts together hold one batch's work buffers; each thread past the first
-        keeps a partial weight gradient."""
+        """The parts together hold one batch's work buffers."""
         plan = self._plans[0][1] if self._plans else self._make_plan(1)
-        weights = int(np.prod(self.geom.weight_shape, dtype=np.int64)) * 4
-        return plan.workspace_bytes(n) + (self.threads - 1) * weights
+        return plan.workspace_bytes(n)
+
+    def shared_workspace_bytes(self, n):
+        """Each thread's scratch holds the work arrays of its part, and each thread past the
+        first a partial weight and bias gradient."""
+        plan = self._plans[0][1] if self._plans else self._make_plan(1)
+        part = -(-n // self.threads)
+        params = int(np.prod(self.geom.weight_shape, dtype=np.int64)) + self.geom.num_output
+        return self.threads * getattr(plan, "shared_workspace_bytes", lambda n: 0)(part) + \
+            (self.threads - 1) * params * 4
 
     def _plan(self, i, size):
         while len(self._plans) <= i:
@@ -63,12 +77,10 @@ class SplitConvPlan:
         self._keep(x, views)
         return y
 
-    def _partial(self, name, i, like):
-        key = (name, i)
-        buf = self._partials.get(key)
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
-            buf = np.empty_like(like)
-            self._partials[key] = buf
+    @staticmethod
+    def _partial(name, i, like):
+        """A zeroed partial gradient for part ``i`` in the calling thread's scratch."""
+        buf = threads.scratch("split_%s_%d" % (name, i), like.shape, like.dtype)
         buf[...] = 0
         return buf
 
@@ -76,25 +88,78 @@ class SplitConvPlan:
         n = dy.shape[0]
         # the part views the last forward gave each plan: a plan knows its input by identity
         kept = self._source_parts if x is not None and x is self._source else None
-        partial_w, partial_b = {}, {}
+        partials = {}
 
         def run(i, lo, hi):
             xi = None if x is None else (kept[i] if kept and i in kept else x[lo:hi])
-            dwi = None if dw is None else self._partial("dw", i, dw)
-            dbi = None if dbias is None else self._partial("db", i, dbias)
+            # the first part adds into the gradients themselves, the others into partials
+            dwi = dw if dw is None or i == 0 else self._partial("dw", i, dw)
+            dbi = dbias if dbias is None or i == 0 else self._partial("db", i, dbias)
             self._plan(i, hi - lo).backward(xi, dy[lo:hi], w,
                                             dx=None if dx is None else dx[lo:hi],
                                             dw=dwi, dbias=dbi)
-            partial_w[i], partial_b[i] = dwi, dbi
+            partials[i] = (dwi, dbi)
         over_parts(run, n, self.threads)
-        for target, partials in ((dw, partial_w), (dbias, partial_b)):
-            if target is None:
-                continue
-            parts = [partials[i] for i in sorted(partials)]
-            total = parts[0]
-            for p in parts[1:]:
-                total += p
-            target += total
+        for i in sorted(partials)[1:]:
+            for target, part in zip((dw, dbias), partials[i]):
+                if target is not None:
+                    target += part
+
+
+class ChunkedConvPlan:
+    """The ConvPlan calls over chunks of ``chunk`` images, one after another, each by a plan
+    for that chunk size (``make_plan(k)``); only the last chunk's columns stay between calls.
+    Parameter gradients accumulate over the chunks (the plans add into dw and dbias)."""
+
+    def __init__(self, geom, make_plan, chunk):
+        self.geom = geom
+        self.chunk = chunk
+        self._make_plan = make_plan
+        self._plans = {}            # chunk size -> plan (two sizes at most: k and the rest)
+        self._last = None           # (array, view) of the last chunk of the last forward
+
+    def _plan(self, k):
+        if k not in self._plans:
+            self._plans[k] = self._make_plan(k)
+        return self._plans[k]
+
+    def workspace_bytes(self, n):
+        k = min(n, self.chunk)
+        sizes = {k, n % k} - {0}
+        return sum(self._plan(size).workspace_bytes(size) for size in sizes)
+
+    def _bounds(self, n):
+        return [(lo, min(n, lo + self.chunk)) for lo in range(0, n, self.chunk)]
+
+    def _view(self, x, lo, hi, last):
+        # the last chunk's plan knows its input by identity: give it the view it saw
+        if last and self._last is not None and self._last[0] is x:
+            return self._last[1]
+        return x[lo:hi]
+
+    def prepare(self, x):
+        bounds = self._bounds(x.shape[0])
+        lo, hi = bounds[-1]
+        view = x[lo:hi]
+        self._plan(hi - lo).prepare(view)
+        self._last = (x, view)
+
+    def forward(self, x, w, bias, y):
+        bounds = self._bounds(x.shape[0])
+        for lo, hi in bounds:
+            view = x[lo:hi]
+            self._plan(hi - lo).forward(view, w, bias, y[lo:hi])
+        self._last = (x, view)
+        return y
+
+    def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
+        bounds = self._bounds(dy.shape[0])
+        # the last chunk first: its columns are still there
+        for i, (lo, hi) in reversed(list(enumerate(bounds))):
+            xi = None if x is None else self._view(x, lo, hi, i == len(bounds) - 1)
+            self._plan(hi - lo).backward(xi, dy[lo:hi], w,
+                                         dx=None if dx is None else dx[lo:hi],
+                                         dw=dw, dbias=dbias)
 
 
 class SplitPoolPlan:
@@ -106,7 +171,8 @@ class SplitPoolPlan:
         self._make_plan = make_plan
         self._plans = []
         self._bounds = None
-        self._separable = None      # a choice of path made on this plan, for every part
+        self._separable = None      # choices of path made on this plan, for every part
+        self._native = None
 
     @property
     def separable(self):
@@ -118,11 +184,23 @@ class SplitPoolPlan:
         for plan in self._plans:
             plan.separable = value
 
+    @property
+    def native(self):
+        return self._plan(0).native
+
+    @native.setter
+    def native(self, value):
+        self._native = value
+        for plan in self._plans:
+            plan.native = value
+
     def _plan(self, i):
         while len(self._plans) <= i:
             plan = self._make_plan()
             if self._separable is not None:
                 plan.separable = self._separable
+            if self._native is not None:
+                plan.native = self._native
             self._plans.append(plan)
         return self._plans[i]
 

@@ -30,6 +30,9 @@ class Layer:
     equal_bottom_top = False
     # Number of tops the layer makes by itself when the prototxt names fewer (AutoTopBlobs).
     auto_tops = False
+    # Whether the layer runs on a device backend: it touches blob arrays only through the
+    # dev_* accessors and the backend's ops (or, as data layers, writes host batches only).
+    device_ready = False
 
     def __init__(self, layer_param, phase=None):
         self.param = layer_param

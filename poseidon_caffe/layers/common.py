@@ -26,6 +26,7 @@ def _legacy_axis(layer, bottom, msg_param, legacy_name):
 
 @register("Concat")
 class ConcatLayer(Layer):
+    device_ready = True
     min_bottoms = 1
     exact_tops = 1
 
@@ -46,19 +47,24 @@ class ConcatLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        top[0].data[...] = self.xp.concatenate([b.data for b in bottom], axis=self.axis)
+        whole = top[0].mutable_dev_data
+        offset = 0
+        for b, size in zip(bottom, self.sizes):
+            self.backend.axis_copy(b.dev_data, whole, self.axis, offset, True)
+            offset += size
 
     def backward(self, top, propagate_down, bottom):
+        whole = top[0].dev_diff
         offset = 0
         for i, b in enumerate(bottom):
             if propagate_down[i]:
-                index = [slice(None)] * self.axis + [slice(offset, offset + self.sizes[i])]
-                b.diff[...] = top[0].diff[tuple(index)]
+                self.backend.axis_copy(b.mutable_dev_diff, whole, self.axis, offset, False)
             offset += self.sizes[i]
 
 
 @register("Slice")
 class SliceLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     min_tops = 1
 
@@ -95,20 +101,22 @@ class SliceLayer(Layer):
         return tuple([slice(None)] * self.axis + [slice(self.bounds[i], self.bounds[i + 1])])
 
     def forward(self, bottom, top):
+        whole = bottom[0].dev_data
         for i, t in enumerate(top):
-            t.data[...] = bottom[0].data[self._index(i)]
+            self.backend.axis_copy(t.mutable_dev_data, whole, self.axis, self.bounds[i], False)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        diff = bottom[0].diff
+        whole = bottom[0].mutable_dev_diff
         for i, t in enumerate(top):
-            diff[self._index(i)] = t.diff
+            self.backend.axis_copy(t.dev_diff, whole, self.axis, self.bounds[i], True)
 
 
 @register("Split")
 class SplitLayer(Layer):
     """Every top shares the bottom's data; the bottom's gradient is the sum of the tops'."""
+    device_ready = True
     exact_bottoms = 1
     min_tops = 1
 
@@ -126,10 +134,10 @@ class SplitLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        diff = bottom[0].diff
-        diff[...] = top[0].diff
+        be = self.backend
+        diff = be.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)
         for t in top[1:]:
-            diff += t.diff
+            be.axpby(1.0, t.dev_diff, 1.0, diff)
 
 
 def _no_in_place(layer, bottom, top):
@@ -139,6 +147,7 @@ def _no_in_place(layer, bottom, top):
 
 class _ViewLayer(Layer):
     """A new shape over the bottom's data (shared); the gradient is copied back unchanged."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -147,7 +156,7 @@ class _ViewLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = top[0].diff.reshape(bottom[0].shape)
+            self.backend.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)
 
 
 @register("Flatten")
@@ -219,10 +228,12 @@ class ReshapeLayer(_ViewLayer):
 
 
 _Elt = caffe_pb2.EltwiseParameter
+_ELT_OPS = {_Elt.PROD: "prod", _Elt.SUM: "sum", _Elt.MAX: "max"}
 
 
 @register("Eltwise")
 class EltwiseLayer(Layer):
+    device_ready = True
     min_bottoms = 2
     exact_tops = 1
 
@@ -245,52 +256,27 @@ class EltwiseLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        xp = self.xp
-        if self.op == _Elt.PROD:
-            out = bottom[0].data * bottom[1].data
-            for b in bottom[2:]:
-                out *= b.data
-        elif self.op == _Elt.SUM:
-            out = self.coeffs[0] * bottom[0].data
-            for c, b in zip(self.coeffs[1:], bottom[1:]):
-                out += c * b.data
-        elif self.op == _Elt.MAX:
-            # ties between the first two go to bottom 1, later ones keep the earlier winner
-            first = bottom[0].data > bottom[1].data
-            out = xp.where(first, bottom[0].data, bottom[1].data)
-            self.argmax = xp.where(first, 0, 1).astype(np.int32)
-            for i, b in enumerate(bottom[2:], 2):
-                better = b.data > out
-                out = xp.where(better, b.data, out)
-                self.argmax[better] = i
-        else:
+        if self.op not in _ELT_OPS:
             raise self.error("unknown eltwise operation %d" % self.op)
-        top[0].data[...] = out
+        self.argmax = self.backend.eltwise_forward(
+            _ELT_OPS[self.op], [b.dev_data for b in bottom], self.coeffs,
+            top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        dy = top[0].dev_diff
+        xs = [b.dev_data for b in bottom]
         for i, b in enumerate(bottom):
-            if not propagate_down[i]:
-                continue
-            if self.op == _Elt.PROD:
-                if self.stable_prod_grad:
-                    others = None
-                    for j, o in enumerate(bottom):
-                        if j != i:
-                            others = o.data.copy() if others is None else others * o.data
-                else:
-                    others = top[0].data / b.data
-                b.diff[...] = others * dy
-            elif self.op == _Elt.SUM:
-                b.diff[...] = self.coeffs[i] * dy
-            else:
-                b.diff[...] = dy * (self.argmax == i)
+            if propagate_down[i]:
+                self.backend.eltwise_backward(_ELT_OPS[self.op], i, xs, top[0].dev_data, dy,
+                                              b.mutable_dev_diff, self.coeffs, self.argmax,
+                                              self.stable_prod_grad)
 
 
 @register("Filter")
 class FilterLayer(Layer):
     """Keeps the items (along axis 0) whose selector, the last bottom, is non-zero; one top per
     data bottom. The gradient returns to the kept items; the others get zero."""
+    device_ready = True
     min_bottoms = 2
     min_tops = 1
 
@@ -313,7 +299,9 @@ class FilterLayer(Layer):
                 raise self.error("Each bottom should have the same 0th dimension as the selector "
                                  "blob: bottom %d is %s, selector %s"
                                  % (i, b.shape, selector.shape))
-        self.keep = self.xp.nonzero(selector.data.reshape(-1) != 0)[0]
+        # the top's shape depends on the selector's values: read them (as Caffe does)
+        values = self.backend.to_host(selector.dev_data)
+        self.keep = np.nonzero(values.reshape(-1) != 0)[0]
         # at net setup the selector holds no data yet: size the tops for every item
         n = selector.shape[0] if self.first_reshape else int(self.keep.size)
         self.first_reshape = False
@@ -324,21 +312,21 @@ class FilterLayer(Layer):
         self.first_reshape = False
         self.reshape(bottom, top)
         for t, b in zip(top, bottom):
-            t.data[...] = b.data[self.keep]
+            self.backend.gather_rows(b.dev_data, self.keep, t.mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[-1]:
             raise self.error("Layer cannot backpropagate to filter index inputs")
         for i, t in enumerate(top):
             if propagate_down[i]:
-                diff = bottom[i].diff
-                diff[...] = 0
-                diff[self.keep] = t.diff
+                self.backend.scatter_rows(t.dev_diff, self.keep, bottom[i].mutable_dev_diff,
+                                          unique=True)
 
 
 @register("BatchReindex")
 class BatchReindexLayer(Layer):
     """top[i] = bottom[0][index[i]]: items picked (and repeated) along axis 0."""
+    device_ready = True
     exact_bottoms = 2
     exact_tops = 1
 
@@ -351,7 +339,8 @@ class BatchReindexLayer(Layer):
         top[0].reshape((bottom[1].shape[0],) + bottom[0].shape[1:])
 
     def _indices(self, bottom):
-        idx = bottom[1].data.astype(np.int64)
+        # read on the host to be checked, as Caffe does (a few values)
+        idx = self.backend.to_host(bottom[1].dev_data).astype(np.int64)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= bottom[0].shape[0]):
             raise self.error("Index specified for reindex layer was greater than batch size "
                              "or negative: indices %s for %d items"
@@ -359,21 +348,22 @@ class BatchReindexLayer(Layer):
         return idx
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data[self._indices(bottom)]
+        self.backend.gather_rows(bottom[0].dev_data, self._indices(bottom),
+                                 top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
             raise self.error("Cannot backprop to index.")
         if not propagate_down[0]:
             return
-        diff = bottom[0].diff
-        diff[...] = 0
-        self.xp.add.at(diff, self._indices(bottom), top[0].diff)
+        self.backend.scatter_rows(top[0].dev_diff, self._indices(bottom),
+                                  bottom[0].mutable_dev_diff)
 
 
 @register("Tile")
 class TileLayer(Layer):
     """Repeats the block of axes [axis, end) ``tiles`` times."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -392,22 +382,26 @@ class TileLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        block = bottom[0].data.reshape(self.outer, 1, self.inner)
-        top[0].data.reshape(self.outer, self.tiles, self.inner)[...] = block
+        self.backend.tile_forward(bottom[0].dev_data.reshape(self.outer, 1, self.inner),
+                                  top[0].mutable_dev_data.reshape(self.outer, self.tiles,
+                                                                  self.inner))
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            summed = top[0].diff.reshape(self.outer, self.tiles, self.inner).sum(axis=1)
-            bottom[0].diff[...] = summed.reshape(bottom[0].shape)
+            self.backend.tile_backward(
+                top[0].dev_diff.reshape(self.outer, self.tiles, self.inner),
+                bottom[0].mutable_dev_diff.reshape(self.outer, 1, self.inner))
 
 
 _Red = caffe_pb2.ReductionParameter
+_REDUCTIONS = {_Red.SUM: "SUM", _Red.ASUM: "ASUM", _Red.SUMSQ: "SUMSQ", _Red.MEAN: "MEAN"}
 
 
 @register("Reduction")
 class ReductionLayer(Layer):
     """Reduces every axis from ``axis`` on (SUM, ASUM, SUMSQ or MEAN), then scales by coeff;
     the top keeps the axes before ``axis`` (a 0-axis blob for axis 0)."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -421,33 +415,18 @@ class ReductionLayer(Layer):
         top[0].reshape(bottom[0].shape[:self.axis])
 
     def forward(self, bottom, top):
-        x = bottom[0].data.reshape(self.num, self.dim)
-        if self.op == _Red.SUM:
-            out = x.sum(axis=1)
-        elif self.op == _Red.ASUM:
-            out = self.xp.abs(x).sum(axis=1)
-        elif self.op == _Red.SUMSQ:
-            out = (x * x).sum(axis=1)
-        elif self.op == _Red.MEAN:
-            out = x.sum(axis=1) / self.dim
-        else:
+        if self.op not in _REDUCTIONS:
             raise self.error("unknown reduction operation %d" % self.op)
-        top[0].data[...] = (out * self.coeff).reshape(top[0].shape)
+        self.backend.reduction_forward(bottom[0].dev_data.reshape(self.num, self.dim),
+                                       _REDUCTIONS[self.op], self.coeff,
+                                       top[0].mutable_dev_data.reshape(self.num))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        x = bottom[0].data.reshape(self.num, self.dim)
-        scale = (top[0].diff.reshape(self.num, 1) * self.coeff)
-        if self.op == _Red.SUM:
-            grad = self.xp.broadcast_to(scale, x.shape)
-        elif self.op == _Red.ASUM:
-            grad = self.xp.sign(x) * scale
-        elif self.op == _Red.SUMSQ:
-            grad = 2.0 * x * scale
-        else:
-            grad = self.xp.broadcast_to(scale / self.dim, x.shape)
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        self.backend.reduction_backward(bottom[0].dev_data.reshape(self.num, self.dim),
+                                        top[0].dev_diff, _REDUCTIONS[self.op],
+                                        self.coeff, bottom[0].mutable_dev_diff)
 
 
 @register("ArgMax")
@@ -455,6 +434,7 @@ class ArgMaxLayer(Layer):
     """Indices (and with out_max_val, values) of the top_k largest entries, per item over the
     flattened item (shape N x 1|2 x top_k) or along ``axis`` (that axis becomes top_k).
     Ties rank the larger index first."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -488,29 +468,14 @@ class ArgMaxLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        xp = self.xp
-        x = bottom[0].data
-        if self.has_axis:
-            rows = xp.moveaxis(x, self.axis, -1)
-        else:
-            rows = x.reshape(x.shape[0], -1)
-        dim = rows.shape[-1]
-        # sort by value descending, ties by index descending: stable sort of the reversed row
-        order = xp.argsort(-rows[..., ::-1], axis=-1, kind="stable")[..., :self.top_k]
-        idx = dim - 1 - order
-        if self.has_axis:
-            out = xp.take_along_axis(rows, idx, axis=-1) if self.out_max_val else idx
-            top[0].data[...] = xp.moveaxis(out, -1, self.axis)
-        elif self.out_max_val:
-            vals = xp.take_along_axis(rows, idx, axis=-1)
-            top[0].data[...] = xp.stack([idx, vals], axis=1).reshape(top[0].shape)
-        else:
-            top[0].data[...] = idx.reshape(top[0].shape)
+        self.backend.argmax(bottom[0].dev_data, self.axis if self.has_axis else None,
+                            self.top_k, self.out_max_val, top[0].mutable_dev_data)
 
 
 @register("Silence")
 class SilenceLayer(Layer):
     """Consumes bottoms nobody else reads, so the net prints nothing for them."""
+    device_ready = True
     min_bottoms = 1
     exact_tops = 0
 
@@ -523,12 +488,13 @@ class SilenceLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         for i, b in enumerate(bottom):
             if propagate_down[i]:
-                b.diff[...] = 0
+                self.backend.fill(b.mutable_dev_diff, 0.0)
 
 
 @register("Parameter")
 class ParameterLayer(Layer):
     """One learnable blob of parameter_param.shape (zeros unless loaded), offered as the top."""
+    device_ready = True
     exact_bottoms = 0
     exact_tops = 1
 
@@ -550,4 +516,4 @@ class ParameterLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if self.param_propagate_down[0]:
-            self.blobs[0].diff += top[0].diff
+            self.backend.axpby(1.0, top[0].dev_diff, 1.0, self.blobs[0].mutable_dev_diff)

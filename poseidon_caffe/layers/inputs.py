@@ -12,6 +12,7 @@ def _shape_of(blob_shape):
 
 @register("Input")
 class InputLayer(Layer):
+    device_ready = True
     """Tops whose data the caller writes (net.blobs[...].data[...] = ...); shapes from
     input_param.shape, given once for all tops or once per top."""
     exact_bottoms = 0
@@ -35,6 +36,7 @@ class InputLayer(Layer):
 
 @register("DummyData")
 class DummyDataLayer(Layer):
+    device_ready = True            # filled on the host, copied in when a layer reads
     """Tops filled by fillers: constant ones once at setup, the others again on every forward."""
     exact_bottoms = 0
     min_tops = 1
@@ -94,6 +96,7 @@ class MemoryDataLayer(Layer):
     """Batches from arrays handed over by ``set_input_arrays`` (pycaffe's net.set_input_arrays):
     data N x C x H x W and labels N, served batch_size at a time, wrapping at the end.
     As in Caffe, arrays given this way are not transformed (a transform_param is warned about)."""
+    device_ready = True
     exact_bottoms = 0
     exact_tops = 2
 
@@ -157,6 +160,6 @@ class MemoryDataLayer(Layer):
         top[0].reshape((self.batch_size,) + self.item_shape)
         # Caffe sets up the labels as (N,) but serves them as N x 1 x 1 x 1
         top[1].reshape((self.batch_size, 1, 1, 1))
-        top[0].data[...] = self.backend.to_device(self._data[start:end])
-        top[1].data[...] = self.backend.to_device(self._labels[start:end]).reshape(top[1].shape)
+        self.backend.upload(self._data[start:end], top[0].mutable_dev_data)
+        self.backend.upload(self._labels[start:end], top[1].mutable_dev_data)
         self._pos = end % self._data.shape[0]

@@ -10,6 +10,7 @@ from .registry import register
 @register("InnerProduct")
 class InnerProductLayer(Layer):
     """top = bottom (flattened from ``axis``) x W^T + b; W is (N, K), or (K, N) with transpose."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -54,11 +55,11 @@ class InnerProductLayer(Layer):
 
     def forward(self, bottom, top):
         be = self.backend
-        x = bottom[0].data.reshape(self.m, self.k)
-        y = top[0].data.reshape(self.m, self.num_output)
-        be.gemm(x, self.blobs[0].data, trans_b=not self.transpose, out=y)
+        x = bottom[0].dev_data.reshape(self.m, self.k)
+        y = top[0].mutable_dev_data.reshape(self.m, self.num_output)
+        be.gemm(x, self.blobs[0].dev_data, trans_b=not self.transpose, out=y)
         if self.bias_term:
-            y += self.blobs[1].data
+            be.add_bias(y.reshape(self.m, self.num_output, 1), self.blobs[1].dev_data)
 
     def sufficient_factors(self, bottom, top):
         """(top diff as (M, N), bottom data as (M, K)): the weight gradient is their product,
@@ -78,24 +79,26 @@ class InnerProductLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         be = self.backend
-        dy = top[0].diff.reshape(self.m, self.num_output)
-        x = bottom[0].data.reshape(self.m, self.k)
+        dy = top[0].dev_diff.reshape(self.m, self.num_output)
+        x = bottom[0].dev_data.reshape(self.m, self.k)
         weights = self.blobs[0]
         if self.param_propagate_down[0]:
             if self.transpose:
-                be.gemm(x, dy, trans_a=True, beta=1.0, out=weights.diff)
+                be.gemm(x, dy, trans_a=True, beta=1.0, out=weights.mutable_dev_diff)
             else:
-                be.gemm(dy, x, trans_a=True, beta=1.0, out=weights.diff)
+                be.gemm(dy, x, trans_a=True, beta=1.0, out=weights.mutable_dev_diff)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff += dy.sum(axis=0)
+            be.add_bias_grad(dy.reshape(self.m, self.num_output, 1),
+                             self.blobs[1].mutable_dev_diff)
         if propagate_down[0]:
-            dx = bottom[0].diff.reshape(self.m, self.k)
-            be.gemm(dy, weights.data, trans_b=self.transpose, out=dx)
+            dx = bottom[0].mutable_dev_diff.reshape(self.m, self.k)
+            be.gemm(dy, weights.dev_data, trans_b=self.transpose, out=dx)
 
 
 @register("Embed")
 class EmbedLayer(Layer):
     """A lookup table: each integer index in the bottom selects a row of W (input_dim, N)."""
+    device_ready = True            # the indices are checked on the host, the rows copied there
     exact_bottoms = 1
     exact_tops = 1
 
@@ -139,17 +142,22 @@ class EmbedLayer(Layer):
         return index
 
     def forward(self, bottom, top):
+        be = self.backend
         self._index = self._indices(bottom)
-        y = top[0].data.reshape(-1, self.num_output)
-        y[...] = self.blobs[0].data[self._index]
+        y = top[0].mutable_dev_data.reshape(-1, self.num_output)
+        be.embed_forward(self._index, bottom[0].dev_data.reshape(-1), self.blobs[0].dev_data,
+                         y)
         if self.bias_term:
-            y += self.blobs[1].data
+            be.add_bias(y.reshape(y.shape[0], self.num_output, 1), self.blobs[1].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             raise self.error("cannot backpropagate to the indices (bottom 0)")
-        dy = top[0].diff.reshape(-1, self.num_output)
+        be = self.backend
+        dy = top[0].dev_diff.reshape(-1, self.num_output)
         if self.param_propagate_down[0]:
-            np.add.at(self.blobs[0].diff, self._indices(bottom), dy)
+            be.embed_backward(self._indices(bottom), bottom[0].dev_data.reshape(-1), dy,
+                              self.blobs[0].mutable_dev_diff)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff += dy.sum(axis=0)
+            be.add_bias_grad(dy.reshape(dy.shape[0], self.num_output, 1),
+                             self.blobs[1].mutable_dev_diff)

@@ -65,17 +65,18 @@ class _LabelReader:
         self.ignore_label = lp.ignore_label
 
     def _labels(self, label_blob, outer, inner, channels):
-        """Integer labels (outer, inner), a validity mask, and labels safe to index with."""
-        xp = self.xp
+        """Integer labels (outer, inner), a validity mask, and labels safe to index with (host
+        arrays: on a device backend this reads the labels back, which only an error path
+        does)."""
         labels = label_blob.data.reshape(outer, inner).astype(np.int64)
-        valid = xp.ones(labels.shape, dtype=bool)
+        valid = np.ones(labels.shape, dtype=bool)
         if self.has_ignore_label:
             valid = labels != self.ignore_label
         bad = valid & ((labels < 0) | (labels >= channels))
         if bool(bad.any()):
             raise self.error("label %d is out of range: labels must be integers in [0, %d)"
                              % (int(labels[bad].ravel()[0]), channels))
-        return labels, valid, xp.where(valid, labels, 0)
+        return labels, valid, np.where(valid, labels, 0)
 
     def _check_label_count(self, bottom, axis_name, axis):
         if self.outer * self.inner != bottom[1].count:
@@ -92,6 +93,7 @@ class _LabelledLoss(_LabelReader, LossLayer):
 
 @register("Softmax")
 class SoftmaxLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -101,20 +103,20 @@ class SoftmaxLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        prob = softmax_along(self.xp, bottom[0].data.reshape(self.split))
-        top[0].data[...] = prob.reshape(top[0].shape)
+        self.backend.softmax_forward(bottom[0].dev_data.reshape(self.split),
+                                     top[0].mutable_dev_data.reshape(self.split))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        y = top[0].data.reshape(self.split)
-        dy = top[0].diff.reshape(self.split)
-        dx = (dy - (dy * y).sum(axis=1, keepdims=True)) * y
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        self.backend.softmax_backward(top[0].dev_data.reshape(self.split),
+                                      top[0].dev_diff.reshape(self.split),
+                                      bottom[0].mutable_dev_diff.reshape(self.split))
 
 
 @register("SoftmaxWithLoss")
 class SoftmaxWithLossLayer(_LabelledLoss):
+    device_ready = True
     exact_tops = None
     min_tops = 1
     max_tops = 2
@@ -131,38 +133,38 @@ class SoftmaxWithLossLayer(_LabelledLoss):
         if len(top) >= 2:
             top[1].reshape(bottom[0].shape)
 
+    def _ignored(self):
+        return self.ignore_label if self.has_ignore_label else None
+
     def forward(self, bottom, top):
-        xp = self.xp
+        be = self.backend
         split = (self.outer, self.channels, self.inner)
-        prob = softmax_along(xp, bottom[0].data.reshape(split))
-        labels, valid, safe = self._labels(bottom[1], self.outer, self.inner, self.channels)
-        p_true = xp.take_along_axis(prob, safe[:, None, :], axis=1)[:, 0, :]
-        log_p = xp.log(xp.maximum(p_true, FLT_MIN)).astype(np.float64)
-        count = int(valid.sum())
-        self.norm = normalizer(self.normalization, self.outer, self.inner, count)
-        top[0].data[...] = -float((log_p * valid).sum()) / self.norm
-        self.prob, self.valid, self.safe_labels = prob, valid, safe
+        prob = be.softmax_forward(bottom[0].dev_data.reshape(split), be.empty(split))
+        loss, count = be.softmax_loss_forward(prob, bottom[1].dev_data, self._ignored())
+        if loss != loss:
+            # NaN: a label out of range names itself here (else the net itself diverged)
+            self._labels(bottom[1], self.outer, self.inner, self.channels)
+        self.norm = normalizer(self.normalization, self.outer, self.inner, int(count))
+        top[0].data[...] = loss / self.norm
+        self.prob = prob
         if len(top) == 2:
-            top[1].data[...] = prob.reshape(top[1].shape)
+            be.copy(prob, top[1].mutable_dev_data.reshape(split))
 
     def backward(self, top, propagate_down, bottom):
         if len(propagate_down) > 1 and propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs")
         if not propagate_down[0]:
             return
-        xp = self.xp
-        grad = self.prob.copy()
-        hit = xp.arange(self.channels)[None, :, None] == self.safe_labels[:, None, :]
-        grad -= hit
-        grad *= self.valid[:, None, :]
-        grad *= float(top[0].diff) / self.norm
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        self.backend.softmax_loss_backward(
+            self.prob, bottom[1].dev_data, self._ignored(), float(top[0].diff) / self.norm,
+            bottom[0].mutable_dev_diff.reshape(self.prob.shape))
 
 
 @register("Accuracy")
 class AccuracyLayer(_LabelReader, Layer):
     """Top-k accuracy; a label counts as hit when fewer than top_k scores are >= its score.
     Not a loss (weight 0 by default) and without a gradient."""
+    device_ready = True
     exact_bottoms = 2
     min_tops = 1
     max_tops = 2
@@ -184,24 +186,23 @@ class AccuracyLayer(_LabelReader, Layer):
             top[1].reshape((self.channels,))
 
     def forward(self, bottom, top):
-        xp = self.xp
-        scores = bottom[0].data.reshape(self.outer, self.channels, self.inner)
-        labels, valid, safe = self._labels(bottom[1], self.outer, self.inner, self.channels)
-        true_score = xp.take_along_axis(scores, safe[:, None, :], axis=1)
-        # the true class itself is among the ">=" ones, so a hit needs at most top_k of them
-        at_least = (scores >= true_score).sum(axis=1)
-        hit = (at_least <= self.top_k) & valid
-        count = int(valid.sum())
-        top[0].data[...] = float(hit.sum()) / count if count else 0.0
+        scores = bottom[0].dev_data.reshape(self.outer, self.channels, self.inner)
+        ignore = self.ignore_label if self.has_ignore_label else None
+        result = self.backend.accuracy(scores, bottom[1].dev_data, self.top_k, ignore,
+                                       per_class=len(top) > 1)
+        hits, count = result[0], int(result[1])
+        if hits != hits:
+            # NaN: a label out of range; name it
+            self._labels(bottom[1], self.outer, self.inner, self.channels)
+        top[0].data[...] = hits / count if count else 0.0
         if len(top) > 1:
-            seen = xp.bincount(safe[valid], minlength=self.channels)
-            correct = xp.bincount(safe[hit], minlength=self.channels)
-            top[1].data[...] = xp.where(seen > 0, correct / xp.maximum(seen, 1), 0.0)
+            top[1].data[...] = result[2]
 
 
 @register("EuclideanLoss")
 class EuclideanLossLayer(LossLayer):
     """sum((a - b)^2) / (2 num); gradients flow to both inputs."""
+    device_ready = True
 
     def allow_force_backward(self, bottom_index):
         return True
@@ -211,40 +212,45 @@ class EuclideanLossLayer(LossLayer):
         if bottom[0].count_axes(1) != bottom[1].count_axes(1):
             raise self.error("Inputs must have the same dimension: %s vs %s"
                              % (bottom[0].shape, bottom[1].shape))
+        if getattr(self, "delta", None) is None or self.delta.shape != bottom[0].shape:
+            self.delta = self.backend.empty(bottom[0].shape)
 
     def forward(self, bottom, top):
-        self.delta = bottom[0].data - bottom[1].data.reshape(bottom[0].shape)
-        d = self.delta.ravel()
-        top[0].data[...] = float(np.dot(d, d)) / bottom[0].shape[0] / 2.0
+        be = self.backend
+        a = bottom[0].dev_data
+        be.subtract(a, bottom[1].dev_data.reshape(a.shape), self.delta)
+        top[0].data[...] = be.sumsq(self.delta) / bottom[0].shape[0] / 2.0
 
     def backward(self, top, propagate_down, bottom):
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
                 alpha = sign * float(top[0].diff) / bottom[i].shape[0]
-                bottom[i].diff[...] = (alpha * self.delta).reshape(bottom[i].shape)
+                self.backend.scale(alpha, self.delta,
+                                   out=bottom[i].mutable_dev_diff.reshape(self.delta.shape))
 
 
 @register("HingeLoss")
 class HingeLossLayer(LossLayer):
     """One-vs-all hinge: t = max(0, 1 - y_k x_k) with y = +1 for the label, -1 otherwise;
     L1 sums t, L2 sums t^2, both divided by num."""
+    device_ready = True
+
+    def _bad_labels(self, bottom, dim):
+        return self.error("needs one label per item in [0, %d); got labels %s"
+                          % (dim, bottom[1].shape))
 
     def forward(self, bottom, top):
-        xp = self.xp
         num = bottom[0].shape[0]
-        x = bottom[0].data.reshape(num, -1)
-        labels = bottom[1].data.reshape(-1).astype(np.int64)
-        if labels.size != num or bool(((labels < 0) | (labels >= x.shape[1])).any()):
-            raise self.error("needs one label per item in [0, %d); got labels %s"
-                             % (x.shape[1], bottom[1].shape))
-        sign = -xp.ones_like(x)
-        sign[xp.arange(num), labels] = 1.0
-        self.sign = sign
-        self.margin = xp.maximum(0.0, 1.0 - sign * x)
-        if self.param.hinge_loss_param.norm == caffe_pb2.HingeLossParameter.L2:
-            loss = float((self.margin.astype(np.float64) ** 2).sum())
-        else:
-            loss = float(self.margin.sum(dtype=np.float64))
+        x = bottom[0].dev_data.reshape(num, -1)
+        if bottom[1].count != num:
+            raise self._bad_labels(bottom, x.shape[1])
+        self.l2 = self.param.hinge_loss_param.norm == caffe_pb2.HingeLossParameter.L2
+        loss, self.state = self.backend.hinge_forward(x, bottom[1].dev_data, self.l2)
+        if loss != loss:
+            # NaN: a label out of range (read on the host only now), else the data's own NaN
+            labels = bottom[1].data.reshape(-1).astype(np.int64)
+            if bool(((labels < 0) | (labels >= x.shape[1])).any()):
+                raise self._bad_labels(bottom, x.shape[1])
         top[0].data[...] = loss / num
 
     def backward(self, top, propagate_down, bottom):
@@ -253,17 +259,16 @@ class HingeLossLayer(LossLayer):
         if not propagate_down[0]:
             return
         num = bottom[0].shape[0]
-        if self.param.hinge_loss_param.norm == caffe_pb2.HingeLossParameter.L2:
-            grad = -2.0 * self.margin * self.sign
-        else:
-            grad = -self.xp.sign(self.margin) * self.sign
-        bottom[0].diff[...] = (grad * (float(top[0].diff) / num)).reshape(bottom[0].shape)
+        self.backend.hinge_backward(self.state, bottom[1].dev_data, self.l2,
+                                    float(top[0].diff) / num,
+                                    bottom[0].mutable_dev_diff.reshape(num, -1))
 
 
 @register("ContrastiveLoss")
 class ContrastiveLossLayer(LossLayer):
     """Pairs (a, b) with similarity y: y d^2 + (1 - y) max(margin - d, 0)^2, over 2 num
     (legacy_version: (1 - y) max(margin - d^2, 0))."""
+    device_ready = True
     exact_bottoms = 3
 
     def allow_force_backward(self, bottom_index):
@@ -279,43 +284,33 @@ class ContrastiveLossLayer(LossLayer):
             raise self.error("the similarity bottom needs one value per pair (N x 1 x 1 x 1); "
                              "got %s for %d pairs" % (y.shape, a.shape[0]))
 
-    def forward(self, bottom, top):
-        xp = self.xp
-        p = self.param.contrastive_loss_param
+    def _pairs(self, bottom):
         num = bottom[0].shape[0]
-        self.delta = (bottom[0].data - bottom[1].data).reshape(num, -1)
-        self.dist_sq = (self.delta.astype(np.float64) ** 2).sum(axis=1)
-        self.similar = bottom[2].data.reshape(num).astype(np.int64) != 0
-        if p.legacy_version:
-            dissimilar = xp.maximum(p.margin - self.dist_sq, 0.0)
-        else:
-            dissimilar = xp.maximum(p.margin - xp.sqrt(self.dist_sq), 0.0) ** 2
-        loss = xp.where(self.similar, self.dist_sq, dissimilar).sum()
-        top[0].data[...] = float(loss) / num / 2.0
+        return bottom[0].dev_data.reshape(num, -1), bottom[1].dev_data.reshape(num, -1)
+
+    def forward(self, bottom, top):
+        p = self.param.contrastive_loss_param
+        a, b = self._pairs(bottom)
+        loss, self.state = self.backend.contrastive_forward(a, b, bottom[2].dev_data, p.margin,
+                                                            p.legacy_version)
+        top[0].data[...] = loss / bottom[0].shape[0] / 2.0
 
     def backward(self, top, propagate_down, bottom):
-        xp = self.xp
         p = self.param.contrastive_loss_param
         num = bottom[0].shape[0]
-        if p.legacy_version:
-            active = (p.margin - self.dist_sq) > 0
-            dissimilar_scale = -1.0 * active
-        else:
-            dist = xp.sqrt(self.dist_sq)
-            mdist = p.margin - dist
-            # Caffe's 1e-4 keeps the gradient finite at d = 0
-            dissimilar_scale = xp.where(mdist > 0, -mdist / (dist + 1e-4), 0.0)
-        per_pair = xp.where(self.similar, 1.0, dissimilar_scale)[:, None]
-        for i, sign in ((0, 1.0), (1, -1.0)):
-            if propagate_down[i]:
-                alpha = sign * float(top[0].diff) / num
-                bottom[i].diff[...] = (alpha * per_pair * self.delta).reshape(bottom[i].shape)
+        outputs = [(sign * float(top[0].diff) / num, bottom[i].mutable_dev_diff.reshape(num, -1))
+                   for i, sign in ((0, 1.0), (1, -1.0)) if propagate_down[i]]
+        if outputs:
+            a, b = self._pairs(bottom)
+            self.backend.contrastive_backward(self.state, a, b, p.margin, p.legacy_version,
+                                              outputs)
 
 
 @register("InfogainLoss")
 class InfogainLossLayer(_LabelledLoss):
     """-sum_l H[label, l] log softmax(x)_l, with H from infogain_loss_param.source or a third
     bottom; the softmax runs along infogain_loss_param.axis. Second top: the probabilities."""
+    device_ready = True
     exact_bottoms = None
     min_bottoms = 2
     max_bottoms = 3
@@ -352,23 +347,26 @@ class InfogainLossLayer(_LabelledLoss):
             top[1].reshape(bottom[0].shape)
 
     def _matrix(self, bottom):
-        h = self.fixed_h if self.fixed_h is not None else bottom[2].data
+        h = self.fixed_h if self.fixed_h is not None else bottom[2].dev_data
         return h.reshape(self.channels, self.channels)
 
+    def _ignored(self):
+        return self.ignore_label if self.has_ignore_label else None
+
     def forward(self, bottom, top):
-        xp = self.xp
+        be = self.backend
         split = (self.outer, self.channels, self.inner)
-        prob = softmax_along(xp, bottom[0].data.reshape(split))
-        labels, valid, safe = self._labels(bottom[1], self.outer, self.inner, self.channels)
-        h_rows = self._matrix(bottom)[safe]                  # (outer, inner, channels)
-        log_p = xp.log(xp.maximum(prob, LOG_THRESHOLD)).transpose(0, 2, 1)
-        per_item = (h_rows.astype(np.float64) * log_p).sum(axis=2)
-        count = int(valid.sum())
-        self.norm = normalizer(self.normalization, self.outer, self.inner, count)
-        top[0].data[...] = -float((per_item * valid).sum()) / self.norm
-        self.prob, self.valid, self.safe_labels = prob, valid, safe
+        prob = be.softmax_forward(bottom[0].dev_data.reshape(split), be.empty(split))
+        loss, count, self.state = be.infogain_forward(prob, bottom[1].dev_data,
+                                                      self._matrix(bottom), self._ignored())
+        if loss != loss:
+            # NaN: a label out of range names itself here (else the net itself diverged)
+            self._labels(bottom[1], self.outer, self.inner, self.channels)
+        self.norm = normalizer(self.normalization, self.outer, self.inner, int(count))
+        top[0].data[...] = loss / self.norm
+        self.prob = prob
         if len(top) == 2:
-            top[1].data[...] = prob.reshape(top[1].shape)
+            be.copy(prob, top[1].mutable_dev_data.reshape(split))
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
@@ -377,18 +375,15 @@ class InfogainLossLayer(_LabelledLoss):
             raise self.error("cannot backpropagate to infogain inputs")
         if not propagate_down[0]:
             return
-        h = self._matrix(bottom)
-        h_rows = h[self.safe_labels].transpose(0, 2, 1)      # (outer, channels, inner)
-        row_sums = h.sum(axis=1)[self.safe_labels][:, None, :]
-        grad = self.prob * row_sums - h_rows
-        grad *= self.valid[:, None, :]
-        grad *= float(top[0].diff) / self.norm
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        self.backend.infogain_backward(
+            self.state, self.prob, bottom[1].dev_data, self._matrix(bottom), self._ignored(),
+            float(top[0].diff) / self.norm, bottom[0].mutable_dev_diff.reshape(self.prob.shape))
 
 
 @register("MultinomialLogisticLoss")
 class MultinomialLogisticLossLayer(LossLayer):
     """-log(max(p[label], 1e-20)) averaged over num; bottom[0] already holds probabilities."""
+    device_ready = True
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
@@ -396,28 +391,28 @@ class MultinomialLogisticLossLayer(LossLayer):
             raise self.error("the label bottom must be N x 1 x 1 x 1; got %s"
                              % (bottom[1].shape,))
 
-    def _picked(self, bottom):
-        num = bottom[0].shape[0]
-        prob = bottom[0].data.reshape(num, -1)
-        labels = bottom[1].data.reshape(num).astype(np.int64)
-        if bool(((labels < 0) | (labels >= prob.shape[1])).any()):
-            raise self.error("labels must be integers in [0, %d)" % prob.shape[1])
-        rows = self.xp.arange(num)
-        return prob, rows, labels, self.xp.maximum(prob[rows, labels], LOG_THRESHOLD)
+    def _prob(self, bottom):
+        return bottom[0].dev_data.reshape(bottom[0].shape[0], -1)
 
     def forward(self, bottom, top):
-        _, _, _, p = self._picked(bottom)
-        top[0].data[...] = -float(self.xp.log(p.astype(np.float64)).sum()) / bottom[0].shape[0]
+        prob = self._prob(bottom)
+        loss = self.backend.multinomial_logistic_forward(prob, bottom[1].dev_data)
+        if loss != loss:
+            # NaN: a label out of range (read on the host only now), else the data's own NaN
+            labels = bottom[1].data.reshape(-1).astype(np.int64)
+            if bool(((labels < 0) | (labels >= prob.shape[1])).any()):
+                raise self.error("labels must be integers in [0, %d)" % prob.shape[1])
+        top[0].data[...] = loss / bottom[0].shape[0]
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs")
         if not propagate_down[0]:
             return
-        prob, rows, labels, p = self._picked(bottom)
-        grad = self.xp.zeros_like(prob)
-        grad[rows, labels] = -(float(top[0].diff) / bottom[0].shape[0]) / p
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        prob = self._prob(bottom)
+        self.backend.multinomial_logistic_backward(
+            prob, bottom[1].dev_data, float(top[0].diff) / bottom[0].shape[0],
+            bottom[0].mutable_dev_diff.reshape(prob.shape))
 
 
 @register("SigmoidCrossEntropyLoss")
@@ -425,6 +420,7 @@ class SigmoidCrossEntropyLossLayer(_LabelledLoss):
     """Cross-entropy of sigmoid(x) against targets in [0, 1], computed stably from x;
     targets equal to loss_param.ignore_label are skipped. Without ``normalization`` or the
     legacy ``normalize``, divides by the batch size as Caffe 1.0 does."""
+    device_ready = True
 
     def setup(self, bottom, top):
         self._read_ignore_label()
@@ -438,29 +434,20 @@ class SigmoidCrossEntropyLossLayer(_LabelledLoss):
         self.outer = bottom[0].shape[0]
         self.inner = bottom[0].count_axes(1)
 
+    def _ignored(self):
+        return self.ignore_label if self.has_ignore_label else None
+
     def forward(self, bottom, top):
-        xp = self.xp
-        x = bottom[0].data.reshape(-1).astype(np.float64)
-        target = bottom[1].data.reshape(-1)
-        valid = xp.ones(x.shape, dtype=bool)
-        if self.has_ignore_label:
-            valid = target.astype(np.int64) != self.ignore_label
-        positive = (x >= 0).astype(np.float64)
-        # -[t log s(x) + (1 - t) log(1 - s(x))], rewritten so exp never overflows
-        loss = -(x * (target - positive) - xp.log1p(xp.exp(x - 2.0 * x * positive)))
-        count = int(valid.sum())
+        loss, count, self.state = self.backend.sigmoid_cross_entropy_forward(
+            bottom[0].dev_data, bottom[1].dev_data, self._ignored())
         self.norm = normalizer(self.normalization, self.outer, self.inner, count)
-        self.valid = valid
-        top[0].data[...] = float((loss * valid).sum()) / self.norm
+        top[0].data[...] = loss / self.norm
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs")
         if not propagate_down[0]:
             return
-        xp = self.xp
-        x = bottom[0].data.reshape(-1)
-        sigmoid = 0.5 * (1.0 + xp.tanh(0.5 * x))      # no overflow for large |x|
-        grad = (sigmoid - bottom[1].data.reshape(-1)) * self.valid
-        grad *= float(top[0].diff) / self.norm
-        bottom[0].diff[...] = grad.reshape(bottom[0].shape)
+        self.backend.sigmoid_cross_entropy_backward(
+            self.state, bottom[0].dev_data, bottom[1].dev_data, self._ignored(),
+            float(top[0].diff) / self.norm, bottom[0].mutable_dev_diff)

@@ -18,40 +18,36 @@ class _InputKeepingLayer(NeuronLayer):
     """A neuron layer whose backward needs the bottom data even when it runs in place."""
 
     def _remember_input(self, bottom, top):
-        self._input_copy = bottom[0].data.copy() if top[0] is bottom[0] else None
+        be = self.backend
+        self._input_copy = (be.copy(bottom[0].dev_data, be.empty(bottom[0].shape))
+                            if top[0] is bottom[0] else None)
 
     def _input(self, bottom):
-        return self._input_copy if self._input_copy is not None else bottom[0].data
+        return self._input_copy if self._input_copy is not None else bottom[0].dev_data
 
 
 @register("ReLU")
 class ReLULayer(NeuronLayer):
+    device_ready = True
+
     def setup(self, bottom, top):
         self.slope = self.param.relu_param.negative_slope
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        if self.slope:
-            top[0].data[...] = np.maximum(x, 0) + self.slope * np.minimum(x, 0)
-        else:
-            np.maximum(x, 0, out=top[0].data)
+        self.backend.relu_forward(bottom[0].dev_data, top[0].mutable_dev_data, self.slope)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         # in place this reads the output, whose sign is the input's for a non-negative slope
-        x = bottom[0].data
-        dy = top[0].diff
-        positive = x > 0
-        if self.slope:
-            bottom[0].diff[...] = dy * np.where(positive, 1.0, self.slope).astype(dy.dtype)
-        else:
-            bottom[0].diff[...] = dy * positive
+        self.backend.relu_backward(bottom[0].dev_data, top[0].dev_diff,
+                                   bottom[0].mutable_dev_diff, self.slope)
 
 
 @register("PReLU")
 class PReLULayer(_InputKeepingLayer):
     """ReLU with a learned negative slope per channel (axis 1), or one shared slope."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.prelu_param
@@ -82,128 +78,116 @@ class PReLULayer(_InputKeepingLayer):
         # (N, C, rest) so that one slope broadcasts over its channel
         return array.reshape(array.shape[0], array.shape[1], -1)
 
-    def _slopes(self):
-        s = self.blobs[0].data
-        return s.reshape(1, 1, 1) if self.shared else s.reshape(1, -1, 1)
-
     def forward(self, bottom, top):
         self._remember_input(bottom, top)
-        x = self._per_channel(bottom[0].data)
-        y = np.maximum(x, 0) + self._slopes() * np.minimum(x, 0)
-        top[0].data[...] = y.reshape(top[0].shape)
+        self.backend.prelu_forward(self._per_channel(bottom[0].dev_data),
+                                   self._per_channel(top[0].mutable_dev_data),
+                                   self.blobs[0].dev_data, self.shared)
 
     def backward(self, top, propagate_down, bottom):
-        x = self._per_channel(self._input(bottom))
-        dy = self._per_channel(top[0].diff)
-        negative = x <= 0
-        if self.param_propagate_down[0]:
-            contribution = (dy * x * negative).sum(axis=(0, 2), dtype=np.float64)
-            if self.shared:
-                self.blobs[0].diff += contribution.sum()
-            else:
-                self.blobs[0].diff += contribution
-        if propagate_down[0]:
-            factor = np.where(negative, self._slopes(), 1.0)
-            bottom[0].diff[...] = (dy * factor).reshape(bottom[0].shape)
+        if not (propagate_down[0] or self.param_propagate_down[0]):
+            return
+        self.backend.prelu_backward(
+            self._per_channel(self._input(bottom)), self._per_channel(top[0].dev_diff),
+            self.blobs[0].dev_data, self.shared,
+            dx=self._per_channel(bottom[0].mutable_dev_diff) if propagate_down[0] else None,
+            dslopes=self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None)
 
 
 @register("ELU")
 class ELULayer(NeuronLayer):
+    device_ready = True
+
     def setup(self, bottom, top):
         self.alpha = self.param.elu_param.alpha
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        negative_part = self.alpha * np.expm1(np.minimum(x, 0))
-        top[0].data[...] = np.where(x > 0, x, negative_part)
+        self.backend.neuron_forward("elu", bottom[0].dev_data, top[0].mutable_dev_data,
+                                    self.alpha)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        x, y, dy = bottom[0].data, top[0].data, top[0].diff
-        # d/dx alpha (e^x - 1) = y + alpha
-        bottom[0].diff[...] = dy * np.where(x > 0, 1.0, y + self.alpha)
+        self.backend.neuron_backward("elu", top[0].dev_diff, bottom[0].dev_data, top[0].dev_data,
+                                     bottom[0].mutable_dev_diff, self.alpha)
+
+
+class _OutputMapLayer(NeuronLayer):
+    """A neuron map whose gradient reads its output (right in place too)."""
+    device_ready = True
+    kind = None
+
+    def forward(self, bottom, top):
+        self.backend.neuron_forward(self.kind, bottom[0].dev_data, top[0].mutable_dev_data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self.backend.neuron_backward(self.kind, top[0].dev_diff, top[0].dev_data,
+                                         bottom[0].mutable_dev_diff)
 
 
 @register("Sigmoid")
-class SigmoidLayer(NeuronLayer):
-    def forward(self, bottom, top):
-        # the tanh form never overflows
-        top[0].data[...] = 0.5 * np.tanh(0.5 * bottom[0].data) + 0.5
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            y = top[0].data
-            bottom[0].diff[...] = top[0].diff * y * (1 - y)
+class SigmoidLayer(_OutputMapLayer):
+    kind = "sigmoid"
 
 
 @register("TanH")
-class TanHLayer(NeuronLayer):
+class TanHLayer(_OutputMapLayer):
+    kind = "tanh"
+
+
+class _InputMapLayer(_InputKeepingLayer):
+    """A neuron map whose gradient reads its input (kept when it runs in place)."""
+    device_ready = True
+    kind = None
+
+    def forward_params(self):
+        return ()
+
+    def backward_params(self):
+        return self.forward_params()
+
     def forward(self, bottom, top):
-        np.tanh(bottom[0].data, out=top[0].data)
+        self._remember_input(bottom, top)
+        self.backend.neuron_forward(self.kind, bottom[0].dev_data, top[0].mutable_dev_data,
+                                    *self.forward_params())
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            y = top[0].data
-            bottom[0].diff[...] = top[0].diff * (1 - y * y)
+            self.backend.neuron_backward(self.kind, top[0].dev_diff, self._input(bottom),
+                                         bottom[0].mutable_dev_diff, *self.backward_params())
 
 
 @register("AbsVal")
-class AbsValLayer(NeuronLayer):
+class AbsValLayer(_InputMapLayer):
+    kind = "abs"
+
     def reshape(self, bottom, top):
         if top[0] is bottom[0]:
             raise self.error("AbsVal does not allow in-place computation (top == bottom)")
         super().reshape(bottom, top)
 
-    def forward(self, bottom, top):
-        np.abs(bottom[0].data, out=top[0].data)
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            bottom[0].diff[...] = top[0].diff * np.sign(bottom[0].data)
-
 
 @register("BNLL")
-class BNLLLayer(_InputKeepingLayer):
+class BNLLLayer(_InputMapLayer):
     """y = log(1 + e^x), computed without overflow."""
-    EXP_LIMIT = 50.0       # Caffe's kBNLL_THRESHOLD on the exponent in backward
-
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        x = bottom[0].data
-        top[0].data[...] = np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            e = np.exp(np.minimum(self._input(bottom), self.EXP_LIMIT))
-            bottom[0].diff[...] = top[0].diff * e / (e + 1)
+    kind = "bnll"
 
 
 @register("Power")
-class PowerLayer(_InputKeepingLayer):
+class PowerLayer(_InputMapLayer):
     """y = (shift + scale * x) ^ power."""
+    kind = "power"
 
     def setup(self, bottom, top):
         p = self.param.power_param
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
 
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        base = self.shift + self.scale * bottom[0].data
-        top[0].data[...] = base if self.power == 1 else np.power(base, self.power)
+    def forward_params(self):
+        return self.power, self.scale, self.shift
 
-    def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        dy = top[0].diff
-        diff_scale = self.power * self.scale
-        if diff_scale == 0:
-            bottom[0].diff[...] = 0
-        elif self.power == 1:
-            bottom[0].diff[...] = dy * diff_scale
-        else:
-            base = self.shift + self.scale * self._input(bottom)
-            bottom[0].diff[...] = dy * diff_scale * np.power(base, self.power - 1)
+    def backward_params(self):
+        return self.power, self.scale, self.shift, self.power * self.scale
 
 
 def _log_base(layer, base):
@@ -218,6 +202,7 @@ def _log_base(layer, base):
 @register("Exp")
 class ExpLayer(NeuronLayer):
     """y = base ^ (shift + scale * x)."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.exp_param
@@ -226,48 +211,49 @@ class ExpLayer(NeuronLayer):
         self.outer_scale = 1.0 if p.shift == 0 else float(np.exp(log_base * p.shift))
 
     def forward(self, bottom, top):
-        y = np.exp(self.inner_scale * bottom[0].data)
-        if self.outer_scale != 1.0:
-            y *= self.outer_scale
-        top[0].data[...] = y
+        self.backend.neuron_forward("exp", bottom[0].dev_data, top[0].mutable_dev_data,
+                                    self.inner_scale, self.outer_scale)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = top[0].diff * top[0].data * self.inner_scale
+            self.backend.neuron_backward("exp", top[0].dev_diff, top[0].dev_data,
+                                         bottom[0].mutable_dev_diff, self.inner_scale)
 
 
 @register("Log")
-class LogLayer(_InputKeepingLayer):
+class LogLayer(_InputMapLayer):
     """y = log_base(shift + scale * x)."""
+    kind = "log"
 
     def setup(self, bottom, top):
         p = self.param.log_param
         self.base_scale = 1.0 / _log_base(self, p.base)
         self.scale, self.shift = p.scale, p.shift
 
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        top[0].data[...] = np.log(self.shift + self.scale * bottom[0].data) * self.base_scale
+    def forward_params(self):
+        return self.scale, self.shift, self.base_scale
 
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            inner = self.shift + self.scale * self._input(bottom)
-            bottom[0].diff[...] = top[0].diff * (self.scale * self.base_scale) / inner
+    def backward_params(self):
+        return self.scale, self.shift, self.scale * self.base_scale
 
 
 @register("Threshold")
 class ThresholdLayer(NeuronLayer):
     """y = 1 where x > threshold, else 0; a step has no gradient, so there is no backward."""
+    device_ready = True
 
     def setup(self, bottom, top):
         self.threshold = self.param.threshold_param.threshold
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data > self.threshold
+        self.backend.neuron_forward("threshold", bottom[0].dev_data, top[0].mutable_dev_data,
+                                    self.threshold)
 
 
 @register("Clip")
-class ClipLayer(_InputKeepingLayer):
+class ClipLayer(_InputMapLayer):
+    kind = "clip"
+
     def setup(self, bottom, top):
         p = self.param.clip_param
         if not (p.HasField("min") and p.HasField("max")):
@@ -276,39 +262,33 @@ class ClipLayer(_InputKeepingLayer):
             raise self.error("clip_param.min (%g) is above clip_param.max (%g)" % (p.min, p.max))
         self.min, self.max = p.min, p.max
 
-    def forward(self, bottom, top):
-        self._remember_input(bottom, top)
-        np.clip(bottom[0].data, self.min, self.max, out=top[0].data)
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            x = self._input(bottom)
-            bottom[0].diff[...] = top[0].diff * ((x >= self.min) & (x <= self.max))
+    def forward_params(self):
+        return self.min, self.max
 
 
 @register("Swish")
 class SwishLayer(NeuronLayer):
     """y = x * sigmoid(beta * x)."""
+    device_ready = True
 
     def setup(self, bottom, top):
         self.beta = self.param.swish_param.beta
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        self._sigmoid = 0.5 * np.tanh(0.5 * self.beta * x) + 0.5
-        top[0].data[...] = x * self._sigmoid
+        self._sigmoid = self.backend.neuron_forward(
+            "swish", bottom[0].dev_data, top[0].mutable_dev_data, 0.5 * self.beta)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            y, s = top[0].data, self._sigmoid
-            by = self.beta * y
-            bottom[0].diff[...] = top[0].diff * (by + s * (1 - by))
+            self.backend.neuron_backward("swish", top[0].dev_diff, top[0].dev_data,
+                                         self._sigmoid, bottom[0].mutable_dev_diff, self.beta)
 
 
 @register("Dropout")
 class DropoutLayer(NeuronLayer):
     """At TRAIN, keep each value with probability 1 - p and scale it by 1 / (1 - p);
     at TEST, pass values through unchanged (Caffe's inverted dropout)."""
+    device_ready = True
 
     def setup(self, bottom, top):
         ratio = self.param.dropout_param.dropout_ratio
@@ -318,17 +298,20 @@ class DropoutLayer(NeuronLayer):
         self.scale = 1.0 / (1.0 - ratio)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
+        x = bottom[0].dev_data
         if self.phase == TRAIN:
-            self._mask = get_rng().random(x.shape, dtype=np.float32) >= self.ratio
-            top[0].data[...] = x * self._mask * np.float32(self.scale)
+            # the draws come from the host stream on every backend, so runs agree
+            self._mask = self.backend.dropout_forward(
+                x, top[0].mutable_dev_data, get_rng().random(x.shape, dtype=np.float32),
+                self.ratio, self.scale)
         elif top[0] is not bottom[0]:
-            top[0].data[...] = x
+            self.backend.copy(x, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         if self.phase == TRAIN:
-            bottom[0].diff[...] = top[0].diff * self._mask * np.float32(self.scale)
+            self.backend.dropout_backward(self._mask, top[0].dev_diff,
+                                          bottom[0].mutable_dev_diff, self.ratio, self.scale)
         elif top[0] is not bottom[0]:
-            bottom[0].diff[...] = top[0].diff
+            self.backend.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)

@@ -1,6 +1,4 @@
 """Layer family: normalization and per-channel affine maps (BatchNorm, Scale, Bias, MVN)."""
-import numpy as np
-
 from ..blob import Blob
 from ..fillers import constant_filler, fill
 from .base import TEST, Layer
@@ -16,6 +14,7 @@ class BatchNormLayer(Layer):
     sum of decay weights; the global statistics are blob 0 and blob 1 divided by blob 2.
     They are statistics, not learned parameters: backward never writes their diffs.
     """
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -66,45 +65,35 @@ class BatchNormLayer(Layer):
         return array.reshape(array.shape[0], self.channels, -1)
 
     def forward(self, bottom, top):
-        x = self._by_channel(bottom[0].data)
+        be = self.backend
+        x = self._by_channel(bottom[0].dev_data)
+        # kept apart from top, which a later in-place layer (Scale) may overwrite
+        normalised = be.empty(x.shape)
         if self.use_global_stats:
             stored = float(self.blobs[2].data[0])
             factor = 0.0 if stored == 0 else 1.0 / stored
-            mean = self.blobs[0].data * factor
-            variance = self.blobs[1].data * factor
-            centred = x - mean.reshape(1, -1, 1)
+            self._std = be.batchnorm_global(x, self.blobs[0].dev_data, self.blobs[1].dev_data,
+                                            factor, self.eps, normalised)
         else:
-            mean = x.mean(axis=(0, 2), dtype=np.float64)
-            centred = x - mean.reshape(1, -1, 1).astype(x.dtype)
-            variance = np.square(centred).mean(axis=(0, 2), dtype=np.float64)
+            self._std, mean, variance = be.batchnorm_batch(x, self.eps, normalised)
             self._update_running_stats(mean, variance, x.size // self.channels)
-        self._std = np.sqrt(np.asarray(variance, dtype=np.float64) + self.eps).astype(x.dtype)
-        normalised = centred / self._std.reshape(1, -1, 1)
         self._normalised = normalised
-        top[0].data[...] = normalised.reshape(top[0].shape)
+        be.copy(normalised, top[0].mutable_dev_data)
 
     def _update_running_stats(self, mean, variance, m):
         # Caffe stores the unbiased variance: the batch variance times m / (m - 1)
         correction = m / (m - 1.0) if m > 1 else 1.0
         self.blobs[2].data[...] = self.blobs[2].data * self.fraction + 1
-        self.blobs[0].data[...] = self.blobs[0].data * self.fraction + mean
-        self.blobs[1].data[...] = self.blobs[1].data * self.fraction + correction * variance
+        self.backend.running_average(self.blobs[0].mutable_dev_data, self.fraction, mean)
+        self.backend.running_average(self.blobs[1].mutable_dev_data, self.fraction, variance,
+                                     correction)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = self._by_channel(top[0].diff)
-        std = self._std.reshape(1, -1, 1)
-        if self.use_global_stats:
-            dx = dy / std
-        else:
-            # mean and variance depend on x:
-            # dx = (dy - mean(dy) - y * mean(dy * y)) / std, means per channel
-            y = self._normalised
-            mean_dy = dy.mean(axis=(0, 2), keepdims=True)
-            mean_dy_y = (dy * y).mean(axis=(0, 2), keepdims=True)
-            dx = (dy - mean_dy - y * mean_dy_y) / std
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        self.backend.batchnorm_backward(self._by_channel(top[0].dev_diff), self._normalised,
+                                        self._std, self.use_global_stats,
+                                        self._by_channel(bottom[0].mutable_dev_diff))
 
 
 class _BroadcastLayer(Layer):
@@ -142,13 +131,14 @@ class _BroadcastLayer(Layer):
                              % (what, operand.shape, bottom0.shape, start))
         return bottom0.count_axes(0, start), operand.count, bottom0.count_axes(end)
 
-    def _sum_outer_inner(self, array):
-        return array.reshape(self.outer, self.dim, self.inner).sum(axis=(0, 2), dtype=np.float64)
+    def _split(self, array):
+        return array.reshape(self.outer, self.dim, self.inner)
 
 
 @register("Scale")
 class ScaleLayer(_BroadcastLayer):
     """top = bottom[0] * scale (+ bias), scale from bottom[1] or learned."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.scale_param
@@ -180,37 +170,34 @@ class ScaleLayer(_BroadcastLayer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        self._input = x.copy() if top[0] is bottom[0] else None
-        y = x.reshape(self.outer, self.dim, self.inner) * \
-            self._scale(bottom).data.reshape(1, -1, 1)
-        if self.bias_term:
-            y += self.blobs[self.bias_index].data.reshape(1, -1, 1)
-        top[0].data[...] = y.reshape(top[0].shape)
+        be = self.backend
+        x = bottom[0].dev_data
+        self._input = be.copy(x, be.empty(x.shape)) if top[0] is bottom[0] else None
+        bias = self.blobs[self.bias_index].dev_data if self.bias_term else None
+        be.scale_forward(self._split(x), self._scale(bottom).dev_data.reshape(-1),
+                         None if bias is None else bias.reshape(-1),
+                         self._split(top[0].mutable_dev_data))
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        be = self.backend
+        dy = self._split(top[0].dev_diff)
         if self.bias_term and self.param_propagate_down[self.bias_index]:
-            bias = self.blobs[self.bias_index]
-            bias.diff += self._sum_outer_inner(dy).reshape(bias.shape)
+            be.broadcast_grad(dy, self.blobs[self.bias_index].mutable_dev_diff, True)
         scale = self._scale(bottom)
         from_bottom = len(bottom) > 1
         if (from_bottom and propagate_down[1]) or (not from_bottom and
                                                    self.param_propagate_down[0]):
-            x = self._input if self._input is not None else bottom[0].data
-            grad = self._sum_outer_inner(dy * x).reshape(scale.shape)
-            if from_bottom:
-                scale.diff[...] = grad
-            else:
-                scale.diff += grad
+            x = self._input if self._input is not None else bottom[0].dev_data
+            be.broadcast_grad(dy, scale.mutable_dev_diff, not from_bottom, self._split(x))
         if propagate_down[0]:
-            dx = dy.reshape(self.outer, self.dim, self.inner) * scale.data.reshape(1, -1, 1)
-            bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+            be.scale_backward(None, scale.dev_data.reshape(-1), dy,
+                              self._split(bottom[0].mutable_dev_diff))
 
 
 @register("Bias")
 class BiasLayer(_BroadcastLayer):
     """top = bottom[0] + bias, bias from bottom[1] or learned."""
+    device_ready = True
 
     def setup(self, bottom, top):
         p = self.param.bias_param
@@ -235,26 +222,31 @@ class BiasLayer(_BroadcastLayer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        y = bottom[0].data.reshape(self.outer, self.dim, self.inner) + \
-            self._bias(bottom).data.reshape(1, -1, 1)
-        top[0].data[...] = y.reshape(top[0].shape)
+        be = self.backend
+        x = self._split(bottom[0].dev_data)
+        y = self._split(top[0].mutable_dev_data)
+        if top[0] is not bottom[0]:
+            be.copy(x, y)
+        be.add_bias(y, self._bias(bottom).dev_data.reshape(-1))
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        be = self.backend
+        dy = self._split(top[0].dev_diff)
         bias = self._bias(bottom)
         if len(bottom) > 1:
             if propagate_down[1]:
-                bias.diff[...] = self._sum_outer_inner(dy).reshape(bias.shape)
+                be.broadcast_grad(dy, bias.mutable_dev_diff, False)
         elif self.param_propagate_down[0]:
-            bias.diff += self._sum_outer_inner(dy).reshape(bias.shape)
+            be.broadcast_grad(dy, bias.mutable_dev_diff, True)
         if propagate_down[0] and top[0] is not bottom[0]:
-            bottom[0].diff[...] = dy
+            be.copy(dy, bottom[0].mutable_dev_diff)
 
 
 @register("MVN")
 class MVNLayer(Layer):
     """Subtract the mean (and divide by std + eps) over each (num, channel) plane, or over each
     item's channels and space together with across_channels."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -274,22 +266,17 @@ class MVNLayer(Layer):
         self.rows = rows
         top[0].reshape(shape)
 
+    def _rows(self, array):
+        return array.reshape(self.rows, -1)
+
     def forward(self, bottom, top):
-        x = bottom[0].data.reshape(self.rows, -1)
-        centred = x - x.mean(axis=1, keepdims=True, dtype=np.float64).astype(x.dtype)
-        if self.normalize_variance:
-            variance = np.square(centred).mean(axis=1, keepdims=True, dtype=np.float64)
-            # Caffe adds eps to the standard deviation, not to the variance
-            self._std = (np.sqrt(variance) + self.eps).astype(x.dtype)
-            centred = centred / self._std
-        top[0].data[...] = centred.reshape(top[0].shape)
+        self._std = self.backend.mvn_forward(self._rows(bottom[0].dev_data),
+                                             self.normalize_variance, self.eps,
+                                             self._rows(top[0].mutable_dev_data))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = top[0].diff.reshape(self.rows, -1)
-        dx = dy - dy.mean(axis=1, keepdims=True)
-        if self.normalize_variance:
-            y = top[0].data.reshape(self.rows, -1)
-            dx = (dx - y * (dy * y).mean(axis=1, keepdims=True)) / self._std
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+        y = self._rows(top[0].dev_data) if self.normalize_variance else None
+        self.backend.mvn_backward(self._rows(top[0].dev_diff), y, self._std,
+                                  self._rows(bottom[0].mutable_dev_diff))

@@ -40,6 +40,9 @@ def _fail(layer_param, message):
 @register("Python")
 class PythonLayer(Layer):
     """A factory: constructing it returns the user's layer object, ready for setup."""
+    # in GPU mode the user's code reads and writes blob.data/.diff on the host, as in Caffe:
+    # each access syncs (blob.py's SyncedBlob)
+    device_ready = True
 
     def __new__(cls, layer_param, phase=None):
         pp = layer_param.python_param

@@ -35,43 +35,8 @@ from .base import Layer
 from .registry import register
 
 
-def _sigmoid(x):
-    # the tanh form never overflows in float32, and equals 1 / (1 + exp(-x))
-    return 0.5 * np.tanh(0.5 * x) + 0.5
-
-
-def lstm_unit_forward(c_prev, gates, cont):
-    """One LSTM step for N streams. ``c_prev`` (N, H), ``gates`` (N, 4H) pre-activations in
-    (i, f, o, g) order, ``cont`` (N,). Returns c, h and the cache for ``lstm_unit_backward``."""
-    hidden = c_prev.shape[1]
-    acts = np.empty_like(gates)
-    acts[:, :3 * hidden] = _sigmoid(gates[:, :3 * hidden])
-    acts[:, 3 * hidden:] = np.tanh(gates[:, 3 * hidden:])
-    i, f_sig, o, g = (acts[:, k * hidden:(k + 1) * hidden] for k in range(4))
-    c = (cont[:, None] * f_sig) * c_prev + i * g
-    tanh_c = np.tanh(c)
-    h = o * tanh_c
-    return c, h, (acts, tanh_c)
-
-
-def lstm_unit_backward(c_prev, cont, cache, dc, dh):
-    """Gradients of one LSTM step: returns (d c_prev, d gates), as Caffe's LSTMUnit computes
-    them (the forget gate's gradient is scaled by cont, exact for any cont value)."""
-    acts, tanh_c = cache
-    hidden = c_prev.shape[1]
-    i, f_sig, o, g = (acts[:, k * hidden:(k + 1) * hidden] for k in range(4))
-    cont = cont[:, None]
-    c_term = dc + dh * o * (1 - tanh_c * tanh_c)
-    dc_prev = c_term * (cont * f_sig)
-    dgates = np.empty_like(acts)
-    dgates[:, :hidden] = c_term * g * i * (1 - i)
-    dgates[:, hidden:2 * hidden] = c_term * c_prev * cont * f_sig * (1 - f_sig)
-    dgates[:, 2 * hidden:3 * hidden] = dh * tanh_c * o * (1 - o)
-    dgates[:, 3 * hidden:] = c_term * i * (1 - g * g)
-    return dc_prev, dgates
-
-
-def _mean_abs(array):
+def _mean_abs(backend, array):
+    array = backend.to_host(array)
     return float(np.abs(array).mean()) if array.size else 0.0
 
 
@@ -84,6 +49,7 @@ class _RecurrentLayer(Layer):
     """
     state_names = ()
     gate_factor = 1
+    device_ready = True
 
     def __init__(self, layer_param, phase=None):
         super().__init__(layer_param, phase)
@@ -182,34 +148,38 @@ class _RecurrentLayer(Layer):
         self._states = None
 
     # -- forward ------------------------------------------------------------------------------
+    def _copy(self, array):
+        return self.backend.copy(array, self.backend.empty(array.shape))
+
     def _initial_states(self, bottom):
         if self.expose_hidden:
             first = 2 + int(self.static_input)
-            return [bottom[first + j].data.reshape(self.N, self.hidden).astype(np.float32)
+            return [self._copy(bottom[first + j].dev_data.reshape(self.N, self.hidden))
                     for j in range(len(self.state_names))]
         if self._states is None:
-            self._states = [np.zeros((self.N, self.hidden), np.float32)
+            self._states = [self.backend.zeros((self.N, self.hidden))
                             for _ in self.state_names]
-        return [s.copy() for s in self._states]
+        return [self._copy(s) for s in self._states]
 
     def forward(self, bottom, top):
         be = self.backend
         T, N, rows = self.T, self.N, self.gate_factor * self.hidden
-        x = bottom[0].data.reshape(T * N, self.input_dim)
-        x_gates = be.gemm(x, self.blobs[0].data, trans_b=True).reshape(T, N, rows)
-        x_gates += self.blobs[1].data
+        x = bottom[0].dev_data.reshape(T * N, self.input_dim)
+        x_gates = be.gemm(x, self.blobs[0].dev_data, trans_b=True)
+        be.add_bias(x_gates.reshape(T * N, rows, 1), self.blobs[1].dev_data)
+        x_gates = x_gates.reshape(T, N, rows)
         static_gates = None
         if self.static_input:
-            xs = bottom[2].data.reshape(N, self.static_dim)
-            static_gates = be.gemm(xs, self.blobs[2].data, trans_b=True)
-        cont = bottom[1].data
+            xs = bottom[2].dev_data.reshape(N, self.static_dim)
+            static_gates = be.gemm(xs, self.blobs[2].dev_data, trans_b=True)
+        cont = bottom[1].dev_data
         initial = self._initial_states(bottom)
-        finals = self._run(top[0].data, x_gates, static_gates, cont, initial)
+        finals = self._run(top[0].mutable_dev_data, x_gates, static_gates, cont, initial)
         if self.expose_hidden:
             for j, state in enumerate(finals):
-                top[1 + j].data[...] = state.reshape(1, N, self.hidden)
+                be.copy(state, top[1 + j].mutable_dev_data)
         else:
-            self._states = [s.copy() for s in finals]
+            self._states = [self._copy(s) for s in finals]
         if self.debug_info:
             self._log_forward(x_gates)
 
@@ -225,33 +195,36 @@ class _RecurrentLayer(Layer):
         be = self.backend
         T, N, rows = self.T, self.N, self.gate_factor * self.hidden
         if self.expose_hidden:           # gradients arriving at the exposed h_T (and c_T)
-            final_diffs = [t.diff.reshape(N, self.hidden) for t in top[1:]]
+            final_diffs = [t.dev_diff.reshape(N, self.hidden) for t in top[1:]]
         else:
             final_diffs = [None] * len(self.state_names)
-        d_gates, d_initial = self._run_backward(top[0].diff, bottom[1].data, final_diffs)
+        d_gates, d_initial = self._run_backward(top[0].dev_diff, bottom[1].dev_data,
+                                                final_diffs)
         flat = d_gates.reshape(T * N, rows)
         pd = self.param_propagate_down
         if pd[0]:
-            be.gemm(flat, bottom[0].data.reshape(T * N, self.input_dim), trans_a=True,
-                    beta=1.0, out=self.blobs[0].diff)
+            be.gemm(flat, bottom[0].dev_data.reshape(T * N, self.input_dim), trans_a=True,
+                    beta=1.0, out=self.blobs[0].mutable_dev_diff)
         if pd[1]:
-            self.blobs[1].diff += flat.sum(axis=0)
+            be.add_bias_grad(flat.reshape(T * N, rows, 1), self.blobs[1].mutable_dev_diff)
         if propagate_down[0]:
-            be.gemm(flat, self.blobs[0].data,
-                    out=bottom[0].diff.reshape(T * N, self.input_dim))
+            be.gemm(flat, self.blobs[0].dev_data,
+                    out=bottom[0].mutable_dev_diff.reshape(T * N, self.input_dim))
         if self.static_input:
-            d_static = d_gates.sum(axis=0)
+            # the sum over time steps (0 + the sum: the same values as a plain sum)
+            d_static = be.add_bias_grad(d_gates.reshape(T, N * rows, 1),
+                                        be.zeros((N * rows,))).reshape(N, rows)
             if pd[2]:
-                be.gemm(d_static, bottom[2].data.reshape(N, self.static_dim), trans_a=True,
-                        beta=1.0, out=self.blobs[2].diff)
+                be.gemm(d_static, bottom[2].dev_data.reshape(N, self.static_dim), trans_a=True,
+                        beta=1.0, out=self.blobs[2].mutable_dev_diff)
             if propagate_down[2]:
-                be.gemm(d_static, self.blobs[2].data,
-                        out=bottom[2].diff.reshape(N, self.static_dim))
+                be.gemm(d_static, self.blobs[2].dev_data,
+                        out=bottom[2].mutable_dev_diff.reshape(N, self.static_dim))
         if self.expose_hidden:
             first = 2 + int(self.static_input)
             for j, d in enumerate(d_initial):
                 if propagate_down[first + j]:
-                    bottom[first + j].diff[...] = d.reshape(1, N, self.hidden)
+                    be.copy(d, bottom[first + j].mutable_dev_diff)
         if self.debug_info:
             self._log_backward(bottom, propagate_down, d_gates)
 
@@ -261,8 +234,8 @@ class _RecurrentLayer(Layer):
         be = self.backend
         w = self.blobs[self._recurrent_offset]
         if self.param_propagate_down[self._recurrent_offset]:
-            be.gemm(d_pre, conted, trans_a=True, beta=1.0, out=w.diff)
-        return be.gemm(d_pre, w.data)
+            be.gemm(d_pre, conted, trans_a=True, beta=1.0, out=w.mutable_dev_diff)
+        return be.gemm(d_pre, w.dev_data)
 
     # -- debug_info: Caffe's unrolled net logs its blobs' mean absolute values -------------
     def _layer_prefix(self):
@@ -270,26 +243,28 @@ class _RecurrentLayer(Layer):
 
     def _log_forward(self, x_gates):
         prefix = self._layer_prefix()
+        be = self.backend
         log.info("    [Forward] Layer %sx_transform, top blob %s_x data: %g", prefix,
-                 self.x_weight_name, _mean_abs(x_gates))
+                 self.x_weight_name, _mean_abs(be, x_gates))
         for name, values in self._debug_steps():
-            log.info("    [Forward] Layer %s%s data: %g", prefix, name, _mean_abs(values))
+            log.info("    [Forward] Layer %s%s data: %g", prefix, name, _mean_abs(be, values))
         for (name, _), blob in zip(self._blob_shapes(), self.blobs):
             log.info("    [Forward] Layer %s, param blob %s data: %g", self.name, name,
-                     _mean_abs(blob.data))
+                     _mean_abs(be, blob.dev_data))
 
     def _log_backward(self, bottom, propagate_down, d_gates):
         prefix = self._layer_prefix()
+        be = self.backend
         log.info("    [Backward] Layer %sx_transform, top blob %s_x diff: %g", prefix,
-                 self.x_weight_name, _mean_abs(d_gates))
+                 self.x_weight_name, _mean_abs(be, d_gates))
         if propagate_down[0]:
             log.info("    [Backward] Layer %sx_transform, bottom blob x diff: %g", prefix,
-                     _mean_abs(bottom[0].diff))
+                     _mean_abs(be, bottom[0].dev_diff))
         for (name, _), blob, down in zip(self._blob_shapes(), self.blobs,
                                          self.param_propagate_down):
             if down:
                 log.info("    [Backward] Layer %s, param blob %s diff: %g", self.name, name,
-                         _mean_abs(blob.diff))
+                         _mean_abs(be, blob.dev_diff))
 
 
 @register("RNN")
@@ -308,49 +283,57 @@ class RNNLayer(_RecurrentLayer):
         be = self.backend
         T, N, H = self.T, self.N, self.hidden
         off = self._recurrent_offset
-        w_hh = self.blobs[off].data
-        hs = np.empty((T + 1, N, H), np.float32)
-        hs[0] = initial[0]
-        conted = np.empty((T, N, H), np.float32)
+        w_hh = self.blobs[off].dev_data
+        hs = be.empty((T + 1, N, H))
+        be.copy(initial[0], be.step(hs, 0))
+        conted = be.empty((T, N, H))
         for t in range(T):
-            np.multiply(hs[t], cont[t][:, None], out=conted[t])
-            pre = be.gemm(conted[t], w_hh, trans_b=True)
-            pre += x_gates[t]
+            step_conted = be.scale_rows(be.step(hs, t), be.step(cont, t), be.step(conted, t))
+            pre = be.gemm(step_conted, w_hh, trans_b=True)
+            be.axpby(1.0, be.step(x_gates, t), 1.0, pre)
             if static_gates is not None:
-                pre += static_gates
-            np.tanh(pre, out=hs[t + 1])
+                be.axpby(1.0, static_gates, 1.0, pre)
+            be.neuron_forward("tanh", pre, be.step(hs, t + 1))
         flat_out = out.reshape(T * N, H)
-        be.gemm(hs[1:].reshape(T * N, H), self.blobs[off + 1].data, trans_b=True, out=flat_out)
-        flat_out += self.blobs[off + 2].data
-        np.tanh(flat_out, out=flat_out)
-        self._cache = (hs, conted, out.copy())
-        return [hs[T]]
+        be.gemm(be.steps(hs, 1, T + 1).reshape(T * N, H),
+                self.blobs[off + 1].dev_data, trans_b=True, out=flat_out)
+        be.add_bias(flat_out.reshape(T * N, H, 1), self.blobs[off + 2].dev_data)
+        be.neuron_forward("tanh", flat_out, flat_out)
+        self._cache = (hs, conted, self._copy(out))
+        return [be.step(hs, T)]
 
     def _run_backward(self, d_out, cont, final_diffs):
         be = self.backend
         T, N, H = self.T, self.N, self.hidden
         off = self._recurrent_offset
         hs, conted, out = self._cache
-        d_o_pre = (d_out * (1 - out * out)).reshape(T * N, H)
+        d_o_pre = be.neuron_backward("tanh", d_out, out, be.empty(out.shape)).reshape(T * N, H)
         w_ho, b_o = self.blobs[off + 1], self.blobs[off + 2]
         if self.param_propagate_down[off + 1]:
-            be.gemm(d_o_pre, hs[1:].reshape(T * N, H), trans_a=True, beta=1.0, out=w_ho.diff)
+            be.gemm(d_o_pre, be.steps(hs, 1, T + 1).reshape(T * N, H), trans_a=True,
+                    beta=1.0, out=w_ho.mutable_dev_diff)
         if self.param_propagate_down[off + 2]:
-            b_o.diff += d_o_pre.sum(axis=0)
-        d_h = be.gemm(d_o_pre, w_ho.data).reshape(T, N, H)
-        carry = final_diffs[0] if final_diffs[0] is not None else 0.0
-        d_pre = np.empty((T, N, H), np.float32)
+            be.add_bias_grad(d_o_pre.reshape(T * N, H, 1), b_o.mutable_dev_diff)
+        d_h = be.gemm(d_o_pre, w_ho.dev_data).reshape(T, N, H)
+        carry = final_diffs[0]
+        d_pre = be.empty((T, N, H))
         for t in range(T - 1, -1, -1):
-            h = hs[t + 1]
-            d_pre[t] = (d_h[t] + carry) * (1 - h * h)
-            carry = self._recurrent_step_backward(t, d_pre[t], conted[t]) * cont[t][:, None]
-        return d_pre, [np.broadcast_to(carry, (N, H))]
+            d_h_t = be.step(d_h, t)
+            if carry is not None:
+                be.axpby(1.0, carry, 1.0, d_h_t)
+            be.neuron_backward("tanh", d_h_t, be.step(hs, t + 1), be.step(d_pre, t))
+            carry = self._recurrent_step_backward(t, be.step(d_pre, t), be.step(conted, t))
+            be.scale_rows(carry, be.step(cont, t), carry)
+        if carry is None:
+            carry = be.zeros((N, H))
+        return d_pre, [carry]
 
     def _debug_steps(self):
+        be = self.backend
         hs, _, out = self._cache
         for t in range(self.T):
-            yield "h_neuron_%d, top blob h_%d" % (t + 1, t + 1), hs[t + 1]
-            yield "o_neuron_%d, top blob o_%d" % (t + 1, t + 1), out[t]
+            yield "h_neuron_%d, top blob h_%d" % (t + 1, t + 1), be.step(hs, t + 1)
+            yield "o_neuron_%d, top blob o_%d" % (t + 1, t + 1), be.step(out, t)
 
 
 @register("LSTM")
@@ -367,53 +350,64 @@ class LSTMLayer(_RecurrentLayer):
     def _run(self, out, x_gates, static_gates, cont, initial):
         be = self.backend
         T, N, H = self.T, self.N, self.hidden
-        w_hc = self.blobs[self._recurrent_offset].data
+        w_hc = self.blobs[self._recurrent_offset].dev_data
         h_prev, c_prev = initial
-        cs = np.empty((T + 1, N, H), np.float32)
-        cs[0] = c_prev
-        conted = np.empty((T, N, H), np.float32)
-        gate_inputs = np.empty((T, N, 4 * H), np.float32)
+        cs = be.empty((T + 1, N, H))
+        be.copy(c_prev, be.step(cs, 0))
+        conted = be.empty((T, N, H))
+        gate_inputs = be.empty((T, N, 4 * H))
         caches = []
         for t in range(T):
-            np.multiply(h_prev, cont[t][:, None], out=conted[t])
-            pre = gate_inputs[t]
-            be.gemm(conted[t], w_hc, trans_b=True, out=pre)
-            pre += x_gates[t]
+            cont_t = be.step(cont, t)
+            be.scale_rows(h_prev, cont_t, be.step(conted, t))
+            pre = be.step(gate_inputs, t)
+            be.gemm(be.step(conted, t), w_hc, trans_b=True, out=pre)
+            be.axpby(1.0, be.step(x_gates, t), 1.0, pre)
             if static_gates is not None:
-                pre += static_gates
-            cs[t + 1], out[t], cache = lstm_unit_forward(cs[t], pre, cont[t])
-            caches.append(cache)
-            h_prev = out[t]
-        self._cache = (cs, conted, caches, gate_inputs, out.copy())
-        return [out[T - 1].copy(), cs[T].copy()]
+                be.axpby(1.0, static_gates, 1.0, pre)
+            h_prev = be.step(out, t)
+            caches.append(be.lstm_unit_forward(be.step(cs, t), pre, cont_t,
+                                               be.step(cs, t + 1), h_prev))
+        self._cache = (cs, conted, caches, gate_inputs, self._copy(out))
+        return [self._copy(be.step(out, T - 1)), self._copy(be.step(cs, T))]
 
     def _run_backward(self, d_out, cont, final_diffs):
+        be = self.backend
         T, N, H = self.T, self.N, self.hidden
         cs, conted, caches, _, _ = self._cache
-        d_h_carry = final_diffs[0] if final_diffs[0] is not None else 0.0
-        d_c = (final_diffs[1].astype(np.float32) if final_diffs[1] is not None
-               else np.zeros((N, H), np.float32))
-        d_gates = np.empty((T, N, 4 * H), np.float32)
+        d_h_carry = final_diffs[0]
+        d_c = self._copy(final_diffs[1]) if final_diffs[1] is not None else be.zeros((N, H))
+        d_gates = be.empty((T, N, 4 * H))
+        summed = be.empty((N, H))
         for t in range(T - 1, -1, -1):
-            d_h = d_out[t] + d_h_carry
-            d_c, d_gates[t] = lstm_unit_backward(cs[t], cont[t], caches[t], d_c, d_h)
-            d_h_carry = self._recurrent_step_backward(t, d_gates[t], conted[t]) * \
-                cont[t][:, None]
-        d_h0 = np.broadcast_to(d_h_carry, (N, H))
-        return d_gates, [d_h0, d_c]
+            cont_t = be.step(cont, t)
+            d_h = be.step(d_out, t)
+            if d_h_carry is not None:
+                d_h = be.add(d_h, d_h_carry, summed)
+            be.lstm_unit_backward(be.step(cs, t), cont_t, caches[t], d_c, d_h, d_c,
+                                  be.step(d_gates, t))
+            d_h_carry = self._recurrent_step_backward(t, be.step(d_gates, t),
+                                                      be.step(conted, t))
+            be.scale_rows(d_h_carry, cont_t, d_h_carry)
+        if d_h_carry is None:
+            d_h_carry = be.zeros((N, H))
+        return d_gates, [d_h_carry, d_c]
 
     def _debug_steps(self):
+        be = self.backend
         cs, _, _, gate_inputs, out = self._cache
         for t in range(self.T):
-            yield "gate_input_%d, top blob gate_input_%d" % (t + 1, t + 1), gate_inputs[t]
-            yield "unit_%d, top blob c_%d" % (t + 1, t + 1), cs[t + 1]
-            yield "unit_%d, top blob h_%d" % (t + 1, t + 1), out[t]
+            yield "gate_input_%d, top blob gate_input_%d" % (t + 1, t + 1), \
+                be.step(gate_inputs, t)
+            yield "unit_%d, top blob c_%d" % (t + 1, t + 1), be.step(cs, t + 1)
+            yield "unit_%d, top blob h_%d" % (t + 1, t + 1), be.step(out, t)
 
 
 @register("LSTMUnit")
 class LSTMUnitLayer(Layer):
     """One LSTM step: bottoms c_{t-1} (1 x N x D), gate inputs (1 x N x 4D) in (i, f, o, g)
     order, cont (1 x N); tops c_t and h_t (1 x N x D)."""
+    device_ready = True
     exact_bottoms = 3
     exact_tops = 2
 
@@ -436,10 +430,11 @@ class LSTMUnitLayer(Layer):
         top[1].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        c, h, self._cache = lstm_unit_forward(bottom[0].data[0], bottom[1].data[0],
-                                              bottom[2].data[0])
-        top[0].data[0] = c
-        top[1].data[0] = h
+        be = self.backend
+        self._cache = be.lstm_unit_forward(
+            be.step(bottom[0].dev_data, 0), be.step(bottom[1].dev_data, 0),
+            be.step(bottom[2].dev_data, 0), be.step(top[0].mutable_dev_data, 0),
+            be.step(top[1].mutable_dev_data, 0))
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[2]:
@@ -447,9 +442,12 @@ class LSTMUnitLayer(Layer):
                              "(bottom 2)")
         if not (propagate_down[0] or propagate_down[1]):
             return
-        d_c_prev, d_gates = lstm_unit_backward(bottom[0].data[0], bottom[2].data[0],
-                                               self._cache, top[0].diff[0], top[1].diff[0])
-        if propagate_down[0]:
-            bottom[0].diff[0] = d_c_prev
-        if propagate_down[1]:
-            bottom[1].diff[0] = d_gates
+        be = self.backend
+        c_prev = be.step(bottom[0].dev_data, 0)
+        d_c_prev = (be.step(bottom[0].mutable_dev_diff, 0) if propagate_down[0]
+                    else be.empty(c_prev.shape))
+        d_gates = (be.step(bottom[1].mutable_dev_diff, 0) if propagate_down[1]
+                   else be.empty(bottom[1].shape[1:]))
+        be.lstm_unit_backward(c_prev, be.step(bottom[2].dev_data, 0), self._cache,
+                              be.step(top[0].dev_diff, 0), be.step(top[1].dev_diff, 0),
+                              d_c_prev, d_gates)

@@ -1,6 +1,7 @@
 """Layer type name -> class, as Caffe's LayerRegistry."""
 import difflib
 
+from ..backend import get_backend
 from .base import LayerError
 
 _REGISTRY = {}
@@ -37,4 +38,8 @@ def layer_class(type_name, layer_name=None):
 def create_layer(layer_param, phase=None):
     """Build a layer from a LayerParameter; ``phase`` defaults to the parameter's own."""
     cls = layer_class(layer_param.type, layer_param.name)
+    if not cls.device_ready and getattr(get_backend(), "on_device", False):
+        # no hidden host fallback: a net runs wholly on the device or says which layer cannot
+        raise LayerError("layer %r (type %s) has no GPU implementation yet; run it on the CPU"
+                         % (layer_param.name, layer_param.type))
     return cls(layer_param, phase)

@@ -149,13 +149,33 @@ class _ConvolutionBase(Layer):
         batch = self._geom_key[1] if self._geom_key else 0
         return sum(getattr(plan, "workspace_bytes", lambda n: 0)(batch) for plan in self._plans)
 
+    def shared_workspace_bytes(self):
+        """Work arrays in the threads' scratch, which every layer shares (the net counts the
+        largest layer's once)."""
+        batch = self._geom_key[1] if self._geom_key else 0
+        return max([getattr(plan, "shared_workspace_bytes", lambda n: 0)(batch)
+                    for plan in self._plans] or [0])
+
     def _batch_view(self, array, channels, spatial):
-        # axes before the channel axis are all independent samples
-        return array.reshape((-1, channels) + tuple(spatial))
+        """``array`` as (samples, channels, *spatial): axes before the channel axis are all
+        independent samples. The same array gives the same object every call, as a plan knows
+        its input by identity: the backward right after a forward reuses the columns (or
+        spectrum) that forward made instead of computing them again."""
+        shape = (-1, channels) + tuple(spatial)
+        if array.ndim == len(shape) and array.shape[1:] == shape[1:]:
+            return array
+        views = self.__dict__.setdefault("_views", {})
+        kept = views.get(id(array))
+        if kept is None or kept[0] is not array or kept[1].shape[1:] != shape[1:]:
+            if len(views) >= 8:              # blobs reshaped since: forget their old arrays
+                views.clear()
+            kept = views[id(array)] = (array, array.reshape(shape))
+        return kept[1]
 
 
 @register("Convolution")
 class ConvolutionLayer(_ConvolutionBase):
+    device_ready = True
 
     def reshape(self, bottom, top):
         self._check_bottoms(bottom)
@@ -174,22 +194,23 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         g = self.geom
-        w = self.blobs[0].data
-        bias = self.blobs[1].data if self.bias_term else None
+        w = self.blobs[0].dev_data
+        bias = self.blobs[1].dev_data if self.bias_term else None
         for plan, b, t in zip(self._plans, bottom, top):
-            plan.forward(self._batch_view(b.data, g.channels, g.in_shape), w, bias,
-                         self._batch_view(t.data, g.num_output, g.out_shape))
+            plan.forward(self._batch_view(b.dev_data, g.channels, g.in_shape), w, bias,
+                         self._batch_view(t.mutable_dev_data, g.num_output, g.out_shape))
 
     def backward(self, top, propagate_down, bottom):
         g = self.geom
-        w = self.blobs[0].data
-        dw = self.blobs[0].diff if self.param_propagate_down[0] else None
-        db = (self.blobs[1].diff if self.bias_term and self.param_propagate_down[1]
+        w = self.blobs[0].dev_data
+        dw = self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None
+        db = (self.blobs[1].mutable_dev_diff if self.bias_term and self.param_propagate_down[1]
               else None)
         for i, (plan, b, t) in enumerate(zip(self._plans, bottom, top)):
-            dx = self._batch_view(b.diff, g.channels, g.in_shape) if propagate_down[i] else None
-            plan.backward(self._batch_view(b.data, g.channels, g.in_shape),
-                          self._batch_view(t.diff, g.num_output, g.out_shape), w,
+            dx = (self._batch_view(b.mutable_dev_diff, g.channels, g.in_shape)
+                  if propagate_down[i] else None)
+            plan.backward(self._batch_view(b.dev_data, g.channels, g.in_shape),
+                          self._batch_view(t.dev_diff, g.num_output, g.out_shape), w,
                           dx=dx, dw=dw, dbias=db)
 
 
@@ -197,6 +218,7 @@ class ConvolutionLayer(_ConvolutionBase):
 class DeconvolutionLayer(_ConvolutionBase):
     """The transpose of Convolution: output = stride*(in-1) + dilated kernel - 2*pad."""
     transposed = True
+    device_ready = True
 
     def reshape(self, bottom, top):
         self._check_bottoms(bottom)
@@ -218,26 +240,29 @@ class DeconvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         g = self.geom
-        w = self.blobs[0].data
+        w = self.blobs[0].dev_data
         for plan, b, t in zip(self._plans, bottom, top):
-            y = self._batch_view(t.data, g.channels, g.in_shape)
-            plan.backward(None, self._batch_view(b.data, g.num_output, g.out_shape), w, dx=y)
+            y = self._batch_view(t.mutable_dev_data, g.channels, g.in_shape)
+            plan.backward(None, self._batch_view(b.dev_data, g.num_output, g.out_shape), w,
+                          dx=y)
             if self.bias_term:
-                y += self.blobs[1].data.reshape((1, -1) + (1,) * len(g.in_shape))
+                self.backend.add_bias(y.reshape(y.shape[0], g.channels, g.in_count),
+                                      self.blobs[1].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         g = self.geom
-        w = self.blobs[0].data
-        dw = self.blobs[0].diff if self.param_propagate_down[0] else None
+        w = self.blobs[0].dev_data
+        dw = self.blobs[0].mutable_dev_diff if self.param_propagate_down[0] else None
         for i, (plan, b, t) in enumerate(zip(self._plans, bottom, top)):
-            dtop = self._batch_view(t.diff, g.channels, g.in_shape)
+            dtop = self._batch_view(t.dev_diff, g.channels, g.in_shape)
             if self.bias_term and self.param_propagate_down[1]:
-                self.blobs[1].diff += dtop.sum(axis=(0,) + tuple(range(2, dtop.ndim)),
-                                               dtype=np.float64).astype(np.float32)
-            x = self._batch_view(b.data, g.num_output, g.out_shape)
+                self.backend.add_bias_grad(dtop.reshape(dtop.shape[0], g.channels, g.in_count),
+                                           self.blobs[1].mutable_dev_diff)
+            x = self._batch_view(b.dev_data, g.num_output, g.out_shape)
             if propagate_down[i]:
                 # the bottom gradient is the forward convolution of the top gradient
-                plan.forward(dtop, w, None, self._batch_view(b.diff, g.num_output, g.out_shape))
+                plan.forward(dtop, w, None,
+                             self._batch_view(b.mutable_dev_diff, g.num_output, g.out_shape))
                 if dw is not None:
                     plan.backward(dtop, x, w, dw=dw)      # reuses what forward took from dtop
             elif dw is not None:
@@ -260,6 +285,7 @@ def _pooled_size(size, kernel, stride, pad, round_mode):
 
 @register("Pooling")
 class PoolingLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     min_tops = 1
 
@@ -352,12 +378,12 @@ class PoolingLayer(Layer):
         return self._lead_count * padded * itemsize
 
     def forward(self, bottom, top):
-        x, y = bottom[0].data, top[0].data
+        x, y = bottom[0].dev_data, top[0].mutable_dev_data
         plan = self.plan
         if self.method == _POOL.MAX:
             plan.max_forward(x, y)
             if len(top) > 1:
-                top[1].data[...] = plan.mask()
+                self.backend.copy(plan.mask(), top[1].mutable_dev_data)
         elif self.method == _POOL.AVE:
             plan.ave_forward(x, y)
         elif self.phase == caffe_pb2.TRAIN:
@@ -368,11 +394,11 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy, dx = top[0].diff, bottom[0].diff
+        dy, dx = top[0].dev_diff, bottom[0].mutable_dev_diff
         if self.method == _POOL.AVE:
             self.plan.ave_backward(dy, dx)
         elif self.method == _POOL.STOCHASTIC and self.phase != caffe_pb2.TRAIN:
-            self.plan.stochastic_backward_test(bottom[0].data, dy, dx)
+            self.plan.stochastic_backward_test(bottom[0].dev_data, dy, dx)
         else:
             self.plan.routed_backward(dy, dx)
 
@@ -380,6 +406,7 @@ class PoolingLayer(Layer):
 @register("SPP")
 class SPPLayer(Layer):
     """Spatial pyramid pooling: level l pools into 2^l x 2^l bins, flattened and concatenated."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -435,34 +462,36 @@ class SPPLayer(Layer):
 
     def forward(self, bottom, top):
         n = bottom[0].shape[0]
-        flat = top[0].data.reshape(n, -1)
         start = 0
         for (pool, out), size in zip(self.levels, self._sizes):
             pool.forward([bottom[0]], [out])
-            flat[:, start:start + size] = out.data.reshape(n, size)
+            self.backend.axis_copy(out.dev_data.reshape(n, size),
+                                   top[0].mutable_dev_data.reshape(n, -1), 1, start, True)
             start += size
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        be = self.backend
         n = bottom[0].shape[0]
-        flat = top[0].diff.reshape(n, -1)
         total = None
         start = 0
         for (pool, out), size in zip(self.levels, self._sizes):
-            out.diff[...] = flat[:, start:start + size].reshape(out.shape)
+            be.axis_copy(out.mutable_dev_diff.reshape(n, size), top[0].dev_diff.reshape(n, -1),
+                         1, start, False)
             start += size
             pool.backward([out], [True], bottom)
             if total is None:
-                total = bottom[0].diff.copy()
+                total = be.copy(bottom[0].dev_diff, be.empty(bottom[0].shape))
             else:
-                total += bottom[0].diff
-        bottom[0].diff[...] = total
+                be.axpby(1.0, bottom[0].dev_diff, 1.0, total)
+        be.copy(total, bottom[0].mutable_dev_diff)
 
 
 # -- LRN ------------------------------------------------------------------------------------
 @register("LRN")
 class LRNLayer(Layer):
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -485,23 +514,24 @@ class LRNLayer(Layer):
     def forward(self, bottom, top):
         inplace = top[0] is bottom[0]          # then top must not be written while read
         y, self.state = self.backend.lrn_forward(
-            bottom[0].data, self.size, self.alpha, self.beta, self.k, self.across,
-            out=None if inplace else top[0].data, state=getattr(self, "state", None))
+            bottom[0].dev_data, self.size, self.alpha, self.beta, self.k, self.across,
+            out=None if inplace else top[0].mutable_dev_data, state=getattr(self, "state", None))
         if inplace:
-            top[0].data[...] = y
+            self.backend.copy(y, top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         self.backend.lrn_backward(
-            bottom[0].data, top[0].data, self.state, top[0].diff, self.size, self.alpha,
-            self.beta, self.across, out=bottom[0].diff)
+            bottom[0].dev_data, top[0].dev_data, self.state, top[0].dev_diff, self.size,
+            self.alpha, self.beta, self.across, out=bottom[0].mutable_dev_diff)
 
 
 # -- Im2col ---------------------------------------------------------------------------------
 @register("Im2col")
 class Im2colLayer(Layer):
     """Columns of convolution windows: (N, C, *in) -> (N, C*prod(kernel), *out)."""
+    device_ready = True
     exact_bottoms = 1
     exact_tops = 1
 
@@ -522,21 +552,22 @@ class Im2colLayer(Layer):
 
     def forward(self, bottom, top):
         g = self.geom
-        x = bottom[0].data.reshape((-1, g.channels) + g.in_shape)
-        top[0].data[...] = self.backend.im2col(x, g).reshape(top[0].shape)
+        x = bottom[0].dev_data.reshape((-1, g.channels) + g.in_shape)
+        self.backend.copy(self.backend.im2col(x, g), top[0].mutable_dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         g = self.geom
-        col = top[0].diff.reshape((-1, g.col_rows) + g.out_shape)
-        bottom[0].diff[...] = self.backend.col2im(col, g).reshape(bottom[0].shape)
+        col = top[0].dev_diff.reshape((-1, g.col_rows) + g.out_shape)
+        self.backend.copy(self.backend.col2im(col, g), bottom[0].mutable_dev_diff)
 
 
 # -- Crop -----------------------------------------------------------------------------------
 @register("Crop")
 class CropLayer(Layer):
     """Crops bottom[0] to bottom[1]'s shape on the axes from ``axis`` on, at ``offset``."""
+    device_ready = True
     exact_bottoms = 2
     exact_tops = 1
 
@@ -571,13 +602,13 @@ class CropLayer(Layer):
             shape.append(ref[i])
             slices.append(slice(off, off + ref[i]))
         self.slices = tuple(slices)
+        self.offsets = [s.start or 0 for s in slices]
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data[self.slices]
+        self.backend.crop_copy(bottom[0].dev_data, top[0].mutable_dev_data, self.offsets, True)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            d = bottom[0].diff
-            d[...] = 0
-            d[self.slices] = top[0].diff
+            d = self.backend.fill(bottom[0].mutable_dev_diff, 0.0)
+            self.backend.crop_copy(d, top[0].dev_diff, self.offsets, False)

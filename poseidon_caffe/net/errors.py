@@ -32,7 +32,7 @@ def raise_if_out_of_memory(layer, what, exc):
 
 def layer_failure(layer, what, exc):
     """A failure inside one layer as the project's error naming it (project errors pass)."""
-    if is_project_error(exc):
+    if is_project_error(exc) and not isinstance(exc, MemoryError):
         return exc
     if isinstance(exc, MemoryError) or "array is too big" in str(exc):
         # numpy says "array is too big" when a shape's byte count overflows

@@ -129,4 +129,4 @@ class Execution:
 
     def clear_param_diffs(self):
         for blob in self.learnable_params:
-            blob.diff[...] = 0
+            blob.zero_diff()

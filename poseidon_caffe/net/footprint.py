@@ -37,6 +37,7 @@ class MemoryFootprint:
             totals["diff"] += diff
             per_layer[layer_name] += data + diff
 
+        shared = (0, None)          # the threads' scratch: the largest layer's, once
         for i, name in enumerate(self.layer_names):
             for bid in self.top_ids[i]:
                 count(name, self._blobs[bid], bid in needs_diff)
@@ -47,6 +48,12 @@ class MemoryFootprint:
                 nbytes = int(workspace())
                 totals["workspace"] += nbytes
                 per_layer[name] += nbytes
+            scratch = getattr(self.layers[i], "shared_workspace_bytes", None)
+            if scratch is not None and int(scratch()) > shared[0]:
+                shared = (int(scratch()), name)
+        if shared[1] is not None:
+            totals["workspace"] += shared[0]
+            per_layer[shared[1]] += shared[0]
         totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
         totals["layers"] = per_layer
         return totals

@@ -136,8 +136,9 @@ class Lab:
         br, rate, delay = self.bridge_namespace, self.rate_bits, self.delay
         mtu = self.state["mtu"]
         self._add_namespace(br)
+        # no multicast snooping: its IGMP reports would reach every host with no job running
         system.run("ip", "-n", br, "link", "add", BRIDGE, "mtu", mtu, "type", "bridge",
-                   "forward_delay", "0")
+                   "forward_delay", "0", "mcast_snooping", "0")
         system.run("ip", "-n", br, "link", "set", BRIDGE, "up")
         for i, (ns, address) in enumerate(zip(self.host_namespaces, self.addresses)):
             port = "h%d" % i

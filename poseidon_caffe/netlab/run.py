@@ -3,11 +3,12 @@ reaches every host, as on a cluster's first node), count the bytes each host's l
 while it ran, and take the lab down whatever happens — normal exit, the command's failure, a
 signal, a failure half way through setup.
 
-SIGINT, SIGTERM and SIGHUP are passed on to the command once (it runs in a process group of its
-own, so a Ctrl-C reaches it through here only); one that arrives during setup stops the setup
-and takes down what was made.
+SIGINT, SIGTERM and SIGHUP are passed on to the command's process group, as a terminal passes a
+Ctrl-C (the command runs in a group of its own, so a Ctrl-C reaches it through here, once); one
+that arrives during setup stops the setup and takes down what was made.
 """
 import collections
+import os
 import signal
 import subprocess
 import threading
@@ -18,10 +19,18 @@ from .lab import DEFAULT_MTU, DEFAULT_PORT, Lab, difference
 RunResult = collections.namedtuple("RunResult", "returncode name wire seconds stdout stderr")
 RunResult.__doc__ = """returncode: the command's exit status (128 + N when signal N ended it or
 stopped the setup); name: the lab's name; wire: [HostBytes] counted while the command ran
-(None when it never started); seconds: how long it ran; stdout, stderr: what it wrote when
-asked for with subprocess.PIPE."""
+(None when it never started); seconds: how long it ran; stdout, stderr: what it wrote (text)
+when asked for with subprocess.PIPE."""
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _signal_group(proc, signum):
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 class _Interrupted(BaseException):
@@ -47,8 +56,8 @@ def run_across(hosts, bandwidth, argv, latency="0", hostfile=None, port=DEFAULT_
         if job["phase"] == "setup":
             job["phase"] = "teardown"        # later signals must not cut the teardown short
             raise _Interrupted(signum)
-        if job["phase"] == "running" and job["proc"].poll() is None:
-            job["proc"].send_signal(signum)
+        if job["phase"] == "running":
+            _signal_group(job["proc"], signum)
 
     handlers = {}
     if threading.current_thread() is threading.main_thread():
@@ -64,13 +73,14 @@ def run_across(hosts, bandwidth, argv, latency="0", hostfile=None, port=DEFAULT_
             start = time.monotonic()
             job["proc"] = subprocess.Popen(lab.command(argv), env=lab.env(env), cwd=cwd,
                                            stdin=subprocess.DEVNULL, stdout=stdout,
-                                           stderr=stderr, start_new_session=True)
+                                           stderr=stderr, text=True, errors="replace",
+                                           start_new_session=True)
             job["phase"] = "running"
         except _Interrupted as exc:
             return RunResult(128 + exc.signum, made[0].name if made else None, None, 0.0, None,
                              None)
         if job["signum"] is not None:          # it came while the command was being started
-            job["proc"].send_signal(job["signum"])
+            _signal_group(job["proc"], job["signum"])
         try:
             out, err = job["proc"].communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

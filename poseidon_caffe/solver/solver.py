@@ -458,18 +458,25 @@ class Solver:
         if clip < 0:
             return
         params = self.net.learnable_params
-        sumsq = sum(float(blob.backend.sumsq(blob.diff)) for blob in params)
+        sumsq = sum(float(blob.backend.sumsq(blob.dev_diff)) for blob in params)
         scale = updates.clip_scale(sumsq, clip)
         if scale is not None:
             for blob in params:
-                blob.diff *= scale
+                blob.backend.scale(scale, blob.mutable_dev_diff)
 
     def update_param(self, param_id, rate):
         """Normalise, regularise, compute the update value, and apply it to one parameter."""
         blob = self.net.learnable_params[param_id]
         p = self.param
-        updates.normalize(blob.diff, p.iter_size)
         local_decay = p.weight_decay * self.net.params_weight_decay[param_id]
+        if blob.backend.on_device and self.type in updates.UPDATE_RULES:
+            # the whole step in the device's kernels (updates.cu), the same rule and order
+            blob.backend.solver_update(self.type, p, blob.mutable_dev_data, blob.mutable_dev_diff,
+                                       self.param_history(param_id),
+                                       self.local_rate(param_id, rate), self.iter, p.iter_size,
+                                       local_decay, p.regularization_type)
+            return
+        updates.normalize(blob.diff, p.iter_size)
         updates.regularize(blob.data, blob.diff, local_decay, p.regularization_type)
         self.compute_update_value(param_id, rate)
         blob.update()
@@ -576,7 +583,9 @@ class Solver:
             if int(np.prod(source.shape)) != target.size:
                 raise snap.SnapshotError("history blob #%d in %s has %d values; the solver's has %d"
                                          % (i, state_file, int(np.prod(source.shape)), target.size))
-            target[...] = np.asarray(source, dtype=np.float32).reshape(target.shape)
+            blob = self.net.learnable_params[i % len(self.net.learnable_params)]
+            blob.backend.upload(np.asarray(source, dtype=np.float32).reshape(target.shape),
+                                target)
         self.iter = it
         self.current_step = current_step
         extra = snap.read_rngstate(state_file)

@@ -24,6 +24,7 @@ import numpy as np
 from .. import log
 from .. import rng
 from ..solver import signals
+from . import planner
 from .engine import CHANNELS, FactorSource, Item, SyncEngine
 from .transport import OFFLOAD_SIZE
 from .failure import install as install_failure_handlers
@@ -132,13 +133,8 @@ def _client_of(topology, options):
     return cid, given >= 0 or hosts is not None
 
 
-def _factor_source(net, layer_index):
-    """Where the sufficient factors of a layer's weight gradient are read, when the layer
-    offers them (an InnerProduct); None otherwise."""
-    offer = getattr(net.layers[layer_index], "sufficient_factor_source", None)
-    source = offer(*net.layer_blobs(layer_index)) if offer is not None else None
-    if source is None:
-        return None
+def _factor_source(source):
+    """The engine's FactorSource over a layer's sufficient-factor offer (float32 copies)."""
     read_factors = source["read"]
 
     def read():
@@ -150,18 +146,9 @@ def _factor_source(net, layer_index):
 
 def build_items(net):
     """One Item per learnable blob of ``net``, with its ready and first-use layers."""
-    uses = net.param_uses()
-    items = []
-    for index, blob in enumerate(net.learnable_params):
-        if net.params_lr[index] == 0:
-            continue        # never changes: nothing to exchange
-        where = uses[index]
-        first = min(layer for layer, _ in where)
-        layer_index, j = where[0]
-        name = "%s[%d]" % (net.layer_names[layer_index], j)
-        sfb = _factor_source(net, layer_index) if (len(where) == 1 and j == 0) else None
-        items.append(Item(index, name, blob, ready_layer=first, first_use=first, sfb=sfb))
-    return items
+    return [Item(index, name, blob, ready_layer=first, first_use=first,
+                 sfb=_factor_source(offer) if offer is not None else None)
+            for index, name, blob, first, offer in planner.exchanged_params(net)]
 
 
 class DistributedRunner:

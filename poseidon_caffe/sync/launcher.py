@@ -2,7 +2,8 @@
 
 The host file (``localserver``) has Poseidon's format, one machine per line:
 ``<client_id> <ip> <port>``. Ids are distinct integers, the address must resolve, the port is
-an integer (MPI does not use it, but the file parses as Poseidon's does). The job runs one rank
+an integer (MPI does not use it, but the file parses as Poseidon's does). Before mpiexec
+starts, every host must answer from here (``check_reachable``). The job runs one rank
 per device of every host; the command is an argument list (never a shell string), printed
 before it runs, with every rank under ``supervise`` so that a rank killed outright is named.
 SIGINT, SIGTERM and SIGHUP sent to the launcher (or a Ctrl-C) are passed on to mpiexec, which
@@ -69,6 +70,47 @@ def read_localserver(path):
     if not hosts:
         raise HostFileError("host file %s lists no machines" % path)
     return hosts
+
+
+def _unreachable(ip, port, timeout):
+    """Why ``ip`` cannot be reached from here, or None when it can: it is this machine, or it
+    accepts or refuses a TCP connection on the host file's port or on ssh's (a refusal is an
+    answer; only silence or an error of the network is not)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(ip, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError):
+        return "it does not resolve"
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((address[0], 0))
+        return None                               # an address of this machine
+    except OSError:
+        pass
+    for p in dict.fromkeys((port, 22)):
+        try:
+            with socket.create_connection((address[0], p), timeout=timeout):
+                return None
+        except ConnectionRefusedError:
+            return None
+        except socket.timeout:
+            continue
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return "no answer on port %s within %g s" % (" or ".join(str(p) for p in
+                                                           dict.fromkeys((port, 22))), timeout)
+
+
+def check_reachable(hosts, hostfile, timeout=2.0):
+    """HostFileError naming the first host of ``hosts`` (read_localserver's list) that this
+    machine cannot reach, and the file; the hosts are tried at once, each within 2 x
+    ``timeout`` seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(len(hosts), 32)) as pool:
+        reasons = list(pool.map(lambda h: _unreachable(h[1], h[2], timeout), hosts))
+    for (cid, ip, _), reason in zip(hosts, reasons):
+        if reason:
+            raise HostFileError("%s: client %d's host %s is unreachable from here (%s)"
+                                % (hostfile, cid, ip, reason))
 
 
 def output_dir(dataset, staleness, num_hosts, num_threads, root="output"):
@@ -228,6 +270,11 @@ def launch_from_settings(settings, client_id=None, hostfile=None, dry_run=False,
     extra = ["-net_outputs=%s" % net_outputs, "-stats_path=%s" % stats_path]
     extra += ["-%s=%s" % (name, _setting_text(settings[name]))
               for name in PASSED_SETTINGS if settings.get(name) not in (None, "")]
+    from . import join
+    lead = join.leader(hosts)
+    one_mpiexec = client_id is None or (len(hosts) == 1 and client_id == lead[0])
+    if one_mpiexec and not dry_run:
+        check_reachable(hosts, hostfile)
     if not dry_run:
         os.makedirs(out, exist_ok=True)
     args = build_command(hosts, devices, settings["solver"], staleness=staleness,
@@ -237,8 +284,6 @@ def launch_from_settings(settings, client_id=None, hostfile=None, dry_run=False,
                          use_gpu=settings.get("use_gpu"),
                          num_servers=int(settings.get("num_servers", 0)),
                          client_ids=True, extra=extra)
-    from . import join
-    lead = join.leader(hosts)
     if client_id is None or len(hosts) == 1:
         if client_id is not None and client_id != lead[0]:
             stream.write("client %d: %s names one host, client %d starts the job\n"

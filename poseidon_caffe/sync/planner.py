@@ -160,3 +160,22 @@ def human_bytes(n):
         if abs(n) < 1024 or unit == "GB":
             return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
         n /= 1024.0
+
+
+def exchanged_params(net):
+    """(index, name, blob, ready layer, factor offer) for each learnable blob of ``net`` that
+    training changes, as the engine exchanges them: named after the first layer using it,
+    final at the earliest such layer, and with the layer's sufficient-factor offer (a dict,
+    see InnerProduct) when the blob is the weight of one layer that makes one, else None."""
+    uses = net.param_uses()
+    for index, blob in enumerate(net.learnable_params):
+        if net.params_lr[index] == 0:
+            continue        # never changes: nothing to exchange
+        where = uses[index]
+        first = min(layer for layer, _ in where)
+        layer_index, j = where[0]
+        offer = None
+        if len(where) == 1 and j == 0:
+            make = getattr(net.layers[layer_index], "sufficient_factor_source", None)
+            offer = make(*net.layer_blobs(layer_index)) if make is not None else None
+        yield index, "%s[%d]" % (net.layer_names[layer_index], j), blob, first, offer

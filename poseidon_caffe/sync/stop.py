@@ -11,8 +11,9 @@ before), so reading the answer does not make a rank wait where training would no
 
 One signal sent to every rank (to mpiexec, to the launcher) can reach them on either side of a
 boundary. So the all-reduce carries each rank's request in a slot of its own, and rank 0's
-clock: a snapshot agreed within ``COALESCE_SECONDS`` of the previous one, and asked only by
-ranks that did not ask for that one, is the same signal arriving late, and is not taken again.
+clock: a snapshot agreed within ``COALESCE_SECONDS`` (or ``COALESCE_BOUNDARIES`` boundaries) of
+the previous one, and asked only by ranks that did not ask for that one, is the same signal
+arriving late, and is not taken again.
 Every rank decides this from the same answers, so all of them skip it or none does.
 
 The MPI calls run on the communication thread, like every other one after start-up: the
@@ -31,6 +32,7 @@ from ..solver import signals
 CODES = {signals.NONE: 0, signals.SNAPSHOT: 1, signals.STOP: 2}
 ACTIONS = {code: action for action, code in CODES.items()}
 COALESCE_SECONDS = 1.0
+COALESCE_BOUNDARIES = 2
 
 
 class StopAgreement:
@@ -50,7 +52,7 @@ class StopAgreement:
         self.boundary = 0
         self.requests = {}        # boundary -> (send, recv, request): communication thread
         self.answers = {}         # boundary -> per-rank codes and rank 0's clock (ms)
-        self.last_snapshot = None # (rank 0's clock, ranks that asked) of the last one taken
+        self.last_snapshot = None # (rank 0's clock, ranks that asked, boundary) of the last taken
         transport.services.append(self)
 
     # -- compute thread ------------------------------------------------------------------
@@ -68,21 +70,26 @@ class StopAgreement:
             # doing, and take the answer as soon as any of its polls collects it
             self.scheduler.post(lambda: self._finish(asked))
             self.scheduler.wait_for(lambda: asked in self.answers, self._what(asked))
-        return self._decide(self.answers.pop(asked))
+        return self._decide(self.answers.pop(asked), asked)
 
-    def _decide(self, answer):
-        """The job's action from every rank's code and rank 0's clock (the same on all)."""
+    def _decide(self, answer, boundary):
+        """The job's action at ``boundary`` from every rank's code and rank 0's clock (the same
+        on all)."""
         codes, clock = answer[:-1], answer[-1] / 1000.0
         action = ACTIONS[int(codes.max())]
         if action != signals.SNAPSHOT:
             return action
         asking = frozenset(np.flatnonzero(codes == CODES[signals.SNAPSHOT]).tolist())
         last = self.last_snapshot
-        if last is not None and clock - last[0] < COALESCE_SECONDS and not asking & last[1]:
+        # soon after: within the clock's window, or the next COALESCE_BOUNDARIES boundaries
+        # (on a loaded host one iteration can outlast the window)
+        soon = last is not None and (clock - last[0] < COALESCE_SECONDS or
+                                     boundary - last[2] <= COALESCE_BOUNDARIES)
+        if soon and not asking & last[1]:
             # the previous snapshot's signal, reaching these ranks a boundary later
-            self.last_snapshot = (last[0], last[1] | asking)
+            self.last_snapshot = (last[0], last[1] | asking, last[2])
             return signals.NONE
-        self.last_snapshot = (clock, asking)
+        self.last_snapshot = (clock, asking, boundary)
         return action
 
     def close(self):

@@ -19,7 +19,8 @@ collectives in the same order on every rank.
 import concurrent.futures
 import time
 
-from mpi4py import MPI
+# mpi4py is imported where it is called: the planner and the simulator read this module's
+# small classes, and a single-process run loads no MPI
 
 
 OFFLOAD_SIZE = 1 << 18     # values (1 MB of float32) from which numeric work goes to a thread
@@ -127,7 +128,12 @@ class Transport:
             start = len(requests)
             requests.extend(service.requests_in_flight())
             spans.append((service, start, len(requests)))
-        done = (MPI.Request.Testsome(requests) if requests else None) or ()
+        if not requests and not any(service.busy() for service, _, _ in spans):
+            return False
+        done = ()
+        if requests:
+            from mpi4py import MPI
+            done = MPI.Request.Testsome(requests) or ()
         moved = bool(done)
         for service, start, end in spans:
             if any(start <= i < end for i in done) or service.busy():
@@ -179,6 +185,7 @@ class Transport:
         local = channel.local
         if local is None or local.size == 1:
             return
+        from mpi4py import MPI
         nbytes = flat.nbytes
         if local.rank == 0:
             req = local.Ireduce(MPI.IN_PLACE, flat, op=MPI.SUM, root=0)

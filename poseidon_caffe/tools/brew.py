@@ -99,15 +99,31 @@ def _gpus(text):
     if not text:
         return []
     if text == "all":
-        from .. import backend
-        count = getattr(backend, "device_count", None)
-        if count is None:
-            raise CommandError("-gpu=all: this installation has no GPU backend")
-        return list(range(count()))
+        count = _gpu_count("-gpu=all")
+        if not count:
+            raise CommandError("-gpu=all: no GPU found")
+        return list(range(count))
     try:
-        return [int(g) for g in text.split(",") if g != ""]
+        gpus = [int(g) for g in text.split(",") if g != ""]
     except ValueError:
         raise CommandError("-gpu takes device ids separated by ',' or 'all', not %r" % text) from None
+    count = _gpu_count("-gpu=%s" % text)
+    missing = [g for g in gpus if not 0 <= g < count]
+    if missing:
+        raise CommandError("-gpu=%s: no device %s; this host has %d GPU%s (ids 0..%d)"
+                           % (text, ",".join(map(str, missing)), count,
+                              "" if count == 1 else "s", count - 1))
+    return gpus
+
+
+def _gpu_count(flag):
+    """The devices of the GPU driver (POSEIDON_CAFFE_GPU=emulated: the emulated ones); a
+    CommandError naming what is missing (pycuda, the CUDA driver)."""
+    from .. import backend
+    try:
+        return backend.gpu_count()
+    except backend.GPUUnavailable as exc:
+        raise CommandError("%s: %s" % (flag, exc)) from None
 
 
 def _select_device(gpus, from_solver=False):
@@ -123,14 +139,15 @@ def _select_device(gpus, from_solver=False):
     backend.set_device(gpus[0])
     try:
         backend.set_mode_gpu()
-    except RuntimeError as exc:
+    except backend.GPUUnavailable as exc:
         if not from_solver:
-            raise
+            raise CommandError("-gpu=%d: %s" % (gpus[0], exc)) from None
         log.warning("The solver asks for solver_mode GPU, but %s; using the CPU.", exc)
         log.info("Use CPU.")
         backend.set_mode_cpu()
         return
-    log.info("Use GPU with device ID %d", gpus[0])
+    log.info("Use GPU with device ID %d%s", gpus[0],
+             " (the emulated device)" if backend.get_backend().emulated else "")
 
 
 def _phase(values, default):
@@ -348,6 +365,7 @@ def test(values):
 
 def time_model(values):
     from ..net import Net
+    from ..net.timing import time_layers
     from ..proto import caffe_pb2
     if not values["model"]:
         raise CommandError("Need a model definition to time (-model=net.prototxt).")
@@ -359,46 +377,52 @@ def time_model(values):
         from ..solver.snapshot import load_weights_files
         load_weights_files(net, values["weights"].split(","))
     iterations = values["iterations"]
+    from .. import backend
+    # a device runs its work queued: every time read waits for it first (Caffe's events)
+    clock_device = getattr(backend.get_backend(), "synchronize", None)
+
+    def now():
+        if clock_device is not None:
+            clock_device()
+        return time.perf_counter()
     log.info("Memory needed for blobs: %s", net.memory_summary())
     log.info("Performing Forward")
     initial_loss = net.forward_prefilled()
     log.info("Initial loss: %g", initial_loss)
     log.info("Performing Backward")
     net.backward_from_to()
-    n = len(net.layers)
-    forward_per_layer = [0.0] * n
-    backward_per_layer = [0.0] * n
-    forward_total = backward_total = 0.0
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", iterations)
-    total_start = time.perf_counter()
-    for j in range(iterations):
-        iter_start = time.perf_counter()
-        for i in range(n):
-            t = time.perf_counter()
-            net.forward_from_to(i, i)
-            forward_per_layer[i] += time.perf_counter() - t
-        forward_total += time.perf_counter() - iter_start
-        backward_start = time.perf_counter()
-        for i in range(n - 1, -1, -1):
-            t = time.perf_counter()
-            net.backward_from_to(i, i)
-            backward_per_layer[i] += time.perf_counter() - t
-        backward_total += time.perf_counter() - backward_start
-        log.info("Iteration: %d forward-backward time: %g ms.", j + 1,
-                 (time.perf_counter() - iter_start) * 1e3)
-    total = time.perf_counter() - total_start
+    times = time_layers(net, iterations, clock=now, on_iteration=lambda j, seconds: log.info(
+        "Iteration: %d forward-backward time: %g ms.", j + 1, seconds * 1e3))
+    total = times["total"]
     per = 1e3 / max(iterations, 1)
     log.info("Average time per layer: ")
     for i, name in enumerate(net.layer_names):
-        log.info("%10s\tforward: %g ms.", name, forward_per_layer[i] * per)
-        log.info("%10s\tbackward: %g ms.", name, backward_per_layer[i] * per)
-    log.info("Average Forward pass: %g ms.", forward_total * per)
-    log.info("Average Backward pass: %g ms.", backward_total * per)
+        log.info("%10s\tforward: %g ms.", name, times["forward"][i] * per)
+        log.info("%10s\tbackward: %g ms.", name, times["backward"][i] * per)
+    log.info("Average Forward pass: %g ms.", times["forward_total"] * per)
+    log.info("Average Backward pass: %g ms.", times["backward_total"] * per)
     log.info("Average Forward-Backward: %g ms.", total * per)
     log.info("Total Time: %g ms.", total * 1e3)
+    for line in layer_shares(net.layer_names, [t * per for t in times["forward"]],
+                             [t * per for t in times["backward"]]):
+        log.info("%s", line)
     log.info("*** Benchmark ends ***")
     return 0
+
+
+def layer_shares(names, forward_ms, backward_ms):
+    """Lines giving each layer's share of the time all layers took, forward and backward
+    together, in net order, and that time in ms. They follow Caffe's table as a block of their
+    own (no line says 'forward:' or 'backward:'), so parsers of Caffe's lines read the same."""
+    totals = [f + b for f, b in zip(forward_ms, backward_ms)]
+    whole = sum(totals)
+    lines = ["Share of forward-backward time per layer: "]
+    for name, part in zip(names, totals):
+        share = 100.0 * part / whole if whole > 0 else 0.0
+        lines.append("%10s\tshare: %5.1f %% (%g ms)" % (name, share, part))
+    return lines
 
 
 def device_query(values):
@@ -417,7 +441,7 @@ def device_query(values):
         backend.set_device(gpu)
         try:
             backend.set_mode_gpu()
-        except RuntimeError as exc:
+        except backend.GPUUnavailable as exc:
             raise CommandError("cannot query GPU %d: %s" % (gpu, exc)) from None
         describe = getattr(backend.get_backend(), "describe", None)
         log.info("Querying GPU %d", gpu)

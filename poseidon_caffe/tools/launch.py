@@ -9,7 +9,8 @@ import sys
 
 from ..sync.join import JoinError
 from ..sync.launcher import (OLD_SETTING_NAMES, PASSED_SETTINGS, HostFileError, build_command,
-                             launch_from_settings, output_dir, read_localserver, run)
+                             check_reachable, launch_from_settings, output_dir,
+                             read_localserver, run)
 from ..sync.timeouts import TimeoutSettingError
 
 
@@ -56,6 +57,11 @@ def main(argv=None):
         return 2
     out = output_dir(a.dataset, a.staleness, len(hosts), len(a.devices), a.output_root)
     if not a.dry_run:
+        try:
+            check_reachable(hosts, a.hostfile)
+        except HostFileError as exc:
+            sys.stderr.write("%s\n" % exc)
+            return 2
         os.makedirs(out, exist_ok=True)
     extra = ["-net_outputs=%s" % os.path.join(out, a.dataset),
              "-stats_path=%s" % os.path.join(out, "caffe_stats.yaml")]

@@ -33,6 +33,7 @@ commands:
   plot               plot loss, accuracy and learning rate of training logs
   extract_features   write chosen blobs of a trained net's forward passes to LMDB
   upgrade_net_proto_binary  upgrade a legacy binary .caffemodel
+  simulate           predict iteration time and speedup on clusters of any size
 """
 
 # The tools, each a main(argv) in its module here.
@@ -48,6 +49,7 @@ TOOLS = {
     "plot": ("poseidon_caffe.tools.plot", "plot_main"),
     "extract_features": ("poseidon_caffe.tools.extract_features", "extract_features_main"),
     "upgrade_net_proto_binary": ("poseidon_caffe.tools.upgrade", "upgrade_net_proto_binary_main"),
+    "simulate": ("poseidon_caffe.tools.simulate", "simulate_main"),
 }
 
 

@@ -88,10 +88,11 @@ def _only_lab(name):
     if os.environ.get(STATE_ENV):
         return Lab.load(os.environ[STATE_ENV])
     found = labs()
-    if len(found) != 1:
-        raise LabError("%s: name one with --lab (labs here: %s)"
-                       % ("no lab is up" if not found else "%d labs are up" % len(found),
-                          ", ".join(l.name for l in found) or "none"))
+    if not found:
+        raise LabError("no lab is up here")
+    if len(found) > 1:
+        raise LabError("%d labs are up (%s): name one"
+                       % (len(found), ", ".join(lab.name for lab in found)))
     return found[0]
 
 
@@ -122,7 +123,7 @@ def _up(a):
     lab = Lab.create(a.hosts, a.bandwidth, a.latency, hostfile=a.hostfile, port=a.port,
                      mtu=a.mtu, persistent=True)
     out = sys.stdout
-    out.write("%s is up\n" % _describe(lab)[0].upper() + _describe(lab)[1:])
+    out.write("%s\nlab %s is up\n" % (_describe(lab), lab.name))
     out.write("run in it:  python scripts/netlab.py exec --lab %s -- CMD ...   (e.g. python "
               "examples/mnist/run_local.py %s)\n" % (lab.name, lab.hostfile))
     out.write("take down:  python scripts/netlab.py down %s\n" % lab.name)

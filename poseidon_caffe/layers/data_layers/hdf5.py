@@ -24,6 +24,7 @@ def _h5py(where):
 
 @register("HDF5Data")
 class HDF5DataLayer(Layer):
+    device_ready = True            # batches are written on the host and copied in once
     """Batches from the HDF5 files a source list names; one dataset per top, read whole per
     file, rows in order (or shuffled per file, files in shuffled order, with ``shuffle``)."""
     exact_bottoms = 0
@@ -120,8 +121,7 @@ class HDF5DataLayer(Layer):
             mine = np.nonzero(offsets % self.size == self.rank)[0][:batch - filled]
             consumed = (mine[-1] + 1) if len(mine) == batch - filled else len(remaining)
             for blob, arr in zip(top, self.arrays):
-                blob.data[filled:filled + len(mine)] = self.backend.to_device(
-                    arr[remaining[mine]])
+                blob.data[filled:filled + len(mine)] = arr[remaining[mine]]
             filled += len(mine)
             self.row_pos += consumed
             self.offset += consumed
@@ -132,7 +132,9 @@ class HDF5DataLayer(Layer):
 @register("HDF5Output")
 class HDF5OutputLayer(Layer):
     """Appends every batch of its two bottoms to datasets 'data' and 'label' of file_name
-    (Caffe's file holds one batch only; this one keeps every batch)."""
+    (Caffe's file holds one batch only; this one keeps every batch). No backward (it has
+    no tops; Caffe's does nothing either)."""
+    device_ready = True
     exact_bottoms = 2
     exact_tops = 0
 
@@ -157,7 +159,10 @@ class HDF5OutputLayer(Layer):
     def forward(self, bottom, top):
         # Caffe writes num x channels x height x width (missing axes as 1), e.g. labels of
         # shape (N,) as N x 1 x 1 x 1, so readers of its files find four axes
-        arrays = [np.asarray(self.backend.to_host(b.data), dtype=np.float32) for b in bottom]
+        # on a device the bottoms are read back (Caffe's Forward_gpu copies them to the host)
+        # without making the host their head
+        arrays = [np.asarray(self.backend.to_host(b.dev_data), dtype=np.float32)
+                  for b in bottom]
         arrays = [a.reshape(a.shape + (1,) * (4 - a.ndim)) if a.ndim < 4 else a for a in arrays]
         if self.datasets is None:
             self.datasets = [self.file.create_dataset(name, shape=(0,) + a.shape[1:],

@@ -54,6 +54,7 @@ class _Resources:
 
 
 class PrefetchingDataLayer(Layer):
+    device_ready = True
     exact_bottoms = 0
     min_tops = 1
     max_tops = 2
@@ -97,10 +98,11 @@ class PrefetchingDataLayer(Layer):
     def forward(self, bottom, top):
         data, labels, self._consumed_state = self._resources.prefetcher.next()
         top[0].reshape(data.shape)
-        top[0].data[...] = self.backend.to_device(data)
+        # one copy of the batch into the backend's memory (on a device, the blob's head)
+        self.backend.upload(data, top[0].mutable_dev_data)
         if self.output_labels:
             top[1].reshape(labels.shape)
-            top[1].data[...] = self.backend.to_device(labels)
+            self.backend.upload(labels, top[1].mutable_dev_data)
 
     def skip_batch(self):
         """Advance the record stream by one batch without producing it: the batch the next

@@ -21,7 +21,6 @@ import collections
 import functools
 
 import numpy as np
-from mpi4py import MPI
 
 from ..strategy import ITEMSIZE, Strategy, register
 from ..transport import OFFLOAD_SIZE, Until
@@ -151,6 +150,7 @@ class ShardStore:
 
     def poll(self):
         """Test every request of the store (one call into MPI), then take what arrived."""
+        from mpi4py import MPI          # here, not at import: the planner loads no MPI
         requests = self.requests_in_flight()
         if (requests and MPI.Request.Testsome(requests)) or self.busy():
             return self.progress()

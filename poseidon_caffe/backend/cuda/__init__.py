@@ -1,0 +1,16 @@
+"""The CUDA backend: a device behind a narrow driver interface, the kernels, BLAS, the op set.
+
+- ``backend.py``: ``CUDABackend``, the op set of backend/ops.md over a driver (device arrays,
+  named light ops, gemm through cuBLAS, LRN), with the plans of ``plans.py`` (convolution,
+  pooling, im2col);
+- ``driver.py``: the interface (memory, copies, streams, events, modules, launches, BLAS) and
+  ``open_driver("cuda" | "emulated", device)``;
+- ``pycuda_driver.py`` (a GPU through pycuda, cuBLAS through ``cublas.py``) and ``emulated.py``
+  (host memory, the kernels built for the host, numpy BLAS in ``emulated_blas.py``);
+- ``kernels/*.cu``: the op set's kernels, one source for NVRTC and the host compiler
+  (``build.py`` compiles and caches; ``kernels.py`` reads their parameter lists and launches);
+- ``synced.py``: Caffe's SyncedMemory over a driver.
+
+Importing this package imports neither pycuda nor any NVIDIA library.
+"""
+from .backend import CUDABackend, DeviceArray, DeviceMemoryError  # noqa: F401

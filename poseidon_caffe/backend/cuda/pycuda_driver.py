@@ -1,0 +1,222 @@
+"""The driver interface over pycuda: the only module of the backend that imports pycuda.
+
+pycuda is imported on first use, so the package imports on machines without it; a missing
+pycuda or CUDA driver is one DriverError line. The device's primary context is retained and
+made current (the context the CUDA runtime, and so cuBLAS, uses too).
+"""
+import numpy as np
+
+from . import build
+from .driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
+
+_PYCUDA_FORMAT = {POINTER: "P", INT: "i", FLOAT: "f"}
+
+
+def _pycuda():
+    """pycuda.driver, initialised; DriverError (one line) when pycuda or a driver is missing."""
+    try:
+        import pycuda.driver as cuda
+    except ImportError as exc:
+        raise DriverError("the GPU backend needs pycuda (pip install 'poseidon-caffe[gpu]'): "
+                          "%s" % exc) from None
+    try:
+        cuda.init()
+    except Exception as exc:                    # pycuda raises its own error classes
+        raise DriverError("no usable CUDA driver: %s" % str(exc).strip().splitlines()[0]) \
+            from None
+    return cuda
+
+
+class PyCUDAModule:
+    def __init__(self, module):
+        self.module = module
+
+    def function(self, name, signature):
+        try:
+            fn = self.module.get_function(name)
+        except Exception:
+            raise DriverError("the module has no kernel %s" % name) from None
+        fn.prepare("".join(_PYCUDA_FORMAT[kind] for kind in signature))
+        return Function(name, signature, fn)
+
+
+class PyCUDAEvent:
+    def __init__(self, cuda):
+        self.event = cuda.Event()
+
+    def record(self, stream=None):
+        self.event.record(None if stream is None else stream.stream)
+
+    def synchronize(self):
+        self.event.synchronize()
+
+    def query(self):
+        return self.event.query()
+
+    def elapsed_ms(self, start):
+        return start.event.time_till(self.event)
+
+
+class PyCUDAStream:
+    def __init__(self, cuda):
+        self.stream = cuda.Stream()
+        self.handle = self.stream.handle
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+
+def _raw(stream):
+    return None if stream is None else stream.stream
+
+
+class PyCUDADriver(Driver):
+    kind = "cuda"
+
+    @staticmethod
+    def device_count():
+        try:
+            return _pycuda().Device.count()
+        except DriverError:
+            return 0
+
+    def __init__(self, device=0):
+        super().__init__()
+        cuda = self.cuda = _pycuda()
+        count = cuda.Device.count()
+        if not 0 <= int(device) < count:
+            raise DriverError("CUDA device %d does not exist (%d found)" % (device, count))
+        self.device = cuda.Device(int(device))
+        self.context = self.device.retain_primary_context()
+        self.context.push()
+        self._allocations = {}       # pointer -> pycuda allocation (kept alive until freed)
+        self._blas = {}
+        self._info = self._read_info(int(device))
+
+    def _read_info(self, ordinal):
+        a = self.cuda.device_attribute
+        get = self.device.get_attribute
+        return DeviceInfo(
+            ordinal=ordinal, name=self.device.name(),
+            compute_capability=self.device.compute_capability(),
+            total_memory=self.device.total_memory(),
+            multiprocessors=get(a.MULTIPROCESSOR_COUNT), clock_khz=get(a.CLOCK_RATE),
+            shared_memory_per_block=get(a.MAX_SHARED_MEMORY_PER_BLOCK),
+            registers_per_block=get(a.MAX_REGISTERS_PER_BLOCK), warp_size=get(a.WARP_SIZE),
+            memory_pitch=get(a.MAX_PITCH), max_threads_per_block=get(a.MAX_THREADS_PER_BLOCK),
+            max_block_dim=(get(a.MAX_BLOCK_DIM_X), get(a.MAX_BLOCK_DIM_Y),
+                           get(a.MAX_BLOCK_DIM_Z)),
+            max_grid_dim=(get(a.MAX_GRID_DIM_X), get(a.MAX_GRID_DIM_Y), get(a.MAX_GRID_DIM_Z)),
+            total_constant_memory=get(a.TOTAL_CONSTANT_MEMORY),
+            texture_alignment=get(a.TEXTURE_ALIGNMENT),
+            concurrent_copy_and_execution=bool(get(a.GPU_OVERLAP)),
+            kernel_execution_timeout=bool(get(a.KERNEL_EXEC_TIMEOUT)))
+
+    @property
+    def info(self):
+        return self._info
+
+    def mem_info(self):
+        return self.cuda.mem_get_info()
+
+    def synchronize(self):
+        self.cuda.Context.synchronize()
+
+    def close(self):
+        for handle in self._blas.values():
+            handle.close()
+        self._blas.clear()
+        self._allocations.clear()
+        if self.context is not None:
+            self.context.pop()
+            self.context = None
+
+    # -- memory ----------------------------------------------------------------------------
+    def _alloc(self, nbytes):
+        try:
+            allocation = self.cuda.mem_alloc(nbytes)
+        except self.cuda.MemoryError as exc:
+            free, total = self.mem_info()
+            raise DriverError("out of device memory: %d bytes asked, %d of %d free (%s)"
+                              % (nbytes, free, total, exc)) from None
+        ptr = int(allocation)
+        self._allocations[ptr] = allocation
+        return ptr
+
+    def _free(self, ptr):
+        allocation = self._allocations.pop(ptr, None)
+        if allocation is None:
+            raise DriverError("free of 0x%x, which is not an allocation's start" % ptr)
+        allocation.free()
+
+    def pinned_empty(self, shape, dtype):
+        return self.cuda.pagelocked_empty(shape, dtype)
+
+    def _memset(self, ptr, byte, nbytes, stream):
+        if stream is None:
+            self.cuda.memset_d8(ptr, byte, nbytes)
+        else:
+            self.cuda.memset_d8_async(ptr, byte, nbytes, _raw(stream))
+
+    def _memset32(self, ptr, word, count, stream):
+        if stream is None:
+            self.cuda.memset_d32(ptr, word, count)
+        else:
+            self.cuda.memset_d32_async(ptr, word, count, _raw(stream))
+
+    def _copy_htod(self, dst, src, stream):
+        if stream is None:
+            self.cuda.memcpy_htod(dst, src)
+        else:
+            self.cuda.memcpy_htod_async(dst, src, _raw(stream))
+
+    def _copy_dtoh(self, dst, src, stream):
+        if stream is None:
+            self.cuda.memcpy_dtoh(dst, src)
+        else:
+            self.cuda.memcpy_dtoh_async(dst, src, _raw(stream))
+
+    def _copy_dtod(self, dst, src, nbytes, stream):
+        if stream is None:
+            self.cuda.memcpy_dtod(dst, src, nbytes)
+        else:
+            self.cuda.memcpy_dtod_async(dst, src, nbytes, _raw(stream))
+
+    # -- streams and events ----------------------------------------------------------------
+    def stream(self):
+        return PyCUDAStream(self.cuda)
+
+    def event(self):
+        return PyCUDAEvent(self.cuda)
+
+    # -- modules and launches --------------------------------------------------------------
+    def module_image(self, source_path):
+        from .nvrtc import NVRTCError, nvrtc
+        try:
+            archs = nvrtc().supported_archs()
+        except NVRTCError as exc:
+            raise DriverError(str(exc)) from None
+        return build.ptx(source_path, build.best_arch(self._info.compute_capability, archs))
+
+    def load_module(self, image):
+        try:
+            return PyCUDAModule(self.cuda.module_from_buffer(image))
+        except Exception as exc:
+            raise DriverError("the device cannot load the kernel module: %s"
+                              % str(exc).strip().splitlines()[0]) from None
+
+    def _launch(self, function, grid, block, args, stream):
+        args = [np.uintp(v) if kind == POINTER else np.int32(v) if kind == INT
+                else np.float32(v) for kind, v in zip(function.signature, args)]
+        if stream is None:
+            function.handle.prepared_call((grid, 1), (block, 1, 1), *args)
+        else:
+            function.handle.prepared_async_call((grid, 1), (block, 1, 1), stream.stream, *args)
+
+    def blas(self, stream=None):
+        key = None if stream is None else stream.handle
+        if key not in self._blas:
+            from .cublas import CublasHandle
+            self._blas[key] = CublasHandle(stream)
+        return self._blas[key]
+

@@ -1,0 +1,94 @@
+"""The optional compiled kernels: kernels.c, built at install as the module ``_kernels`` and
+called through ctypes (which releases the GIL, so batch parts run side by side).
+
+They exist for passes numpy can only make as many strided passes (2-D pooling over small
+windows). ``lib`` is None where the library was not built (no compiler at install) or when
+POSEIDON_NATIVE=0; callers then take their numpy paths, which compute the same values.
+"""
+import ctypes
+import os
+
+import numpy as np
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_int64
+_WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
+VERSION = 3                  # kernels_version() of the kernels.c these calls are written for
+
+
+def _load():
+    if os.environ.get("POSEIDON_NATIVE", "1") == "0":
+        return None
+    try:
+        from . import _kernels
+    except ImportError:
+        return None
+    lib = ctypes.CDLL(_kernels.__file__)
+    version = getattr(lib, "kernels_version", None)
+    if version is None or version() != VERSION:
+        # built from another kernels.c (rebuild: python setup.py build_ext --inplace)
+        return None
+    lib.pool_max_forward.argtypes = [_P, _P, _P, _L] + _WINDOW
+    lib.pool_max_forward.restype = _I
+    lib.pool_max_backward.argtypes = [_P, _P, _P, _L, _I, _I]
+    lib.pool_max_backward.restype = None
+    lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW
+    lib.pool_ave_forward.restype = _I
+    lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW
+    lib.pool_ave_backward.restype = _I
+    return lib
+
+
+lib = _load()
+
+
+def takes(*arrays):
+    """Whether the kernels can work on these arrays in place: C-contiguous float32."""
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def _pool_window(geom):
+    (h, w), (oh, ow) = geom.in_shape, geom.out_shape
+    return (h, w, oh, ow) + geom.kernel + geom.stride + geom.pad
+
+
+def pools(geom):
+    """Whether the pooling kernels serve this geometry: 2-D, flat indices within int32."""
+    return lib is not None and len(geom.in_shape) == 2 and geom.in_count < 2 ** 31
+
+
+def max_pool_forward(x, y, arg, geom):
+    """y = MAX pooling of x (N, C, H, W); arg (int32, y's shape) = each winner's flat index
+    in its plane, -1 for an empty window."""
+    planes = x.shape[0] * x.shape[1]
+    if lib.pool_max_forward(_address(x), _address(y), _address(arg), planes,
+                            *_pool_window(geom)):
+        raise MemoryError("MAX pooling: no memory for a row of %d outputs" % geom.out_shape[1])
+    return y
+
+
+def max_pool_backward(dy, arg, dx):
+    """dx = zero, then each dy added at its winner."""
+    planes = dy.shape[0] * dy.shape[1]
+    lib.pool_max_backward(_address(dy), _address(arg), _address(dx), planes,
+                          int(np.prod(dx.shape[2:])), int(np.prod(dy.shape[2:])))
+    return dx
+
+
+def ave_pool_forward(x, y, geom):
+    planes = x.shape[0] * x.shape[1]
+    if lib.pool_ave_forward(_address(x), _address(y), planes, *_pool_window(geom)):
+        raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
+    return y
+
+
+def ave_pool_backward(dy, dx, geom):
+    planes = dy.shape[0] * dy.shape[1]
+    if lib.pool_ave_backward(_address(dy), _address(dx), planes, *_pool_window(geom)):
+        raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
+    return dx

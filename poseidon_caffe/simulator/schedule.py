@@ -1,0 +1,322 @@
+"""Predicted iteration time of a job: the planner's bytes over a link model, scheduled as the
+sync engine schedules the exchanges.
+
+The link model. Every host has one full-duplex NIC of ``bandwidth`` bytes per second each way
+and a one-way ``latency``. The hosts are alike (same compute, same bytes), so one host's
+timeline stands for all of them. The off-host bytes of an exchange are the planner's
+prediction for its blobs (``planner.make_plan``: the bytes the engine's counters measure), sent
+plus received; every strategy moves half of them each way (a parameter-server shard co-located
+with each host leader: the host pushes (H-1)/H of a blob to the other shards and takes the
+other hosts' pushes of its 1/H, then the same again for the pulls; sufficient factors go to and
+come from every other host; the ring sends and receives 2(H-1)/H of the blob), so the wire time
+is (bytes / 2) / bandwidth, the bandwidth counted in payload (``wire_efficiency`` of it:
+Ethernet, IP and TCP headers take the rest). Latency is paid once per round of messages: 2 for ps (push, then
+pull), 1 for sfb (one broadcast), 2(H-1) for the ring. With ``gpus_per_node`` G > 1 each
+exchange first sums (ps, allreduce) or gathers (sfb) the G devices' part over the host's
+``local_bandwidth`` and hands the result back the same way. Sufficient factors cost compute at
+the receiver: rebuilding the summed gradient from all H*G workers' factors is taken as H*G times
+the weight-gradient half of that layer's backward time. ``overhead`` is a fixed cost per
+exchange (the software's own, per message batch). With ``update_rate`` (parameter values per
+second) the update that follows an exchange is counted too: on 1/H of the blob at its shard for
+ps, on the whole blob at every worker for sfb and allreduce (on a GPU it is small; on a CPU it
+is not).
+
+The schedule (``sync/dwbp.py``). A bucket's exchange is submitted as soon as backward has made
+all its blobs final (with ``dwbp`` off, all of them after backward, and the next forward waits
+until every one is done). Exchanges start in bucket (backward) order, bucket b on channel
+b mod ``channels`` (train's ``-comm_channels``), one exchange per channel at a time; those on
+the wire share the NIC equally, and the work after the wire (factor rebuild, update) runs on
+the one communication thread, one exchange's at a time. The next
+iteration's forward of a layer waits until the blobs that layer uses are fresh. The
+prediction is the steady state: the mean length of the last iterations of a short run.
+"""
+from ..sync import planner
+from ..sync.dwbp import make_buckets
+from ..sync import strategy as registry
+from .model import SimulationError
+
+# exchanges in flight at once, as train's -comm_channels
+CHANNELS = 4
+
+# payload bytes per byte on the wire: 1448 of a 1514-byte Ethernet frame (IP and TCP with
+# timestamps), and the acknowledgements going the other way
+WIRE_EFFICIENCY = 0.94
+
+LATENCY_ROUNDS = {"ps": lambda hosts: 2, "sfb": lambda hosts: 1,
+                  "allreduce": lambda hosts: 2 * (hosts - 1)}
+
+
+class Cluster:
+    """The machines: ``hosts`` nodes of ``gpus_per_node`` workers, the NIC's rate each way
+    (bytes/s), the one-way latency (s), the on-host rate between devices (bytes/s)."""
+
+    def __init__(self, hosts, bandwidth, gpus_per_node=1, latency=0.0,
+                 local_bandwidth=12.5e9, channels=CHANNELS, overhead=0.0, update_rate=None,
+                 wire_efficiency=WIRE_EFFICIENCY):
+        if hosts < 1 or gpus_per_node < 1:
+            raise SimulationError("a cluster needs at least one node of at least one GPU "
+                                  "(nodes %r, gpus per node %r)" % (hosts, gpus_per_node))
+        if channels < 1:
+            raise SimulationError("-comm_channels=%r: at least one exchange must be able to "
+                                  "run" % (channels,))
+        self.hosts = int(hosts)
+        self.gpus_per_node = int(gpus_per_node)
+        self.bandwidth = float(bandwidth)
+        self.latency = float(latency)
+        self.local_bandwidth = float(local_bandwidth)
+        self.channels = int(channels)
+        self.overhead = float(overhead)
+        self.update_rate = float(update_rate) if update_rate else None
+        if not 0 < wire_efficiency <= 1:
+            raise SimulationError("wire efficiency %r: the share of a link's bytes that are "
+                                  "payload is more than 0 and at most 1" % (wire_efficiency,))
+        self.wire_efficiency = float(wire_efficiency)
+
+    def with_hosts(self, hosts):
+        return Cluster(hosts, self.bandwidth, self.gpus_per_node, self.latency,
+                       self.local_bandwidth, self.channels, self.overhead, self.update_rate,
+                       self.wire_efficiency)
+
+    @property
+    def workers(self):
+        return self.hosts * self.gpus_per_node
+
+
+class Exchange:
+    """One bucket's exchange: when it may start and what it costs."""
+
+    def __init__(self, index, name, strategy, params, submit_layer, wire_bytes, fixed, post,
+                 host_bytes):
+        self.index = index
+        self.name = name
+        self.strategy = strategy
+        self.params = params
+        self.submit_layer = submit_layer      # submitted once this layer's backward is done
+        self.wire_bytes = wire_bytes          # each way, through the host's NIC
+        self.fixed = fixed                    # seconds not on the NIC before the wire
+        self.post = post                      # seconds after the wire (factor rebuild)
+        self.host_bytes = host_bytes          # off-host sent + received (the planner's)
+
+
+def plan_exchanges(model, times, cluster, mode="auto", svb=None, fuse_bytes=1 << 16):
+    """The plan ({param index: strategy}) and the list of Exchange, in backward order."""
+    if cluster.workers == 1:
+        return {}, []                     # one worker alone exchanges nothing
+    params = model.params
+    if mode not in planner.modes():
+        raise SimulationError("-sync=%s is not one of %s" % (mode, "|".join(planner.modes())))
+    try:
+        plan, predicted = planner.make_plan(
+            params, mode, lambda p: p.sfb.rows_per_pass if p.sfb else 1,
+            (cluster.hosts, cluster.hosts, cluster.gpus_per_node), svb=svb, announce=False)
+    except planner.PlanError as exc:
+        raise SimulationError(str(exc)) from None
+    fusing = {cls.name for cls in registry.registered() if cls.fuses}
+    buckets = make_buckets(params, plan, fuse_bytes, fusing)
+    H, G = cluster.hosts, cluster.gpus_per_node
+    exchanges = []
+    for bucket in buckets:
+        host_bytes = sum(predicted[p.index] for p in bucket.items)
+        rounds = LATENCY_ROUNDS.get(bucket.strategy, lambda hosts: 2)(H) if H > 1 else 0
+        fixed = rounds * cluster.latency + cluster.overhead
+        post = 0.0
+        if G > 1:
+            fixed += _local_seconds(bucket, cluster)
+        if bucket.strategy == "sfb":
+            layer = bucket.items[0].ready_layer
+            post = H * G * 0.5 * times.backward_ms[layer] * 1e-3
+        if cluster.update_rate:
+            # the update after the exchange: a shard's 1/H of each blob (ps), or the whole
+            # blob on every worker (the others)
+            updated = bucket.count / float(H) if bucket.strategy == "ps" else bucket.count
+            post += updated / cluster.update_rate
+        submit = min(p.ready_layer for p in bucket.items)
+        exchanges.append(Exchange(bucket.index, bucket.name, bucket.strategy, bucket.items,
+                                  submit, host_bytes / 2.0 / cluster.wire_efficiency, fixed,
+                                  post, host_bytes))
+    return plan, exchanges
+
+
+def _local_seconds(bucket, cluster):
+    """The device level: the G devices' part summed (or gathered) into the host leader and
+    the result handed back."""
+    H, G = cluster.hosts, cluster.gpus_per_node
+    if bucket.strategy == "sfb":
+        item = bucket.items[0]
+        factors = 4.0 * item.sfb.rows_per_pass * (item.sfb.M + item.sfb.N)
+        moved = (G - 1) * factors + (G - 1) * H * G * factors
+    else:
+        moved = 2.0 * (G - 1) * 4.0 * bucket.count
+    return moved / cluster.local_bandwidth
+
+
+class _Task:
+    def __init__(self, exchange, submit):
+        self.exchange = exchange
+        self.submit = submit
+        self.phase = None
+        self.left = 0.0
+        self.start = None
+        self.end = None
+
+
+def run_exchanges(tasks, cluster):
+    """Give every task its start and end as the engine runs them: exchanges start in bucket
+    order, bucket b on channel b mod C, a channel carrying one exchange at a time (so bucket b
+    also waits for bucket b - C to end); exchanges on the wire share the bandwidth equally;
+    the work after the wire (rebuilding from factors, the update) runs on the one
+    communication thread, one exchange's at a time."""
+    order = sorted(tasks, key=lambda t: t.exchange.index)
+    position = {id(t): k for k, t in enumerate(order)}
+    channels = max(1, min(cluster.channels, len(order)))
+    waiting = list(order)
+    active = []
+    cpu_queue = []             # tasks whose wire is done, waiting for the communication thread
+    now = 0.0
+    eps = 1e-12
+    bw = cluster.bandwidth
+
+    def may_start(task):
+        k = position[id(task)]
+        return (task.submit <= now + eps and (k == 0 or order[k - 1].start is not None)
+                and (k < channels or order[k - channels].end is not None))
+
+    def advance(task):
+        # pre -> wire -> (wait for the thread) -> post -> done, skipping empty phases
+        while True:
+            if task.phase is None:
+                task.phase, task.left = "pre", task.exchange.fixed
+            elif task.phase == "pre":
+                task.phase, task.left = "wire", task.exchange.wire_bytes
+            elif task.phase == "wire":
+                if task.exchange.post <= 0:
+                    task.phase, task.end = "done", now
+                    return
+                task.phase, task.left = "queued", task.exchange.post
+                cpu_queue.append(task)
+                return
+            else:
+                task.phase, task.end = "done", now
+                return
+            if task.left > eps:
+                return
+
+    while waiting or active:
+        while waiting and may_start(waiting[0]):
+            task = waiting.pop(0)
+            task.start = now
+            advance(task)
+            if task.phase != "done":
+                active.append(task)
+        if not any(t.phase == "post" for t in active) and cpu_queue:
+            cpu_queue.pop(0).phase = "post"
+        wiring = sum(1 for t in active if t.phase == "wire")
+        share = bw / wiring if wiring else bw
+        steps = [t.left / share if t.phase == "wire" else t.left
+                 for t in active if t.phase in ("pre", "wire", "post")]
+        if waiting and waiting[0].submit > now + eps:
+            steps.append(waiting[0].submit - now)
+        if not steps:
+            if waiting:                     # nothing runs and the next may start now
+                continue
+            break
+        dt = max(min(steps), 0.0)
+        now += dt
+        for task in list(active):
+            if task.phase == "wire":
+                task.left -= dt * share
+                finished = task.left <= eps * max(1.0, task.exchange.wire_bytes)
+            elif task.phase in ("pre", "post"):
+                task.left -= dt
+                finished = task.left <= eps
+            else:
+                continue
+            if finished:
+                advance(task)
+                if task.phase == "done":
+                    active.remove(task)
+    return tasks
+
+
+class Prediction:
+    """One configuration's steady-state iteration."""
+
+    def __init__(self, cluster, model, iter_s, compute_s, comm_s, host_bytes, plan, exchanges):
+        self.cluster = cluster
+        self.model = model
+        self.iter_s = iter_s
+        self.compute_s = compute_s
+        self.comm_s = comm_s
+        self.host_bytes = host_bytes
+        self.plan = plan
+        self.exchanges = exchanges
+
+    @property
+    def images_per_s(self):
+        return self.cluster.workers * self.model.batch / self.iter_s
+
+    @property
+    def exposed_s(self):
+        return max(self.iter_s - self.compute_s, 0.0)
+
+    @property
+    def hidden_share(self):
+        """Share of the communication time that overlapped compute (1 when there is none)."""
+        if self.comm_s <= 0:
+            return 1.0
+        return min(max(1.0 - self.exposed_s / self.comm_s, 0.0), 1.0)
+
+
+def simulate(model, times, cluster, mode="auto", svb=None, dwbp=True, fuse_bytes=1 << 16,
+             iterations=8, measured=4):
+    """The Prediction for ``model`` with per-layer ``times`` on ``cluster``."""
+    forward = [v * 1e-3 for v in times.forward_ms]
+    backward = [v * 1e-3 for v in times.backward_ms]
+    plan, exchanges = plan_exchanges(model, times, cluster, mode, svb, fuse_bytes)
+    by_first_use = {}
+    for exchange in exchanges:
+        for p in exchange.params:
+            by_first_use.setdefault(p.first_use, []).append(p)
+    fresh = {p.index: 0.0 for p in model.params}
+    starts, comm = [], []
+    now = 0.0
+    for _ in range(iterations):
+        starts.append(now)
+        t = now
+        for i, seconds in enumerate(forward):
+            for p in by_first_use.get(i, ()):
+                t = max(t, fresh[p.index])
+            t += seconds
+        submitted = {}
+        for i in range(len(backward) - 1, -1, -1):
+            t += backward[i]
+            submitted[i] = t
+        end_backward = t
+        tasks = [_Task(e, submitted[e.submit_layer] if dwbp else end_backward)
+                 for e in exchanges]
+        run_exchanges(tasks, cluster)
+        for task in tasks:
+            for p in task.exchange.params:
+                fresh[p.index] = task.end
+        comm.append(_union([(task.start, task.end) for task in tasks]))
+        now = end_backward if dwbp else max([end_backward] + [task.end for task in tasks])
+    starts.append(now)
+    lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
+    last = lengths[-measured:]
+    iter_s = sum(last) / len(last)
+    compute_s = sum(forward) + sum(backward)
+    comm_s = sum(comm[-measured:]) / len(comm[-measured:])
+    host_bytes = sum(e.host_bytes for e in exchanges)
+    return Prediction(cluster, model, iter_s, compute_s, comm_s, host_bytes, plan, exchanges)
+
+
+def _union(intervals):
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total

@@ -1,0 +1,174 @@
+"""``poseidon-caffe simulate -model NET -nodes 1,2,4,8 -bandwidth 10gbit ...``: predicted
+iteration time, throughput and speedup of distributed training on clusters of any size
+(``simulator/``)."""
+import logging
+import sys
+
+from .. import log
+from . import flags as flagmod
+
+SIMULATE_FLAGS = [
+    flagmod.Flag("model", "", "The net prototxt (its TRAIN phase is simulated)"),
+    flagmod.Flag("nodes", "1,2,4,8,16,32", "Node counts to predict, comma-separated"),
+    flagmod.Flag("gpus_per_node", 1, "Workers (devices) per node"),
+    flagmod.Flag("bandwidth", "10gbit", "Each node's NIC rate, each way (tc's units: 10gbit, "
+                 "100mbit, 40gbit)"),
+    flagmod.Flag("latency", "0", "One-way latency between nodes (50us, 0.2ms)"),
+    flagmod.Flag("local_bandwidth", "100gbit", "Rate between the devices of one node"),
+    flagmod.Flag("compute", "measured", "Per-layer times: 'measured' (timed here as `time` "
+                 "does), a file (CSV layer,forward_ms,backward_ms; JSON; or a `time` log), or "
+                 "total=MS (one iteration's time spread over the layers by multiply-adds)"),
+    flagmod.Flag("iterations", 5, "Timed passes for -compute measured"),
+    flagmod.Flag("sync", "auto", "Strategy: auto (the planner's choice per blob), ps, sfb or "
+                 "allreduce"),
+    flagmod.Flag("svb", None, "Poseidon's switch, as for train: true sends every "
+                 "InnerProduct weight as sufficient factors, false none", kind=bool),
+    flagmod.Flag("dwbp", True, "Wait-free backprop: each layer's exchange starts when its "
+                 "backward ends (false: all after backward)"),
+    flagmod.Flag("comm_channels", 4, "Exchanges in flight at once, as train's -comm_channels "
+                 "(bucket b on channel b mod N; exchanges on the wire share the NIC)"),
+    flagmod.Flag("overhead", "0", "Fixed software cost of each exchange (e.g. 0.2ms)"),
+    flagmod.Flag("update_rate", 0.0, "Parameter values per second the update after an "
+                 "exchange runs at (0: measured here with -compute measured, else not counted)"),
+    flagmod.Flag("wire_efficiency", 0.94, "Share of the link's bytes that are payload "
+                 "(Ethernet, IP, TCP headers take the rest)"),
+    flagmod.Flag("fuse_bytes", 1 << 16, "Small blobs are fused up to this many bytes, as "
+                 "train's -fuse_bytes"),
+    flagmod.Flag("data_shape", "", "C,H,W of the images a Data layer would produce (default: "
+                 "3,crop_size,crop_size)"),
+    flagmod.Flag("batch", 0, "Images per GPU and iteration (default: the net's own batch)"),
+    flagmod.Flag("plot", "", "Also draw speedup against nodes into this PNG (or .svg, .pdf)"),
+    flagmod.Flag("json", "", "Also write the rows to this JSON file"),
+]
+
+SIMULATE_USAGE = """Predict iteration time, images/s and speedup of distributed training.
+Usage:
+    simulate -model NET [-nodes 1,2,4,8,16,32] [-gpus_per_node N] [-bandwidth 10gbit]
+             [-latency 50us] [-compute measured|FILE|total=MS] [-sync auto|ps|sfb|allreduce]
+             [-dwbp true|false] [-plot FILE.png] [-json FILE.json]
+One row per node count. speedup is images/s over one node with the same GPUs per node (as
+Poseidon reports it); comm_ms is the time a node's exchanges take per iteration and hidden the
+share of it that overlapped compute. See docs/SIMULATION.md.
+"""
+
+
+def _nodes(text):
+    try:
+        nodes = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        nodes = []
+    if not nodes or min(nodes) < 1:
+        raise flagmod.FlagError("-nodes=%r is not a list of node counts >= 1 (e.g. 1,2,4,8)"
+                                % (text,))
+    return sorted(set(nodes))
+
+
+def _times(values, model, net_path, data_shape):
+    from .. import simulator
+    spec = values["compute"]
+    if spec == "measured":
+        from ..simulator.model import build_net
+        if values["iterations"] < 1:
+            raise flagmod.FlagError("-iterations=%d: time at least one pass"
+                                    % values["iterations"])
+        net, _ = build_net(net_path, data_shape, allocate=True,
+                           batch=values["batch"] or None)
+        return simulator.measure(net, values["iterations"])
+    if spec.startswith("total="):
+        from ..simulator.model import build_net
+        try:
+            total = float(spec[len("total="):])
+        except ValueError:
+            total = -1.0
+        if not total > 0:
+            raise flagmod.FlagError("-compute=%s: total= takes one iteration's milliseconds "
+                                    "(> 0)" % spec)
+        net, _ = build_net(net_path, data_shape, batch=values["batch"] or None)
+        return simulator.spread_total(net, total, net_path)
+    return simulator.read_compute_file(spec, model)
+
+
+def simulate_rows(values):
+    """(rows, inputs) for the parsed flags: the command's work without printing."""
+    from .. import simulator
+    from ..simulator import model as net_models
+    from ..simulator import report
+    if not values["model"]:
+        raise flagmod.FlagError("simulate needs a net: -model=NET.prototxt")
+    nodes = _nodes(values["nodes"])
+    if values["gpus_per_node"] < 1:
+        raise flagmod.FlagError("-gpus_per_node=%d: a node has at least one GPU"
+                                % values["gpus_per_node"])
+    bandwidth = simulator.parse_rate(values["bandwidth"], "-bandwidth")
+    local = simulator.parse_rate(values["local_bandwidth"], "-local_bandwidth")
+    latency = simulator.parse_delay(values["latency"], "-latency")
+    overhead = simulator.parse_delay(values["overhead"], "-overhead")
+    data_shape = net_models.parse_data_shape(values["data_shape"]) if values["data_shape"] \
+        else None
+    model, _ = simulator.load(values["model"], data_shape, values["batch"] or None)
+    times = _times(values, model, values["model"], data_shape)
+    update_rate = values["update_rate"]
+    if update_rate < 0:
+        raise flagmod.FlagError("-update_rate=%g: values per second, 0 or more" % update_rate)
+    if not update_rate and values["compute"] == "measured":
+        from ..simulator.compute import measure_update_rate
+        update_rate = measure_update_rate()
+    cluster = simulator.Cluster(1, bandwidth, values["gpus_per_node"], latency, local,
+                                values["comm_channels"], overhead, update_rate,
+                                values["wire_efficiency"])
+    predictions, baseline = simulator.predict(model, times, nodes, cluster, values["sync"],
+                                              values["svb"], values["dwbp"],
+                                              values["fuse_bytes"])
+    inputs = {"net": model.name, "model": values["model"], "batch_per_gpu": model.batch,
+              "gpus_per_node": values["gpus_per_node"], "bandwidth": values["bandwidth"],
+              "latency": values["latency"], "local_bandwidth": values["local_bandwidth"],
+              "compute": values["compute"], "compute_ms_per_iteration": times.total_ms,
+              "sync": values["sync"], "svb": values["svb"], "dwbp": values["dwbp"],
+              "comm_channels": values["comm_channels"], "overhead": values["overhead"],
+              "update_rate": update_rate, "wire_efficiency": values["wire_efficiency"],
+              "speedup_over": "one node of %d GPU(s)" % values["gpus_per_node"]}
+    if times.note:
+        inputs["compute_note"] = times.note
+    return report.rows(predictions, baseline), inputs
+
+
+@flagmod.documented(SIMULATE_USAGE, SIMULATE_FLAGS)
+def simulate_main(argv):
+    from ..simulator import report
+    if any(a in ("-h", "-help", "--help") for a in argv):
+        sys.stdout.write("%s\nFlags:\n%s\n" % (SIMULATE_USAGE, flagmod.usage(SIMULATE_FLAGS)))
+        return 0
+    try:
+        values, args = flagmod.parse(argv, SIMULATE_FLAGS)
+        if args:
+            raise flagmod.FlagError("simulate takes only flags; unexpected argument(s): %s"
+                                    % " ".join(args))
+        # the nets' set-up lines are not the answer: only warnings and errors reach the console
+        log.set_console_level(logging.WARNING)
+        try:
+            rows, inputs = simulate_rows(values)
+        finally:
+            log.set_console_level(logging.NOTSET)
+        sys.stdout.write("%s (batch %d per GPU), %s each way, latency %s, %d GPU(s) per node, "
+                         "-sync=%s, dwbp %s; compute %s (%.1f ms per iteration); speedup over "
+                         "%s\n" % (inputs["net"] or inputs["model"], inputs["batch_per_gpu"],
+                                   inputs["bandwidth"], inputs["latency"],
+                                   inputs["gpus_per_node"], inputs["sync"],
+                                   "on" if inputs["dwbp"] else "off", inputs["compute"],
+                                   inputs["compute_ms_per_iteration"], inputs["speedup_over"]))
+        if "compute_note" in inputs:
+            sys.stdout.write("note: %s\n" % inputs["compute_note"])
+        sys.stdout.write(report.table(rows) + "\n")
+        if values["json"]:
+            report.write_json(rows, values["json"], inputs)
+        if values["plot"]:
+            report.plot_speedups({inputs["net"] or "net": rows}, values["plot"],
+                                 "%s, %s" % (inputs["net"] or inputs["model"],
+                                             inputs["bandwidth"]))
+    except (ValueError, OSError, RuntimeError) as exc:
+        log.error("simulate: %s", exc)
+        return 1
+    except MemoryError as exc:
+        log.error("simulate: out of memory: %s", str(exc) or "an allocation failed")
+        return 1
+    return 0
