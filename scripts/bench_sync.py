@@ -59,7 +59,8 @@ Definitions (per net, host count and mode; JSON field names):
 
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
         [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
-        [--alexnet-iters 5] [--repeat 1] [--channels 0[,4,1]] [--before DIR] [--sacp]
+        [--alexnet-iters 5] [--repeat 1] [--channels 0[,4,1]] [--before DIR]
+        [--before-channels 1] [--sacp]
         [--sacp-bandwidth RATE[,RATE]] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
         [--traces DIR]
 """
@@ -486,9 +487,11 @@ def measure_sacp(runner, hosts, rate, a):
     rows = []
     best = {}
     modes = ["auto", "ps", "sfb", "allreduce"]
-    for _ in range(a.repeat):
-        for mode in modes:
-            ranks = runner.run(net_text, hosts, mode, True, a.sacp_iters, 1,
+    for turn in range(a.repeat):
+        # each repeat starts with another mode, so that none is always the first after the
+        # lab comes up (or always beside the same burst of other jobs)
+        for mode in modes[turn % len(modes):] + modes[:turn % len(modes)]:
+            ranks = runner.run(net_text, hosts, mode, True, a.sacp_iters, a.warmup,
                                int(a.channels.split(",")[0]))
             figures = summary(ranks)
             if mode not in best or figures["seconds"] < best[mode]["seconds"]:
@@ -499,11 +502,14 @@ def measure_sacp(runner, hosts, rate, a):
                "iter_per_s": 1.0 / f["seconds"], "iter_ms": f["seconds"] * 1e3,
                "wire_bytes_per_iter": f["wire"] if runner.lab is not None else None,
                "engine_bytes_per_iter": f["engine_bytes"],
-               "predicted_bytes_per_iter": f["predicted"], "plan": f["plan"]}
+               "predicted_bytes_per_iter": f["predicted"], "plan": f["plan"],
+               # the forced modes whose plan is auto's own: their runs differ by noise alone
+               "same_plan_as": [m for m in modes if m != mode and best[m]["plan"] == f["plan"]]}
         rows.append(row)
-        print("SACP %s %d hosts %s %-9s %6.3f iter/s (%8.0f ms)  wire %s  predicted %.0f B/iter"
+        print("SACP %s %d hosts %s %-9s %6.3f iter/s (%8.0f ms)  wire %s  predicted %.0f B/iter%s"
               % (name, hosts, rate or "loopback", mode, row["iter_per_s"], row["iter_ms"],
-                 fmt(row["wire_bytes_per_iter"], "%.0f"), row["predicted_bytes_per_iter"]))
+                 fmt(row["wire_bytes_per_iter"], "%.0f"), row["predicted_bytes_per_iter"],
+                 "  (plan = %s)" % ",".join(row["same_plan_as"]) if row["same_plan_as"] else ""))
         sys.stdout.flush()
     return rows
 
@@ -526,7 +532,9 @@ def main():
     parser.add_argument("--channels", default="0", help="exchanges in flight, 0: one per "
                         "bucket (a list: one variant of the engine each)")
     parser.add_argument("--before", default="", help="also measure the engine of this tree "
-                        "(another commit's files), one exchange at a time")
+                        "(another commit's files), with --before-channels exchanges in flight")
+    parser.add_argument("--before-channels", type=int, default=1, help="exchanges in flight "
+                        "for --before's engine (its own -comm_channels)")
     parser.add_argument("--alexnet-iters", type=int, default=5)
     parser.add_argument("--sacp", action="store_true", help="also compare -sync=auto with "
                         "every forced mode on AlexNet")
@@ -549,7 +557,7 @@ def main():
     variants = [("after%s" % (c if int(c) else ""), a.pythonpath, int(c))
                 for c in a.channels.split(",")]
     if a.before:
-        variants.append(("before", os.path.abspath(a.before), 1))
+        variants.append(("before", os.path.abspath(a.before), a.before_channels))
     with tempfile.TemporaryDirectory() as tmp:
         loopback = Runner(tmp, a.pythonpath, traces=a.traces)
         for hosts in host_counts:
