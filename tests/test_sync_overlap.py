@@ -1,5 +1,5 @@
 """Several exchanges in flight at once, on real mpiexec runs over loopback: with N channels (by
-default 4; 0: one per bucket) the communication thread starts up to N buckets' exchanges before the
+default one per bucket) the communication thread starts up to N buckets' exchanges before the
 first has ended (counted by the engine's own instrumentation), with one channel never two; either way P workers of batch B
 still end with one worker's weights at batch P*B and the bytes the plan predicts, also as
 2 hosts x 2 devices, where the devices' collectives run on every channel's communicators. An

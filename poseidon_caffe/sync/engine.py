@@ -100,8 +100,8 @@ class SyncEngine:
                 self.strategies[cls.name] = opened
         fusing = {cls.name for cls in registry.registered() if cls.fuses}
         self.buckets = make_buckets(self.items, self.plan, fuse_bytes, fusing)
-        # the lanes exchanges travel on: as many as asked, or with 0 one per bucket (Poseidon
-        # gave every layer its own sync thread), no more than there are buckets to fill them
+        # the lanes exchanges travel on: one per bucket (Poseidon gave every layer its own
+        # sync thread), or as many as asked, no more than there are buckets to fill them
         channels = int(channels) if channels and int(channels) > 0 else len(self.buckets)
         channels = max(1, min(channels, len(self.buckets)))
         self.channels = [Channel.duplicate(k, topology) for k in range(channels)]
