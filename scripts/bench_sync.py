@@ -59,7 +59,7 @@ Definitions (per net, host count and mode; JSON field names):
 
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
         [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
-        [--alexnet-iters 5] [--repeat 1] [--channels 4[,0,1]] [--before DIR]
+        [--alexnet-iters 5] [--repeat 1] [--channels 0[,4,1]] [--before DIR]
         [--before-channels 1] [--sacp]
         [--sacp-bandwidth RATE[,RATE]] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
         [--traces DIR]
@@ -529,7 +529,7 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--channels", default="4", help="exchanges in flight, 0: one per "
+    parser.add_argument("--channels", default="0", help="exchanges in flight, 0: one per "
                         "bucket (a list: one variant of the engine each)")
     parser.add_argument("--before", default="", help="also measure the engine of this tree "
                         "(another commit's files), with --before-channels exchanges in flight")

@@ -35,8 +35,8 @@ from ..sync.dwbp import make_buckets
 from ..sync import strategy as registry
 from .model import SimulationError
 
-# exchanges in flight at once, as train's -comm_channels (0: a channel per bucket)
-CHANNELS = 4
+# exchanges in flight at once, as train's -comm_channels: 0, a channel per bucket
+CHANNELS = 0
 
 # payload bytes per byte on the wire: 1448 of a 1514-byte Ethernet frame (IP and TCP with
 # timestamps), and the acknowledgements going the other way

@@ -17,11 +17,7 @@ from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
 from .transport import OFFLOAD_SIZE, Channel, Transport
 
-# exchanges in flight at once, by default (0: one lane per bucket). Four, not one per bucket:
-# on AlexNet over a shaped 2-host link a lane per bucket left 2.9x the exposed communication
-# of four (every bucket on the wire at once ends late together, and the work after the wire
-# queues at the end instead of overlapping later buckets' transfers)
-CHANNELS = 4
+CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
 
 
 class FactorSource:
