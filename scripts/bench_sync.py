@@ -45,7 +45,12 @@ Definitions (per net, host count and mode; JSON field names):
   stall_ms_on / stall_ms_off   the compute thread's waits for the communication per iteration
                    (the engine's wait_seconds over the measured iterations), and copy_ms_on
                    its copies of gradients handed over (timeline spans "sync").
-  engine           after<N>: this tree's engine with N channels; before: --before's tree.
+  cpu_ms_per_rank_on / _off  CPU time (user and system) of a rank's process per measured
+                   iteration; comm_thread_cpu_ms_on the communication thread's part of it.
+                   On this machine every host's TCP stack and sync work share the same cores
+                   as the layers, so what DWBP overlaps can come back as slower layers.
+  engine           after: this tree's engine, a channel per bucket; after<N>: with N channels;
+                   before: --before's tree.
   wire_bytes_per_iter  bytes a host's link carried (sent plus received, Ethernet/IP/TCP
                    headers included; the namespace's interface counters, read by each rank
                    around the measured iterations), averaged over the hosts; null on loopback.
@@ -54,7 +59,8 @@ Definitions (per net, host count and mode; JSON field names):
 
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
         [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
-        [--alexnet-iters 5] [--repeat 1] [--channels 4[,1]] [--before DIR] [--sacp]
+        [--alexnet-iters 5] [--repeat 1] [--channels 0[,4,1]] [--before DIR]
+        [--before-channels 1] [--sacp]
         [--sacp-bandwidth RATE[,RATE]] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
         [--traces DIR]
 """
@@ -131,6 +137,7 @@ wire = (wire_bytes() - wire0) / cfg["iters"]
 window.append(timeline.now_us() if timeline else 0.0)
 stall = ((runner.engine.wait_seconds - stall0) / cfg["iters"]) if runner else 0.0
 result = {"seconds": seconds, "cpu_seconds": cpu, "wire": wire, "window_us": window,
+          "iterations": cfg["iters"] + cfg["warmup"],
           "stall": stall,
           "forward": phases["forward"] / cfg["iters"],
           "backward": phases["backward"] / cfg["iters"]}
@@ -376,6 +383,9 @@ def summary(ranks):
     return {"seconds": max(r["seconds"] for r in ranks),
             "cpu_seconds": sum(r["cpu_seconds"] for r in ranks) / len(ranks),
             "stall": sum(r["stall"] for r in ranks) / len(ranks),
+            # the communication thread's CPU per iteration (warm-up included), where it says
+            "comm_cpu": (sum(r.get("comm_cpu_seconds") or 0 for r in ranks) / len(ranks)
+                         / max(1, ranks[0].get("iterations") or 1)),
             "engine_bytes": sum(r.get("engine_bytes", 0) for r in leaders) / len(leaders),
             "wire": sum(r["wire"] for r in leaders) / len(leaders),
             "predicted": ranks[0].get("predicted"), "plan": ranks[0].get("plan"),
@@ -446,6 +456,7 @@ def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, 
             "in_flight_peak": on["in_flight_peak"],
             "cpu_ms_per_rank_on": on["cpu_seconds"] * 1e3,
             "cpu_ms_per_rank_off": off["cpu_seconds"] * 1e3,
+            "comm_thread_cpu_ms_on": on["comm_cpu"] * 1e3,
             "plan": on["plan"],
         })
     return rows
@@ -476,9 +487,11 @@ def measure_sacp(runner, hosts, rate, a):
     rows = []
     best = {}
     modes = ["auto", "ps", "sfb", "allreduce"]
-    for _ in range(a.repeat):
-        for mode in modes:
-            ranks = runner.run(net_text, hosts, mode, True, a.sacp_iters, 1,
+    for turn in range(a.repeat):
+        # each repeat starts with another mode, so that none is always the first after the
+        # lab comes up (or always beside the same burst of other jobs)
+        for mode in modes[turn % len(modes):] + modes[:turn % len(modes)]:
+            ranks = runner.run(net_text, hosts, mode, True, a.sacp_iters, a.warmup,
                                int(a.channels.split(",")[0]))
             figures = summary(ranks)
             if mode not in best or figures["seconds"] < best[mode]["seconds"]:
@@ -489,11 +502,14 @@ def measure_sacp(runner, hosts, rate, a):
                "iter_per_s": 1.0 / f["seconds"], "iter_ms": f["seconds"] * 1e3,
                "wire_bytes_per_iter": f["wire"] if runner.lab is not None else None,
                "engine_bytes_per_iter": f["engine_bytes"],
-               "predicted_bytes_per_iter": f["predicted"], "plan": f["plan"]}
+               "predicted_bytes_per_iter": f["predicted"], "plan": f["plan"],
+               # the forced modes whose plan is auto's own: their runs differ by noise alone
+               "same_plan_as": [m for m in modes if m != mode and best[m]["plan"] == f["plan"]]}
         rows.append(row)
-        print("SACP %s %d hosts %s %-9s %6.3f iter/s (%8.0f ms)  wire %s  predicted %.0f B/iter"
+        print("SACP %s %d hosts %s %-9s %6.3f iter/s (%8.0f ms)  wire %s  predicted %.0f B/iter%s"
               % (name, hosts, rate or "loopback", mode, row["iter_per_s"], row["iter_ms"],
-                 fmt(row["wire_bytes_per_iter"], "%.0f"), row["predicted_bytes_per_iter"]))
+                 fmt(row["wire_bytes_per_iter"], "%.0f"), row["predicted_bytes_per_iter"],
+                 "  (plan = %s)" % ",".join(row["same_plan_as"]) if row["same_plan_as"] else ""))
         sys.stdout.flush()
     return rows
 
@@ -513,10 +529,12 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--channels", default="4", help="exchanges in flight (a list: one "
-                        "variant of the engine each)")
+    parser.add_argument("--channels", default="0", help="exchanges in flight, 0: one per "
+                        "bucket (a list: one variant of the engine each)")
     parser.add_argument("--before", default="", help="also measure the engine of this tree "
-                        "(another commit's files), one exchange at a time")
+                        "(another commit's files), with --before-channels exchanges in flight")
+    parser.add_argument("--before-channels", type=int, default=1, help="exchanges in flight "
+                        "for --before's engine (its own -comm_channels)")
     parser.add_argument("--alexnet-iters", type=int, default=5)
     parser.add_argument("--sacp", action="store_true", help="also compare -sync=auto with "
                         "every forced mode on AlexNet")
@@ -536,9 +554,10 @@ def main():
               "netlab": bool(lab_hosts), "engine": a.pythonpath, "before": a.before,
               "rows": [], "sacp": []}
     sys.path.insert(0, ROOT)
-    variants = [("after%s" % c, a.pythonpath, int(c)) for c in a.channels.split(",")]
+    variants = [("after%s" % (c if int(c) else ""), a.pythonpath, int(c))
+                for c in a.channels.split(",")]
     if a.before:
-        variants.append(("before", os.path.abspath(a.before), 1))
+        variants.append(("before", os.path.abspath(a.before), a.before_channels))
     with tempfile.TemporaryDirectory() as tmp:
         loopback = Runner(tmp, a.pythonpath, traces=a.traces)
         for hosts in host_counts:

@@ -123,6 +123,10 @@ def test_exchanges_in_flight_share_the_wire():
     tasks = [schedule._Task(e, 0.0) for e in exchanges]
     schedule.run_exchanges(tasks, schedule.Cluster(2, MB_PER_S, channels=1, wire_efficiency=1.0))
     assert sorted(t.end for t in tasks) == [pytest.approx(0.020), pytest.approx(0.120)]
+    # 0: a channel per bucket, as with 2 here
+    tasks = [schedule._Task(e, 0.0) for e in exchanges]
+    schedule.run_exchanges(tasks, schedule.Cluster(2, MB_PER_S, channels=0, wire_efficiency=1.0))
+    assert sorted(t.end for t in tasks) == [pytest.approx(0.040), pytest.approx(0.120)]
 
 
 def test_channels_start_in_bucket_order_and_the_thread_runs_one_update_at_a_time():

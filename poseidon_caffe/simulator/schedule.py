@@ -24,9 +24,9 @@ is not).
 The schedule (``sync/dwbp.py``). A bucket's exchange is submitted as soon as backward has made
 all its blobs final (with ``dwbp`` off, all of them after backward, and the next forward waits
 until every one is done). Exchanges start in bucket (backward) order, bucket b on channel
-b mod ``channels`` (train's ``-comm_channels``), one exchange per channel at a time; those on
-the wire share the NIC equally, and the work after the wire (factor rebuild, update) runs on
-the one communication thread, one exchange's at a time. The next
+b mod ``channels`` (train's ``-comm_channels``; 0, a channel per bucket), one exchange per
+channel at a time; those on the wire share the NIC equally, and the work after the wire
+(factor rebuild, update) runs on the one worker thread, one exchange's at a time. The next
 iteration's forward of a layer waits until the blobs that layer uses are fresh. The
 prediction is the steady state: the mean length of the last iterations of a short run.
 """
@@ -35,8 +35,8 @@ from ..sync.dwbp import make_buckets
 from ..sync import strategy as registry
 from .model import SimulationError
 
-# exchanges in flight at once, as train's -comm_channels
-CHANNELS = 4
+# exchanges in flight at once, as train's -comm_channels: 0, a channel per bucket
+CHANNELS = 0
 
 # payload bytes per byte on the wire: 1448 of a 1514-byte Ethernet frame (IP and TCP with
 # timestamps), and the acknowledgements going the other way
@@ -56,9 +56,9 @@ class Cluster:
         if hosts < 1 or gpus_per_node < 1:
             raise SimulationError("a cluster needs at least one node of at least one GPU "
                                   "(nodes %r, gpus per node %r)" % (hosts, gpus_per_node))
-        if channels < 1:
-            raise SimulationError("-comm_channels=%r: at least one exchange must be able to "
-                                  "run" % (channels,))
+        if channels < 0:
+            raise SimulationError("-comm_channels=%r: a number of channels, or 0 for one per "
+                                  "bucket" % (channels,))
         self.hosts = int(hosts)
         self.gpus_per_node = int(gpus_per_node)
         self.bandwidth = float(bandwidth)
@@ -164,11 +164,12 @@ def run_exchanges(tasks, cluster):
     """Give every task its start and end as the engine runs them: exchanges start in bucket
     order, bucket b on channel b mod C, a channel carrying one exchange at a time (so bucket b
     also waits for bucket b - C to end); exchanges on the wire share the bandwidth equally;
-    the work after the wire (rebuilding from factors, the update) runs on the one
-    communication thread, one exchange's at a time."""
+    the work after the wire (rebuilding from factors, the update) runs on the one worker
+    thread, one exchange's at a time."""
     order = sorted(tasks, key=lambda t: t.exchange.index)
     position = {id(t): k for k, t in enumerate(order)}
-    channels = max(1, min(cluster.channels, len(order)))
+    channels = len(order) if cluster.channels <= 0 else cluster.channels
+    channels = max(1, min(channels, len(order)))
     waiting = list(order)
     active = []
     cpu_queue = []             # tasks whose wire is done, waiting for the communication thread

@@ -26,6 +26,7 @@ from .. import rng
 from ..solver import signals
 from . import planner
 from .engine import CHANNELS, FactorSource, Item, SyncEngine
+from .transport import OFFLOAD_SIZE
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
 from .stop import StopAgreement
@@ -207,7 +208,8 @@ class DistributedRunner:
             fuse_bytes=int(_opt(options, "fuse_bytes", 1 << 16)),
             timeout=float(timeout), timeline=self.timeline, announce=True,
             update=_opt(options, "ps_update", "server"),
-            channels=int(_opt(options, "comm_channels", CHANNELS)))
+            channels=int(_opt(options, "comm_channels", CHANNELS)),
+            offload_size=int(_opt(options, "offload_size", OFFLOAD_SIZE)))
         self.engine.failure_handler = self._comm_failed
         net.set_grad_ready_hook(self._grad_ready)
         net.set_before_forward_hook(self.engine.before_forward)

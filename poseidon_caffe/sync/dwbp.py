@@ -136,6 +136,7 @@ class Scheduler:
         self.in_flight_peak = 0    # the most exchanges in flight at once
         self.polls = 0             # rounds of tests the communication thread made
         self.cpu_seconds = 0.0     # the communication thread's own CPU time
+        engine.transport.wake = self._ring
         if timeline is not None:
             for k in range(self.channels):
                 timeline.name_thread(1 + k, "communication, channel %d" % k)

@@ -17,9 +17,9 @@ from .counters import ByteCounters
 from .device import DeviceStage, on_device
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import human_bytes, make_plan
-from .transport import Channel, Transport
+from .transport import OFFLOAD_SIZE, Channel, Transport
 
-CHANNELS = 4      # exchanges in flight at once, by default
+CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
 
 
 class FactorSource:
@@ -75,7 +75,7 @@ class SyncEngine:
     def __init__(self, topology, items, rule, mode="auto", staleness=0, svb=None, dwbp=True,
                  batch_rows=None, iter_size=1, start_clock=0, clip=None, fuse_bytes=1 << 16,
                  timeout=300.0, timeline=None, announce=True, update="server",
-                 channels=CHANNELS):
+                 channels=CHANNELS, offload_size=OFFLOAD_SIZE):
         # update "server": one Caffe update of the averaged gradient (one worker with P times
         # the batch); "worker": Poseidon's rule, each worker's solver computes its update from
         # its own gradient and history, and the exchange adds the workers' updates
@@ -89,6 +89,7 @@ class SyncEngine:
         self.clip = clip if (clip is not None and clip >= 0) else None
         self.counters = ByteCounters()
         self.transport = Transport(topology, self.counters, timeout)
+        self.transport.offload_size = int(offload_size)
         self.timeline = timeline
         batch_rows = batch_rows or (lambda item: item.sfb.rows_per_pass if item.sfb else 1)
         self.plan, self.predicted = make_plan(
@@ -117,8 +118,10 @@ class SyncEngine:
                     keep(item.index)
         fusing = {cls.name for cls in registry.registered() if cls.fuses}
         self.buckets = make_buckets(self.items, self.plan, fuse_bytes, fusing)
-        # the lanes exchanges travel on; no more than there are buckets to fill them
-        channels = max(1, min(int(channels), len(self.buckets)))
+        # the lanes exchanges travel on: one per bucket (Poseidon gave every layer its own
+        # sync thread), or as many as asked, no more than there are buckets to fill them
+        channels = int(channels) if channels and int(channels) > 0 else len(self.buckets)
+        channels = max(1, min(channels, len(self.buckets)))
         self.channels = [Channel.duplicate(k, topology) for k in range(channels)]
         for bucket in self.buckets:
             bucket.channel = bucket.index % channels
@@ -296,20 +299,25 @@ class SyncEngine:
         what = "exchanging %s (iteration %d)" % (bucket.name, clock)
         inv = 1.0 / self.workers
         worker_rule = self.update == "worker"
+        compute = self.transport.computed    # the numeric work, off the polling thread
         if worker_rule:
             # the planner gave this bucket a strategy that carries update values
-            for item, payload in zip(bucket.items, task.payloads):
-                self.rule.compute(item.index, item.data_flat, payload,
-                                  self.rule.history(item.index), clock)
+            def updates():
+                for item, payload in zip(bucket.items, task.payloads):
+                    self.rule.compute(item.index, item.data_flat, payload,
+                                      self.rule.history(item.index), clock)
+            yield from compute(updates, bucket.count)
         sums = yield from self.strategies[bucket.strategy].start(bucket, task.payloads, clock,
                                                                  what, channel)
         if sums is not None:       # None: the strategy left the fresh weights in the items
-            for item, total in zip(bucket.items, sums):
-                if worker_rule:
-                    item.data_flat[...] -= total     # the sum of the workers' updates
-                    continue
-                total *= inv
-                self._local_update(item, total, clock)
+            def apply():
+                for item, total in zip(bucket.items, sums):
+                    if worker_rule:
+                        item.data_flat[...] -= total     # the sum of the workers' updates
+                        continue
+                    total *= inv
+                    self._local_update(item, total, clock)
+            yield from compute(apply, bucket.count)
         if self.clip is None:
             self.scheduler.mark_fresh(bucket.items, clock)
 
@@ -388,4 +396,5 @@ class SyncEngine:
                 channel.free()
         self.scheduler.call(close_all)
         self.scheduler.stop()
+        self.transport.close()
         self.closed = True

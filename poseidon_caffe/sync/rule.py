@@ -6,6 +6,8 @@ to its rows exactly what a local solver applies.
 learning rate of every clock; a worker builds it from its solver (``SolverRule``), a dedicated
 server from what rank 0 sends it at start (``ServerRule`` with ``ScheduledRates``).
 """
+import threading
+
 import numpy as np
 
 from ..solver import updates
@@ -101,8 +103,13 @@ class ScheduledRates:
         self.step = int(current_step)
         self.rates = {}
         self.keep = int(keep)
+        self.lock = threading.Lock()     # updates run on more than one thread
 
     def __call__(self, clock):
+        with self.lock:
+            return self._rate(clock)
+
+    def _rate(self, clock):
         while self.next_clock <= clock:
             self.rates[self.next_clock], self.step = learning_rate(self.param, self.next_clock,
                                                                    self.step)

@@ -8,10 +8,12 @@ One session follows one ``attach`` of the workers:
    multistep position, the staleness bound, the number of workers and hosts;
 2. the rows this shard owns, with their history (sent by rank 0);
 3. serve: take pushes, apply the update once every host has pushed a clock (or, with
-   ``-ps_update=worker``, add the workers' update values), push the fresh rows back; on a snapshot request send the history once the asked clock is applied; on stop
+   ``-ps_update=worker``, add the workers' update values) on a thread of its own, so that
+   other blobs' pushes and pulls keep moving meanwhile, push the fresh rows back; on a snapshot request send the history once the asked clock is applied; on stop
    finish the sends and return.
 A failure anywhere (here or on a worker) ends the whole job through ``failure``.
 """
+import concurrent.futures
 import time
 
 from .. import log
@@ -19,6 +21,7 @@ from ..proto import caffe_pb2
 from .counters import ByteCounters
 from .strategies.ps import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, row_layout
 from .rule import ScheduledRates, UpdateRule
+from .transport import OFFLOAD_SIZE
 
 
 class _ItemShape:
@@ -26,7 +29,8 @@ class _ItemShape:
         self.index, self.name, self.count, self.rows = index, name, count, rows
 
 
-def setup_message(solver, items, start_clock, staleness, topology, update="server"):
+def setup_message(solver, items, start_clock, staleness, topology, update="server",
+                  offload_size=OFFLOAD_SIZE):
     """What rank 0 tells the dedicated servers at the start of a session."""
     net = solver.net
     return {
@@ -35,7 +39,7 @@ def setup_message(solver, items, start_clock, staleness, topology, update="serve
                    net.params_weight_decay[it.index]) for it in items],
         "start_clock": int(start_clock), "current_step": int(solver.current_step),
         "staleness": int(staleness), "workers": topology.size, "hosts": topology.num_hosts,
-        "update": update,
+        "update": update, "offload_size": int(offload_size),
     }
 
 
@@ -59,8 +63,12 @@ def serve(topology):
     hosts = setup["hosts"]
     counters = ByteCounters()
     push_comm, pull_comm, control = comm.Dup(), comm.Dup(), comm.Dup()
+    # the updates run on a thread of their own: pushes and other blobs' pulls keep moving
+    # while a large one is computed
+    updates = concurrent.futures.ThreadPoolExecutor(1, "server-updates")
     store = ShardStore(push_comm, pull_comm, counters, rule, hosts, setup["workers"],
-                       worker_updates=setup.get("update") == "worker")
+                       worker_updates=setup.get("update") == "worker", offload=updates.submit,
+                       offload_size=setup.get("offload_size", OFFLOAD_SIZE))
     rows = control.recv(source=0, tag=CONTROL_TAG)
     shapes = {}
     for index, name, count, nrows, _, _ in setup["items"]:
@@ -107,6 +115,7 @@ def serve(topology):
                 pause = min(pause * 2 or 1e-5, 1e-3)
     finally:
         store.close()
+        updates.shutdown()
         for c in (push_comm, pull_comm, control):
             c.Free()
     counters.end_iteration(clock - start)

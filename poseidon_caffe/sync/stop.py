@@ -116,6 +116,10 @@ class StopAgreement:
     def requests_in_flight(self):
         return [request for _, _, request in self.requests.values()]
 
+    @staticmethod
+    def busy():
+        return False
+
     def progress(self):
         """Collect the answers whose all-reduce has completed (the transport tested them)."""
         collected = False

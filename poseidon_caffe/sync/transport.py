@@ -12,14 +12,18 @@ rank, its pulls, the stop agreement) in one MPI_Testsome, so a rank that waits f
 still serves them. A wait that passes its
 deadline raises SyncTimeout naming the ranks it waited for, instead of hanging.
 
-A ``Channel`` is the set of communicators one exchange at a time uses for its collectives
-(the devices of a host, the host leaders): exchanges in flight together use different
-channels, so that every communicator sees its collectives in the same order on every rank.
+A ``Channel`` is the communicator one exchange at a time uses for its on-host collectives:
+exchanges in flight together use different channels, so that every communicator sees its
+collectives in the same order on every rank.
 """
+import concurrent.futures
 import time
 
 # mpi4py is imported where it is called: the planner and the simulator read this module's
 # small classes, and a single-process run loads no MPI
+
+
+OFFLOAD_SIZE = 1 << 18     # values (1 MB of float32) from which numeric work goes to a thread
 
 
 class SyncTimeout(RuntimeError):
@@ -46,31 +50,27 @@ class Until:
 
 
 class Channel:
-    """The communicators of one lane of exchanges: ``local`` (the devices of this host; None
-    with one device) and ``leaders`` (the host leaders; None off a leader or with one host)."""
+    """The lane of one exchange at a time: ``local``, its own duplicate of the communicator of
+    this host's devices (None with one device), for the exchange's on-host collectives.
+    Off-host messages travel on the strategies' communicators, told apart by tags that the
+    bucket's index makes unique (a bucket is never in flight twice)."""
 
-    def __init__(self, index, local, leaders, owned=False):
+    def __init__(self, index, local, owned=False):
         self.index = index
         self.local = local
-        self.leaders = leaders
         self.owned = owned
 
     @classmethod
     def duplicate(cls, index, topology):
-        """A channel with communicators of its own (collective over the host and the leaders:
-        every worker makes its channels in the same order at start-up)."""
-        local = topology.local.Dup() if topology.local is not None and \
-            topology.local.size > 1 else None
-        leaders = topology.leaders.Dup() if topology.leaders is not None and \
-            topology.leaders.size > 1 else None
-        return cls(index, local, leaders, owned=True)
+        """A channel with a communicator of its own (collective over the host: every worker
+        makes its channels in the same order at start-up)."""
+        local = topology.local
+        return cls(index, local.Dup() if local is not None and local.size > 1 else None, True)
 
     def free(self):
-        if self.owned:
-            for comm in (self.local, self.leaders):
-                if comm is not None:
-                    comm.Free()
-        self.local = self.leaders = None
+        if self.owned and self.local is not None:
+            self.local.Free()
+        self.local = None
 
 
 class Transport:
@@ -79,12 +79,44 @@ class Transport:
         self.counters = counters
         self.timeout = float(timeout)
         # what must be served while anything waits (this rank's parameter-server shard and
-        # pulls, the stop agreement): objects with requests_in_flight() and
-        # progress() -- take the requests that have completed (null ones)
+        # pulls, the stop agreement): objects with requests_in_flight(), progress() -- take
+        # the requests that have completed (null ones) -- and busy() -- work finished
+        # elsewhere (an update on the worker thread) waits for progress()
         self.services = []
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
-        self.default_channel = Channel(-1, topology.local, topology.leaders)
+        self.default_channel = Channel(-1, topology.local)
+        self.worker = None         # the thread that runs exchanges' numeric work
+        self.offload_size = OFFLOAD_SIZE
+        self.wake = None           # called when such work is done (the scheduler's bell)
+
+    def submit(self, fn):
+        """Run ``fn()`` on the worker thread (one at a time, in the order submitted); the
+        future of its result. Its end wakes the communication thread."""
+        if self.worker is None:
+            self.worker = concurrent.futures.ThreadPoolExecutor(1, "sync-work")
+        future = self.worker.submit(fn)
+        if self.wake is not None:
+            future.add_done_callback(lambda done: self.wake())
+        return future
+
+    def computed(self, fn, size):
+        """The step of an exchange that computes ``fn()`` (a GEMM, an update over ``size``
+        values) on the worker thread, so that the communication thread goes on testing every
+        other exchange's requests meanwhile (numpy lets go of the GIL); returns its result.
+        Small work runs here: handing it over would cost more than it takes."""
+        if size < self.offload_size:
+            return fn()
+            yield  # pragma: no cover -- makes this a generator
+        future = self.submit(fn)
+        if not future.done():
+            yield Until(future.done)
+        return future.result()
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.shutdown()
+            self.worker = None
 
     def progress(self, extra=()):
         """Test ``extra`` and every service's requests in one call into MPI (which moves them
@@ -96,16 +128,18 @@ class Transport:
             start = len(requests)
             requests.extend(service.requests_in_flight())
             spans.append((service, start, len(requests)))
-        if not requests:
+        if not requests and not any(service.busy() for service, _, _ in spans):
             return False
-        from mpi4py import MPI
-        done = MPI.Request.Testsome(requests)
-        if not done:
-            return False
+        done = ()
+        if requests:
+            from mpi4py import MPI
+            done = MPI.Request.Testsome(requests) or ()
+        moved = bool(done)
         for service, start, end in spans:
-            if any(start <= i < end for i in done):
+            if any(start <= i < end for i in done) or service.busy():
                 service.progress()
-        return True
+                moved = True
+        return moved
 
     def wait(self, requests, what, peers=()):
         """Wait for all ``requests``; ``peers`` are the world ranks they depend on."""

@@ -38,8 +38,9 @@ SYNC_FLAGS = [
                 kind=bool),
     gflags.Flag("dwbp", True, "Wait-free backpropagation: send each layer's gradients as soon as "
                 "they are ready (-nodwbp sends after the whole backward pass)."),
-    gflags.Flag("comm_channels", 4, "Exchanges in flight at once: layer (bucket) b travels on "
-                "channel b mod N, each channel one exchange at a time (1 = one at a time)."),
+    gflags.Flag("comm_channels", 0, "Exchanges in flight at once: layer (bucket) b travels on "
+                "channel b mod N, each channel one exchange at a time (0 = a channel per "
+                "bucket; 1 = one exchange at a time)."),
     gflags.Flag("staleness", 0, "Stale-synchronous bound in iterations (0 = bulk synchronous)."),
     gflags.Flag("timeline", "", "Optional; write each rank's timeline of layers and exchanges as "
                 "Chrome trace JSON: rank 0 to this file, rank r to FILE.rank<r>.json."),

@@ -26,8 +26,9 @@ SIMULATE_FLAGS = [
                  "InnerProduct weight as sufficient factors, false none", kind=bool),
     flagmod.Flag("dwbp", True, "Wait-free backprop: each layer's exchange starts when its "
                  "backward ends (false: all after backward)"),
-    flagmod.Flag("comm_channels", 4, "Exchanges in flight at once, as train's -comm_channels "
-                 "(bucket b on channel b mod N; exchanges on the wire share the NIC)"),
+    flagmod.Flag("comm_channels", 0, "Exchanges in flight at once, as train's -comm_channels "
+                 "(bucket b on channel b mod N, 0: one per bucket; exchanges on the wire "
+                 "share the NIC)"),
     flagmod.Flag("overhead", "0", "Fixed software cost of each exchange (e.g. 0.2ms)"),
     flagmod.Flag("update_rate", 0.0, "Parameter values per second the update after an "
                  "exchange runs at (0: measured here with -compute measured, else not counted)"),

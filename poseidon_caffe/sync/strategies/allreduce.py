@@ -4,12 +4,12 @@ Level 1 sums the gradient over the devices of a host into its leader; level 2 ru
 the host leaders (reduce-scatter, then allgather: each leader sends and receives 2(P-1)/P of the
 blob); level 1 again hands the sum to the devices. Every worker then applies the same update
 to its replica. Each ring step is one Isend/Irecv pair that the exchange yields on; several
-buckets' rings run at once, each on its channel's duplicate of the leaders.
+buckets' rings run at once, their messages told apart by tags from the bucket's index.
 """
 import numpy as np
 
 from ..strategy import ITEMSIZE, Strategy, register
-from ..transport import Channel, Wait
+from ..transport import Wait
 
 
 @register
@@ -28,14 +28,13 @@ class RingAllreduce(Strategy):
         self.ring = topology.leaders.Dup() if topology.leaders is not None else None
 
     def run(self, bucket, payloads, clock, what):
-        channel = self.transport.default_channel
         return self.transport.drive(self.start(bucket, payloads, clock, what,
-                                               self._own_lane(channel)), what)
+                                               self.transport.default_channel), what)
 
     def start(self, bucket, payloads, clock, what, channel):
         """One fused message for the bucket's blobs; each item's sum is a view into it."""
         flat = payloads[0] if len(payloads) == 1 else np.concatenate(payloads)
-        yield from self.reduce(channel, flat, bucket.name)
+        yield from self.reduce(channel, flat, bucket.name, bucket.index)
         sums, offset = [], 0
         for item in bucket.items:
             sums.append(flat[offset:offset + item.count])
@@ -44,22 +43,18 @@ class RingAllreduce(Strategy):
 
     def aggregate(self, flat, key, what):
         """Sum ``flat`` (a private float32 buffer) over every worker of the job, in place."""
-        lane = self._own_lane(self.transport.default_channel)
-        self.transport.drive(self.reduce(lane, flat, key), what)
+        self.transport.drive(self.reduce(self.transport.default_channel, flat, key), what)
         return flat
 
-    def _own_lane(self, channel):
-        # the blocking calls use the ring's own duplicate of the leaders
-        return Channel(-1, channel.local, self.ring)
-
-    def reduce(self, channel, flat, key):
-        """The exchange's steps: level 1, the ring over the leaders, level 1 again."""
+    def reduce(self, channel, flat, key, lane=0):
+        """The exchange's steps: level 1, the ring over the leaders, level 1 again. ``lane``
+        (the bucket's index) keeps the ring's tags apart from other buckets' in flight."""
         yield from self.transport.local_sum(channel, flat, key)
-        if channel.leaders is not None and channel.leaders.size > 1:
-            yield from self._ring_allreduce(channel.leaders, flat, key)
+        if self.ring is not None and self.ring.size > 1:
+            yield from self._ring_allreduce(self.ring, flat, key, lane * 2 * self.ring.size)
         yield from self.transport.local_bcast(channel, flat, key)
 
-    def _ring_allreduce(self, ring, flat, key):
+    def _ring_allreduce(self, ring, flat, key, tag):
         P, r = ring.size, ring.rank
         bounds = [(i * flat.size) // P for i in range(P + 1)]
         chunk = lambda i: flat[bounds[i]:bounds[i + 1]]
@@ -69,14 +64,15 @@ class RingAllreduce(Strategy):
         for step in range(P - 1):
             out, into = chunk((r - step) % P), chunk((r - step - 1) % P)
             incoming = scratch[:into.size]
-            reqs = [ring.Isend(out, dest=right, tag=step), ring.Irecv(incoming, source=left, tag=step)]
+            reqs = [ring.Isend(out, dest=right, tag=tag + step),
+                    ring.Irecv(incoming, source=left, tag=tag + step)]
             self.counters.add(key, sent=out.nbytes, received=incoming.nbytes)
             yield Wait(reqs, peers)
             into += incoming
         for step in range(P - 1):
             out, into = chunk((r - step + 1) % P), chunk((r - step) % P)
-            reqs = [ring.Isend(out, dest=right, tag=P + step),
-                    ring.Irecv(into, source=left, tag=P + step)]
+            reqs = [ring.Isend(out, dest=right, tag=tag + P + step),
+                    ring.Irecv(into, source=left, tag=tag + P + step)]
             self.counters.add(key, sent=out.nbytes, received=into.nbytes)
             yield Wait(reqs, peers)
 

@@ -17,10 +17,13 @@ Pushes and pulls travel on duplicates of ``topology.ps_comm`` (leaders, then ded
 servers), with the blob's index as tag; a third duplicate carries the control messages to
 dedicated servers (gather the history for a snapshot, stop).
 """
+import collections
+import functools
+
 import numpy as np
 
 from ..strategy import ITEMSIZE, Strategy, register
-from ..transport import Until
+from ..transport import OFFLOAD_SIZE, Until
 
 CONTROL_TAG = 1
 SNAPSHOT, STOP = "snapshot", "stop"
@@ -54,14 +57,20 @@ class _Shard:
         self.requests = {}
         self.pending = {}                  # clock -> [sum, count]
         self.applied = start_clock         # clocks < applied are in self.data
+        self.next_apply = start_clock      # the next clock whose update is to be started
 
 
 class ShardStore:
     """The shards one process holds: takes pushes, applies the update once every host has
-    pushed a clock, and sends the fresh rows to every remote host."""
+    pushed a clock, and sends the fresh rows to every remote host.
+
+    ``offload(fn)`` (returning a future) runs the updates on another thread, so that the
+    thread serving the shards goes on taking pushes and sending other blobs' pulls while a
+    large update is computed; the updates still run one at a time, in the order started."""
 
     def __init__(self, push_comm, pull_comm, counters, rule, num_hosts, workers,
-                 on_applied=None, worker_updates=False):
+                 on_applied=None, worker_updates=False, offload=None,
+                 offload_size=OFFLOAD_SIZE):
         self.worker_updates = bool(worker_updates)   # pushes are update values: add them
         self.push_comm = push_comm
         self.pull_comm = pull_comm
@@ -70,6 +79,9 @@ class ShardStore:
         self.num_hosts = num_hosts
         self.workers = workers
         self.on_applied = on_applied       # a co-located shard refreshes its host's replica
+        self.offload = offload
+        self.offload_size = offload_size   # smaller shards are updated where they are served
+        self.applying = collections.deque()   # (future of the fresh rows, shard), in order
         self.shards = {}
         self.in_flight = []                # (request, buffer kept alive until sent)
         self.listed = None                 # requests_in_flight(), until one is replaced
@@ -93,23 +105,41 @@ class ShardStore:
         else:
             slot[0] += grad_rows
             slot[1] += 1
-        while own.applied in own.pending and own.pending[own.applied][1] == self.num_hosts:
-            total, _ = own.pending.pop(own.applied)
-            if self.worker_updates:
-                # Poseidon's rule: the table adds what every worker's solver computed
-                own.data -= total
+        while (own.next_apply in own.pending
+               and own.pending[own.next_apply][1] == self.num_hosts):
+            total, _ = own.pending.pop(own.next_apply)
+            job = functools.partial(self._update, own, total, own.next_apply)
+            own.next_apply += 1
+            if self.offload is None or own.hi - own.lo < self.offload_size:
+                self._applied(own, job())
             else:
-                total *= 1.0 / self.workers
-                self.rule.apply(own.index, own.data, total, own.history, own.applied)
-            own.applied += 1
-            if self.on_applied is not None:
-                self.on_applied(own)
-            fresh = own.data.copy() if own.sources else None   # one copy for every pull
-            for dest in own.sources:
-                self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
-                                       fresh))
-                self.counters.add(own.name, sent=fresh.nbytes)
-                self.listed = None
+                self.applying.append((self.offload(job), own))
+
+    def _update(self, own, total, clock):
+        """Apply clock ``clock``'s update to the rows; their fresh value (a copy)."""
+        if self.worker_updates:
+            # Poseidon's rule: the table adds what every worker's solver computed
+            own.data -= total
+        else:
+            total *= 1.0 / self.workers
+            self.rule.apply(own.index, own.data, total, own.history, clock)
+        return own.data.copy()
+
+    def _applied(self, own, fresh):
+        """An update is done: the shard's host sees it, and every remote host gets the fresh
+        rows (one copy for every pull)."""
+        own.applied += 1
+        if self.on_applied is not None:
+            self.on_applied(own, fresh)
+        for dest in own.sources:
+            self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.index),
+                                   fresh))
+            self.counters.add(own.name, sent=fresh.nbytes)
+            self.listed = None
+
+    def busy(self):
+        """Whether an update started on the other thread has finished, for progress()."""
+        return bool(self.applying) and self.applying[0][0].done()
 
     def requests_in_flight(self):
         if self.listed is None:
@@ -122,14 +152,18 @@ class ShardStore:
         """Test every request of the store (one call into MPI), then take what arrived."""
         from mpi4py import MPI          # here, not at import: the planner loads no MPI
         requests = self.requests_in_flight()
-        if requests and MPI.Request.Testsome(requests):
+        if (requests and MPI.Request.Testsome(requests)) or self.busy():
             return self.progress()
         return 0
 
     def progress(self):
-        """Take every push that has arrived (its request tested complete, now null);
-        returns how many."""
+        """Send the pulls of the updates done, take every push that has arrived (its request
+        tested complete, now null); returns how many of both."""
         taken = 0
+        while self.busy():
+            future, own = self.applying.popleft()
+            self._applied(own, future.result())
+            taken += 1
         for index, own in self.shards.items():
             for src in own.sources:
                 if own.requests[src]:
@@ -154,7 +188,7 @@ class ShardStore:
                 for index, own in self.shards.items()}
 
     def sends_done(self):
-        return not self.in_flight
+        return not self.in_flight and not self.applying
 
     def close(self):
         for own in self.shards.values():
@@ -162,6 +196,9 @@ class ShardStore:
                 if req:
                     req.Cancel()
                     req.Wait()
+        for future, _ in self.applying:
+            future.result()
+        self.applying.clear()
         for req, _ in self.in_flight:
             req.Wait()
         self.in_flight = []
@@ -218,7 +255,8 @@ class ParameterServer(Strategy):
         if topology.dedicated and topology.is_leader:
             # the dedicated servers learn this session's blobs (none: they have nothing to do)
             setup = (setup_message(engine.rule.solver, items, engine.start_clock,
-                                   engine.staleness, topology, engine.update)
+                                   engine.staleness, topology, engine.update,
+                                   engine.transport.offload_size)
                      if topology.rank == 0 else None)
             topology.ps_comm.bcast(setup, root=0)
         if not items:
@@ -259,7 +297,8 @@ class ParameterServer(Strategy):
             else:
                 self.store = ShardStore(self.push_comm, self.pull_comm, counters, rule,
                                         topology.num_hosts, workers, self._own_rows_applied,
-                                        worker_updates)
+                                        worker_updates, offload=transport.submit,
+                                        offload_size=transport.offload_size)
             transport.services.append(self)
 
     def add(self, item, flat_data):
@@ -340,7 +379,11 @@ class ParameterServer(Strategy):
                 owners = [topo.shard_job_ranks[s] for s in versions]
                 yield Until(lambda: min(versions.values()) >= needed, owners)
             staleness_read = clock + 1 - min(versions.values())
-            data_out[...] = self.replicas[item.index]
+            replica = self.replicas[item.index]
+            # bounded staleness: pulls of older clocks may still land in the replica, so
+            # the copy is taken here, between them
+            yield from self.transport.computed(lambda: data_out.__setitem__(Ellipsis, replica),
+                                               item.count if self.staleness == 0 else 0)
         yield from self.transport.local_bcast(channel, data_out, key)
         return staleness_read
 
@@ -396,8 +439,11 @@ class ParameterServer(Strategy):
             self.in_flight = [(r, b) for r, b in self.in_flight if r]
         self.listed = None
 
-    def _own_rows_applied(self, own):
-        self.replicas[own.index][own.lo:own.hi] = own.data
+    def busy(self):
+        return self.store is not None and self.store.busy()
+
+    def _own_rows_applied(self, own, fresh):
+        self.replicas[own.index][own.lo:own.hi] = fresh
         self.versions[own.index][self.topology.host] += 1
 
     def _range(self, index, shard):

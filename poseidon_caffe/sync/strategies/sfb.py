@@ -6,7 +6,7 @@ worker hands its factors to its peers; every worker stacks all factors and rebui
 gradient itself, then applies the same update to its replica. Level 1 gathers the factors of the
 devices of a host into its leader; level 2 exchanges the hosts' factors between leaders; level 1
 again gives every device the stacked factors. The factors of several layers travel at once,
-each layer's exchange on its channel's duplicate of the leaders.
+told apart by tags from the layer's bucket.
 
 On a device rank (``device.py``) the factors are read off the device into pinned rows, and
 the stacked factors of every worker are left in the item's pinned buffer: the compute thread
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dwbp import SyncError
 from ..strategy import ITEMSIZE, Strategy, register
-from ..transport import Channel, Wait
+from ..transport import Wait
 
 
 @register
@@ -69,14 +69,15 @@ class SufficientFactors(Strategy):
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def run(self, bucket, payloads, clock, what):
-        lane = Channel(-1, self.transport.default_channel.local, self.peers)
-        return self.transport.drive(self.start(bucket, payloads, clock, what, lane), what)
+        return self.transport.drive(self.start(bucket, payloads, clock, what,
+                                               self.transport.default_channel), what)
 
     def start(self, bucket, payloads, clock, what, channel):
         item = bucket.items[0]
         top_diff, bottom_data = payloads[0]
         if self.device_apply:
-            D, A = yield from self.gather(channel, top_diff, bottom_data, bucket.name)
+            D, A = yield from self.gather(channel, top_diff, bottom_data, bucket.name,
+                                          bucket.index)
             rows = D.shape[0]
             # [all top diffs | all bottom data], as the device's GEMM takes them
             stacked = item.sfb.stacked
@@ -85,20 +86,24 @@ class SufficientFactors(Strategy):
             item.factors_in = rows
             return None
         grad = yield from self.aggregate(channel, top_diff, bottom_data, item.sfb.transpose,
-                                         bucket.name)
+                                         bucket.name, bucket.index)
         return [np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)]
 
-    def aggregate(self, channel, top_diff, bottom_data, transpose, key):
+    def aggregate(self, channel, top_diff, bottom_data, transpose, key, tag=0):
         """Summed weight gradient over every worker from this worker's factors (the steps of
         an exchange).
 
         ``top_diff`` is K x N and ``bottom_data`` K x M; the result has the weight's layout:
-        N x M, or M x N when the layer's ``transpose`` is set.
+        N x M, or M x N when the layer's ``transpose`` is set. ``tag`` (the bucket's index)
+        keeps its messages apart from other layers' in flight.
         """
-        D, A = yield from self.gather(channel, top_diff, bottom_data, key)
-        return (A.T @ D) if transpose else (D.T @ A)
+        D, A = yield from self.gather(channel, top_diff, bottom_data, key, tag)
+        M, N = A.shape[1], D.shape[1]
+        grad = yield from self.transport.computed(
+            lambda: (A.T @ D) if transpose else (D.T @ A), M * N)
+        return grad
 
-    def gather(self, channel, top_diff, bottom_data, key):
+    def gather(self, channel, top_diff, bottom_data, key, tag=0):
         """Every worker's factors, stacked in rank order: (all top diffs, all bottom data)."""
         K, N = top_diff.shape
         M = bottom_data.shape[1]
@@ -107,19 +112,14 @@ class SufficientFactors(Strategy):
         host_factors = np.empty(topo.local_size * mine.size, dtype=np.float32)
         yield from self.transport.local_gather(channel, mine, host_factors, key)
         everything = np.empty(topo.num_hosts * host_factors.size, dtype=np.float32)
-        if topo.is_leader:
-            if channel.leaders is not None:
-                yield from self._exchange_between_hosts(channel.leaders, host_factors,
-                                                        everything, key)
-            else:
-                everything[...] = host_factors
+        if self.peers is not None:
+            yield from self._exchange_between_hosts(self.peers, host_factors, everything, key,
+                                                    tag)
         yield from self.transport.local_bcast(channel, everything, key)
         stacked = everything.reshape(-1, mine.size)
-        D = stacked[:, :K * N].reshape(-1, N)
-        A = stacked[:, K * N:].reshape(-1, M)
-        return D, A
+        return stacked[:, :K * N].reshape(-1, N), stacked[:, K * N:].reshape(-1, M)
 
-    def _exchange_between_hosts(self, comm, host_factors, everything, key):
+    def _exchange_between_hosts(self, comm, host_factors, everything, key, tag):
         """Every leader sends its host's factors to every other leader: 2(P-1) messages."""
         n = host_factors.size
         everything[comm.rank * n:(comm.rank + 1) * n] = host_factors
@@ -127,8 +127,8 @@ class SufficientFactors(Strategy):
         for peer in range(comm.size):
             if peer == comm.rank:
                 continue
-            reqs.append(comm.Isend(host_factors, dest=peer, tag=0))
-            reqs.append(comm.Irecv(everything[peer * n:(peer + 1) * n], source=peer, tag=0))
+            reqs.append(comm.Isend(host_factors, dest=peer, tag=tag))
+            reqs.append(comm.Irecv(everything[peer * n:(peer + 1) * n], source=peer, tag=tag))
             self.counters.add(key, sent=host_factors.nbytes, received=host_factors.nbytes)
         others = [r for i, r in enumerate(self.topology.leader_ranks) if i != comm.rank]
         yield Wait(reqs, others)
