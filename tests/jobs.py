@@ -3,7 +3,9 @@ convolutional net on DummyData, and LMDBs of float records."""
 import os
 
 import lmdb
+import numpy as np
 
+from poseidon_caffe.io import read_net_weights
 from poseidon_caffe.proto import caffe_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,3 +65,15 @@ def write_float_db(path, rows, labels):
             datum.float_data.extend(x.tolist())
             txn.put(b"%08d" % i, datum.SerializeToString())
     env.close()
+
+
+def assert_resumed_equals_straight(folder, layers=("conv", "ip")):
+    """The weights of "stopped" resumed to iteration 6 equal "straight"'s at 6, which moved on
+    from its own iteration 3 (the snapshot the resume started from)."""
+    _, straight = read_net_weights(os.path.join(folder, "straight_iter_6.caffemodel"))
+    _, resumed = read_net_weights(os.path.join(folder, "stopped_iter_6.caffemodel"))
+    _, early = read_net_weights(os.path.join(folder, "straight_iter_3.caffemodel"))
+    for name in layers:
+        for a, b, c in zip(straight[name], resumed[name], early[name]):
+            np.testing.assert_array_equal(a, b)
+            assert not np.array_equal(a, c)        # training moved on after the snapshot

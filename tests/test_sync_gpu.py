@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+import jobs
 import test_sync_invariant as invariant
 from poseidon_caffe.backend.cuda import build
 from poseidon_caffe.io import read_net_weights
@@ -199,13 +200,7 @@ def test_resumed_device_run_ends_with_the_uninterrupted_weights(tmp_path, mode):
     train("straight", 6)
     train("stopped", 3)
     train("stopped", 6, snapshot=str(tmp_path / "stopped_iter_3.solverstate"))
-    _, straight = read_net_weights(str(tmp_path / "straight_iter_6.caffemodel"))
-    _, resumed = read_net_weights(str(tmp_path / "stopped_iter_6.caffemodel"))
-    _, early = read_net_weights(str(tmp_path / "straight_iter_3.caffemodel"))
-    for name in ("conv", "ip"):
-        for a, b, c in zip(straight[name], resumed[name], early[name]):
-            np.testing.assert_array_equal(a, b)
-            assert not np.array_equal(a, c)
+    jobs.assert_resumed_equals_straight(str(tmp_path))
 
 
 @pytest.mark.parametrize("mode, extra", [
