@@ -168,7 +168,7 @@ class Blob:
 
     def borrow_diff(self, pool, slot):
         """Let the diff be a view into ``pool``'s buffer ``slot``, shared with other blobs
-        whose diffs are never needed at the same time (see net.split_folding)."""
+        whose diffs are never needed at the same time (see net.diff_sharing)."""
         self._diff_pool = (pool, slot)
         self._diff = None
 

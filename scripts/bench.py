@@ -19,7 +19,9 @@ Nets (batch, input):
 Each (net, threads, engine) runs in its own subprocess, with OPENBLAS_NUM_THREADS (and the
 OMP / MKL equivalents) set before numpy loads; it reports the best of N iterations (wall and
 process CPU time) and its peak resident memory (ru_maxrss of that process, and the same less
-what the process held once its libraries were imported). The input is drawn once and kept, on
+what the process held once its libraries were imported). Our net shares the diffs of blobs
+whose gradients are never needed at once, as `poseidon-caffe train` does (PyTorch frees an
+intermediate gradient once it is used). The input is drawn once and kept, on
 both sides: drawing a fresh batch every iteration would time the random generator, not the net.
 googlenet and vgg16 run in PyTorch as a translation of the same prototxt (the same layers,
 shapes, fillers, in-place ReLU and dropout, loss weights); lenet, cifar10_quick and alexnet as
@@ -345,6 +347,7 @@ def _ours(net_name):
 
 def _time_ours(net_name, iters, profile):
     net = _ours(net_name)
+    net.share_diffs()             # as `poseidon-caffe train` and `time` run a net
     net.forward_backward()                       # warm-up: buffers, plans
     def step():
         net.clear_param_diffs()

@@ -9,13 +9,14 @@ and blobs need backward is worked out from the losses (``backward_plan``) and th
 blobs need is checked (``footprint``). Running, debug output, weights and pycaffe's view live
 in the other modules of this package, one idea each, as the mixins of ``Net``.
 """
-from .. import fillers, log
+from .. import fillers, log, memory
 from ..layers import create_layer
 from ..layers.base import LayerError
 from ..proto import caffe_pb2
 from ..proto_values import describe_non_finite, non_finite_fields
 from .backward_plan import BackwardPlan
 from .debug import DebugOutput
+from .diff_sharing import share_diffs
 from .errors import NetError, NetMemoryError
 from .execution import Execution
 from .filtering import filter_net
@@ -193,6 +194,7 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
         inserted = ({l.name for l in self.param.layer if l.type == "Split"}
                     - {l.name for l in filtered.layer})
         self._split_folding = None
+        self._diff_pool = None      # set by share_diffs
         if inserted and not getattr(self.layers[0].backend, "on_device", False):
             self._split_folding = SplitFolding(self, inserted) or None
         self._check_memory()
@@ -202,6 +204,21 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
             log.info("This network produces output %s", self.blob_names[index])
         self._learnable_final_at = self._learnable_param_finish_layers()
         log.info("Network initialization done.")
+
+    def share_diffs(self):
+        """Let blobs whose gradients are never needed at the same time share their diffs
+        (net.diff_sharing): a trainer's choice, since intermediate diffs read after backward
+        no longer hold their gradients. Once; a no-op on a device or a net with no backward.
+        Returns the bytes the shared diffs take."""
+        if self._diff_pool is None and self.layers and not getattr(
+                self.layers[0].backend, "on_device", False):
+            before = self.memory_estimate()["diff"]
+            self._diff_pool = share_diffs(self)
+            after = self.memory_estimate()["diff"]
+            if after < before:
+                log.info("Blob diffs shared: %s instead of %s", memory.format_bytes(after),
+                         memory.format_bytes(before))
+        return 0 if self._diff_pool is None else self._diff_pool.nbytes
 
     def __repr__(self):
         return "<Net %r phase=%s layers=%d>" % (self.name, caffe_pb2.Phase.Name(self.phase),

@@ -32,13 +32,13 @@ class MemoryFootprint:
             counted.add(id(blob))
             data = 0 if blob.shares_data else blob.nbytes
             # no blob takes another's diff (a shared parameter is one Blob in every layer);
-            # a pooled diff (split folding) counts once, with its pool, below
+            # a pooled diff (split folding, diff sharing) counts once, with its pool, below
             diff = blob.nbytes if with_diff and not blob.borrows_diff else 0
             totals["data"] += data
             totals["diff"] += diff
             per_layer[layer_name] += data + diff
 
-        shared = (0, None)          # the threads' scratch: the largest layer's, once
+        scratch_of = (0, None)      # the threads' scratch: the largest layer's, once
         for i, name in enumerate(self.layer_names):
             for bid in self.top_ids[i]:
                 count(name, self._blobs[bid], bid in needs_diff)
@@ -50,14 +50,17 @@ class MemoryFootprint:
                 totals["workspace"] += nbytes
                 per_layer[name] += nbytes
             scratch = getattr(self.layers[i], "shared_workspace_bytes", None)
-            if scratch is not None and int(scratch()) > shared[0]:
-                shared = (int(scratch()), name)
-        if shared[1] is not None:
-            totals["workspace"] += shared[0]
-            per_layer[shared[1]] += shared[0]
+            if scratch is not None and int(scratch()) > scratch_of[0]:
+                scratch_of = (int(scratch()), name)
+        if scratch_of[1] is not None:
+            totals["workspace"] += scratch_of[0]
+            per_layer[scratch_of[1]] += scratch_of[0]
         folding = getattr(self, "_split_folding", None)
         if folding is not None:
             totals["diff"] += folding.pool.nbytes
+        shared = getattr(self, "_diff_pool", None)
+        if shared is not None:
+            totals["diff"] += shared.nbytes
         totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
         totals["layers"] = per_layer
         return totals

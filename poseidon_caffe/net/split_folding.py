@@ -19,33 +19,7 @@ device backend.
 """
 import numpy as np
 
-
-class DiffPool:
-    """Buffers handed out as the diffs of blobs that never need theirs at the same time as
-    another blob of the same slot."""
-
-    def __init__(self, dtype=np.float32):
-        self.dtype = np.dtype(dtype)
-        self._buffers = {}
-        self.sizes = {}             # slot -> the most values a blob of it has asked for
-
-    def reserve(self, slot, count):
-        self.sizes[slot] = max(self.sizes.get(slot, 0), int(count))
-
-    def take(self, slot, shape):
-        """A zeroed-at-first view of ``shape`` into the slot's buffer."""
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        self.reserve(slot, count)
-        buf = self._buffers.get(slot)
-        if buf is None or buf.size < count:
-            # a larger reshape: blobs holding views of the old buffer keep them
-            buf = np.zeros(self.sizes[slot], dtype=self.dtype)
-            self._buffers[slot] = buf
-        return buf[:count].reshape(shape)
-
-    @property
-    def nbytes(self):
-        return sum(self.sizes.values()) * self.dtype.itemsize
+from .diff_sharing import DiffPool
 
 
 class SplitFolding:

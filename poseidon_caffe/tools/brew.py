@@ -361,6 +361,8 @@ def train(values):
             log.info("%s", note)
         try:
             solver = get_solver(solver_param, solver_file=values["solver"])
+            # nothing in a run of the tool reads an intermediate gradient after backward
+            solver.net.share_diffs()
             solver.set_action_function(handler.requested_action)
             if values["snapshot"]:
                 log.info("Resuming from %s", values["snapshot"])
@@ -434,6 +436,7 @@ def time_model(values):
         # timing does not depend on the values, but weights given are weights checked
         from ..solver.snapshot import load_weights_files
         load_weights_files(net, values["weights"].split(","))
+    net.share_diffs()                  # as train runs it
     iterations = values["iterations"]
     from .. import backend
     # a device runs its work queued: every time read waits for it first (Caffe's events)
