@@ -73,6 +73,12 @@ for _ in range(20):
         engine_wait([comm.Irecv(back, source=rank - 1)]); engine_wait([comm.Isend(tiny, dest=rank - 1)])
     trips.append(time.perf_counter() - t)
 one_way = sorted(trips)[len(trips) // 2] / 2
+# what communication costs the compute on these cores: the net's forward and backward alone,
+# then beside rounds of small and of large messages (simulator/calibration.py)
+from poseidon_caffe.simulator import calibration
+def one_pass():
+    net.forward_prefilled(); net.backward_from_to()
+host_cpu = calibration.measure(comm, one_pass)
 runner = sync.attach(solver, types.SimpleNamespace(sync=mode, dwbp=dwbp, ranks_per_host=1))
 solver.step(3)
 runner.engine.sync_point()
@@ -93,9 +99,11 @@ runner.finish()
 st = runner.engine.stats()
 result = {"seconds": seconds, "layers": layers, "layers_training": layers_training,
           "update_rate": update_rate,
-          "link_rate": link_rate, "one_way_latency": one_way, "plan": st["plan"],
+          "link_rate": link_rate, "one_way_latency": one_way, "host_cpu": host_cpu,
+          "plan": st["plan"],
           "bytes": sum(r["sent"] + r["received"] for r in st["measured"].values()),
           "comm_seconds": st["comm_seconds"] / max(st["iterations"], 1),
+          "comm_cpu_seconds": st["comm_cpu_seconds"] / max(st["iterations"], 1),
           "wait_seconds": st["wait_seconds"] / max(st["iterations"], 1),
           "predicted_bytes": sum(st["predicted"].values())}
 everything = comm.gather(result, root=0)
@@ -155,12 +163,19 @@ def measure(hosts, bandwidth, mode, dwbp, iters, tmp, net_text=NET):
     return ranks, wire
 
 
+# the lab's hosts share this machine's cores; what one host's compute thread gets alone is
+# what its layer times show, and the calibration measures the communication's costs in the
+# compute they displace: one core, in the model's terms, per host
+LAB_CORES_PER_NODE = 1.0
+
+
 def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False,
-            during_training=False):
+            during_training=False, host_cpu=False):
     """The simulator's Prediction for the job whose ranks reported ``ranks``: its per-layer
     times (timed alone before training, or ``during_training``) and update rate (means over
     the ranks), and the lab's rate less the headers, or (``calibrated``) the rate MPI moved
-    on the lab's links before training."""
+    on the lab's links before training; ``host_cpu``: calibrated, and the host's cores
+    shared with the CPU costs of communication the ranks measured before training."""
     from poseidon_caffe import simulator
     from poseidon_caffe.simulator import model as net_models
     from poseidon_caffe.simulator.compute import LayerTimes
@@ -176,11 +191,16 @@ def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False,
     backward = [sum(b for _, b in by_name[n]) / len(by_name[n]) for n in model.layer_names]
     times = LayerTimes(forward, backward)
     update_rate = sum(r["update_rate"] for r in ranks) / len(ranks)
-    if calibrated:
+    if calibrated or host_cpu:
         rate = min(r["link_rate"] for r in ranks)
         latency = max(r["one_way_latency"] for r in ranks)
+        costs = {"cpu_per_byte": 0.0, "cpu_per_round": 0.0}
+        if host_cpu:
+            from poseidon_caffe.simulator import calibration
+            costs = calibration.combine([r["host_cpu"] for r in ranks])
+            costs["cores"] = LAB_CORES_PER_NODE
         cluster = simulator.Cluster(hosts, rate, latency=latency, update_rate=update_rate,
-                                    wire_efficiency=1.0)
+                                    wire_efficiency=1.0, **costs)
     else:
         cluster = simulator.Cluster(hosts, simulator.parse_rate(bandwidth),
                                     update_rate=update_rate)
@@ -195,10 +215,11 @@ def main():
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--json", default="")
     a = parser.parse_args()
+    from poseidon_caffe.simulator import calibration
     rows = []
-    print("%5s %9s %-9s %5s %9s %9s %7s %9s %7s %10s %7s %8s %8s" % (
+    print("%5s %9s %-9s %5s %9s %9s %7s %9s %7s %10s %7s %9s %7s %8s %8s" % (
         "hosts", "bandwidth", "mode", "dwbp", "measured", "predicted", "error", "in-train",
-        "error", "calibrated", "error", "compute", "MB/host"))
+        "error", "calibrated", "error", "host-cpu", "error", "compute", "MB/host"))
     with tempfile.TemporaryDirectory() as tmp:
         for hosts in [int(h) for h in a.hosts.split(",")]:
             for bandwidth in a.bandwidths.split(","):
@@ -209,7 +230,10 @@ def main():
                         p = predict(ranks, hosts, bandwidth, mode, dwbp)
                         c = predict(ranks, hosts, bandwidth, mode, dwbp, calibrated=True)
                         t = predict(ranks, hosts, bandwidth, mode, dwbp, during_training=True)
+                        h = predict(ranks, hosts, bandwidth, mode, dwbp, host_cpu=True)
+                        costs = calibration.combine([r["host_cpu"] for r in ranks])
                         error = p.iter_s / measured - 1
+                        error_h = h.iter_s / measured - 1
                         error_c = c.iter_s / measured - 1
                         error_t = t.iter_s / measured - 1
                         row = {"hosts": hosts, "bandwidth": bandwidth, "mode": mode,
@@ -217,6 +241,11 @@ def main():
                                "predicted_ms": p.iter_s * 1e3, "error": error,
                                "calibrated_ms": c.iter_s * 1e3, "calibrated_error": error_c,
                                "in_training_ms": t.iter_s * 1e3, "in_training_error": error_t,
+                               "host_cpu_ms": h.iter_s * 1e3, "host_cpu_error": error_h,
+                               "host_cpu_compute_ms": h.compute_busy_s * 1e3,
+                               "host_cpu_comm_ms": h.comm_s * 1e3,
+                               "cpu_per_byte_ns": costs["cpu_per_byte"] * 1e9,
+                               "cpu_per_round_ms": costs["cpu_per_round"] * 1e3,
                                "compute_in_training_ms": t.compute_s * 1e3,
                                "mpi_link_mb_s": min(r["link_rate"] for r in ranks) / 1e6,
                                "one_way_latency_ms": 1e3 * max(r["one_way_latency"]
@@ -225,18 +254,24 @@ def main():
                                "planner_mb_per_host": p.host_bytes / 1e6,
                                "engine_mb_per_host": ranks[0]["bytes"] / 1e6,
                                "engine_comm_ms": 1e3 * max(r["comm_seconds"] for r in ranks),
-                               "predicted_comm_ms": p.comm_s * 1e3}
+                               "predicted_comm_ms": p.comm_s * 1e3,
+                               "calibrated_comm_ms": c.comm_s * 1e3,
+                               "engine_comm_cpu_ms": 1e3 * max(r["comm_cpu_seconds"]
+                                                               for r in ranks),
+                               "ranks": ranks}
                         rows.append(row)
                         print("%5d %9s %-9s %5s %9.1f %9.1f %+6.1f%% %9.1f %+6.1f%% %10.1f "
-                              "%+6.1f%% %8.1f %8.2f"
+                              "%+6.1f%% %9.1f %+6.1f%% %8.1f %8.2f"
                               % (hosts, bandwidth, mode, "on" if dwbp else "off",
                                  measured * 1e3, p.iter_s * 1e3, 100 * error, t.iter_s * 1e3,
-                                 100 * error_t, c.iter_s * 1e3, 100 * error_c,
-                                 p.compute_s * 1e3, p.host_bytes / 1e6))
+                                 100 * error_t, c.iter_s * 1e3, 100 * error_c, h.iter_s * 1e3,
+                                 100 * error_h, p.compute_s * 1e3, p.host_bytes / 1e6))
                         sys.stdout.flush()
     for key, what in (("error", "compute timed alone"),
                       ("in_training_error", "compute timed in training"),
-                      ("calibrated_error", "compute alone, measured link rate and latency")):
+                      ("calibrated_error", "compute alone, measured link rate and latency"),
+                      ("host_cpu_error", "calibrated, and the host's cores shared with "
+                                         "communication's measured CPU costs")):
         worst = max(abs(r[key]) for r in rows)
         within = sum(abs(r[key]) <= 0.15 for r in rows)
         print("%s: worst error %.1f%%, %d of %d configurations within 15%%"

@@ -37,10 +37,10 @@ def times():
 
 
 def run(hosts=2, dwbp=True, mode="ps", latency=0.0, gpus=1, channels=1, local=1e12,
-        efficiency=1.0, update_rate=None):
+        efficiency=1.0, update_rate=None, **host_cpu):
     cluster = schedule.Cluster(hosts, MB_PER_S, gpus_per_node=gpus, latency=latency,
                                local_bandwidth=local, channels=channels,
-                               wire_efficiency=efficiency, update_rate=update_rate)
+                               wire_efficiency=efficiency, update_rate=update_rate, **host_cpu)
     return schedule.simulate(two_layer_model(), times(), cluster, mode=mode, dwbp=dwbp)
 
 
@@ -172,6 +172,114 @@ def test_link_bytes_are_the_planners_prediction():
     _, exchanges = schedule.plan_exchanges(model, times(), schedule.Cluster(4, MB_PER_S, wire_efficiency=1.0),
                                            mode="allreduce")
     assert sum(e.wire_bytes for e in exchanges) == pytest.approx(2 * 0.75 * 4 * 30000)
+
+
+# -- the host's cores by hand --------------------------------------------------------------
+# The same two layers, ps, DWBP on, one channel. Without CPU costs (above): ip2's exchange
+# 60-80 ms beside ip1's backward (60-100), ip1's 100-200, a 200 ms period.
+
+def test_max_min_shares_by_hand():
+    assert schedule.share_cores([1.0, 1.0, 0.2], 1.0) == [pytest.approx(0.4),
+                                                           pytest.approx(0.4), 0.2]
+    assert schedule.share_cores([1.0, 0.0, 0.5], 2.0) == [1.0, 0.0, 0.5]
+    assert schedule.share_cores([1.0, 3.0], 2.0) == [1.0, 1.0]
+    assert schedule.share_cores([1.0, 3.0], None) == [1.0, 3.0]
+
+
+def test_cpu_per_round_by_hand():
+    # 5 ms a round, 2 rounds for ps: 10 ms of the communication thread's CPU per exchange.
+    # With a core per thread (no cores given) it only delays the exchange: ip2's 60-70 cpu,
+    # 70-90 wire; ip1's backward ends at 100, its exchange 100-110 cpu, 110-210 wire: 210.
+    assert run(cpu_per_round=0.005).iter_s == pytest.approx(0.210)
+    # One core: ip2's cpu shares it with ip1's backward, half each: 60-80 (compute does 10
+    # of its 40 ms), wire 80-100 (compute alone: 30 ms by 100), ip1's backward ends at 110;
+    # ip1's exchange 110-220 with the compute waiting for it: a 220 ms period, 10 ms of
+    # compute lost to the exchange's CPU.
+    p = run(cpu_per_round=0.005, cores=1)
+    assert p.iter_s == pytest.approx(0.220)
+    assert p.compute_s == pytest.approx(0.100)
+    assert p.compute_busy_s == pytest.approx(0.110)
+    # two cores: the thread and the compute each have one
+    assert run(cpu_per_round=0.005, cores=2).iter_s == pytest.approx(0.210)
+
+
+def test_cpu_per_byte_by_hand():
+    # the wire carries 1 MB/s each way: 2 MB/s sent plus received
+    # 0.25 us a byte: the network stack wants half a core while on the wire. One core: the
+    # stack gets its half, the compute the other half while ip2 is on the wire (60-80: 10 ms
+    # of ip1's backward done, 30 left), so backward ends at 110; ip1's exchange 110-210 with
+    # the compute waiting: 210 - 110 + 110 (compute 100 + 10 lost) = a 210 ms period.
+    assert run(cpu_per_byte=0.25e-6, cores=1).iter_s == pytest.approx(0.210)
+    # no cores given: the stack has what it wants, nothing changes
+    assert run(cpu_per_byte=0.25e-6).iter_s == pytest.approx(0.200)
+    # 1 us a byte: the stack wants two cores. One core beside the compute: half each, so
+    # the wire runs at a quarter of its rate (ip2's 20 KB take 80 ms) and ip1's backward
+    # at half (40 ms in 80): both end at 140. ip1's 100 KB alone get the whole core, half
+    # of the stack's want: 200 ms. Period: 60 + 80 + 200 = 340 ms.
+    assert run(cpu_per_byte=1e-6, cores=1).iter_s == pytest.approx(0.340)
+    # with a core per thread the stack gets its two cores: the link's rate, as without costs
+    assert run(cpu_per_byte=1e-6).iter_s == pytest.approx(0.200)
+
+
+def test_the_update_takes_its_core_from_the_compute():
+    # allreduce, 1e6 values/s: ip2's update 5 ms, ip1's 25 ms, on the worker thread. A core
+    # per thread: ip2 60-80 wire, 80-85 update; ip1's backward ends at 100, wire 100-200,
+    # update 200-225: a 225 ms period. One core: ip2's update shares it with the backward
+    # (80-90, half each), so backward ends at 105: a 230 ms period.
+    assert run(mode="allreduce", update_rate=1e6).iter_s == pytest.approx(0.225)
+    assert run(mode="allreduce", update_rate=1e6, cores=1).iter_s == pytest.approx(0.230)
+
+
+def test_plenty_of_cores_give_the_free_schedule():
+    # the shared timeline with more cores than threads is the schedule without the model
+    for mode in ("ps", "sfb", "allreduce"):
+        for dwbp in (True, False):
+            for channels in (0, 1):
+                for hosts, gpus, latency, update_rate in ((2, 1, 0.0, None),
+                                                          (4, 1, 0.005, 1e6),
+                                                          (2, 2, 0.001, 1e6)):
+                    kwargs = dict(hosts=hosts, gpus=gpus, latency=latency, mode=mode,
+                                  dwbp=dwbp, channels=channels, update_rate=update_rate,
+                                  local=1e7, efficiency=0.9)
+                    free, shared = run(**kwargs), run(cores=64, **kwargs)
+                    assert shared.iter_s == pytest.approx(free.iter_s, abs=1e-9)
+                    assert shared.comm_s == pytest.approx(free.comm_s, abs=1e-9)
+                    assert free.compute_busy_s is None
+                    assert shared.compute_busy_s == pytest.approx(free.compute_s)
+
+
+def test_no_cores_and_no_costs_is_todays_model():
+    cluster = schedule.Cluster(2, MB_PER_S)
+    assert not cluster.shares_cores
+    assert cluster.with_hosts(4).cores is None
+    kept = schedule.Cluster(2, MB_PER_S, cores=1.5, cpu_per_byte=1e-9, cpu_per_round=1e-3)
+    again = kept.with_hosts(8)
+    assert (again.cores, again.cpu_per_byte, again.cpu_per_round) == (1.5, 1e-9, 1e-3)
+    with pytest.raises(SimulationError, match="cores_per_node"):
+        schedule.Cluster(2, MB_PER_S, cores=0.5)
+    with pytest.raises(SimulationError, match="0 or more"):
+        schedule.Cluster(2, MB_PER_S, cpu_per_byte=-1e-9)
+
+
+def test_the_calibration_reads_its_costs_back():
+    from poseidon_caffe.simulator import calibration
+    # two phases made by hand: 2 us a round and 3 ns a byte; the small rounds move 2 KB,
+    # the large 2 MB sent plus received
+    small = {"bytes": 2048.0, "rounds": 1000.0}
+    large = {"bytes": 2097152.0, "rounds": 50.0}
+    for phase in (small, large):
+        phase["lost_s"] = phase["rounds"] * (2e-6 + 3e-9 * phase["bytes"])
+    per_round, per_byte = calibration.costs(small, large)
+    assert per_round == pytest.approx(2e-6)
+    assert per_byte == pytest.approx(3e-9)
+    # noise that makes a cost negative reads as none
+    assert calibration.costs(dict(small, lost_s=0.0), dict(large, lost_s=0.0)) == (0.0, 0.0)
+    # rounds under way when the compute ended count by the share done
+    assert calibration.rounds_within(0.0, [1.0, 2.0, 4.0, 5.0], 3.0) == pytest.approx(2.5)
+    assert calibration.rounds_within(0.0, [4.0], 1.0) == pytest.approx(0.25)
+    assert calibration.combine([{"cpu_per_byte": 1e-9, "cpu_per_round": 1e-3},
+                                {"cpu_per_byte": 3e-9, "cpu_per_round": 3e-3}]) == {
+        "cpu_per_byte": pytest.approx(2e-9), "cpu_per_round": pytest.approx(2e-3)}
 
 
 # -- nets, compute files, rates ---------------------------------------------------------------
@@ -361,6 +469,29 @@ def test_bad_input_is_one_clear_line(tiny, tmp_path, caplog):
     assert "none.csv" in line
     line = one_error_line(["-model", tiny, "-sync", "gossip", "-compute", "total=5"], caplog)
     assert "-sync=gossip" in line
+    for flag, value in (("cores_per_node", "0.5"), ("cores_per_node", "many"),
+                        ("cpu_per_byte", "-0.5"), ("cpu_per_byte", "cheap"),
+                        ("cpu_per_round", "-1ms"), ("cpu_per_round", "fast")):
+        line = one_error_line(["-model", tiny, "-compute", "total=5", "-" + flag, value],
+                              caplog)
+        assert "-" + flag in line and value in line, line
+
+
+def test_the_command_takes_the_host_cpu_model(tiny, tmp_path, capsys):
+    rows = [("data", 0, 0), ("ip1", 1, 2), ("relu", 0, 0), ("ip2", 1, 2), ("loss", 0, 0)]
+    csv_path, _ = write_forms(tmp_path, rows)
+    out = []
+    for extra in ([], ["-cores_per_node", "1", "-cpu_per_round", "1ms"]):
+        path = str(tmp_path / ("rows%d.json" % len(out)))
+        assert simulate_main(["-model", tiny, "-nodes", "1,2", "-bandwidth", "100kbit",
+                              "-compute", csv_path, "-json", path] + extra) == 0
+        out.append(json.load(open(path)))
+    plain, shared = out
+    assert plain["inputs"]["cores_per_node"] is None
+    assert shared["inputs"]["cores_per_node"] == 1.0
+    # one node exchanges nothing: the same; two pay 2 rounds of 1 ms for each exchange
+    assert shared["rows"][0]["iter_ms"] == pytest.approx(plain["rows"][0]["iter_ms"])
+    assert shared["rows"][1]["iter_ms"] > plain["rows"][1]["iter_ms"]
 
 
 def test_simulate_answers_help(capsys):

@@ -52,7 +52,8 @@ class Cluster:
 
     def __init__(self, hosts, bandwidth, gpus_per_node=1, latency=0.0,
                  local_bandwidth=12.5e9, channels=CHANNELS, overhead=0.0, update_rate=None,
-                 wire_efficiency=WIRE_EFFICIENCY):
+                 wire_efficiency=WIRE_EFFICIENCY, cores=None, cpu_per_byte=0.0,
+                 cpu_per_round=0.0):
         if hosts < 1 or gpus_per_node < 1:
             raise SimulationError("a cluster needs at least one node of at least one GPU "
                                   "(nodes %r, gpus per node %r)" % (hosts, gpus_per_node))
@@ -71,11 +72,26 @@ class Cluster:
             raise SimulationError("wire efficiency %r: the share of a link's bytes that are "
                                   "payload is more than 0 and at most 1" % (wire_efficiency,))
         self.wire_efficiency = float(wire_efficiency)
+        if cores is not None and not cores >= 1:
+            raise SimulationError("-cores_per_node=%r: the cores a node's threads share, 1 or "
+                                  "more" % (cores,))
+        if not cpu_per_byte >= 0 or not cpu_per_round >= 0:
+            raise SimulationError("CPU costs of communication are seconds, 0 or more "
+                                  "(per byte %r, per round %r)" % (cpu_per_byte, cpu_per_round))
+        self.cores = None if cores is None else float(cores)
+        self.cpu_per_byte = float(cpu_per_byte)
+        self.cpu_per_round = float(cpu_per_round)
+
+    @property
+    def shares_cores(self):
+        """Whether the host-CPU model is asked for (else: a core for every thread, free
+        communication, the schedule of ``run_exchanges``)."""
+        return self.cores is not None or self.cpu_per_byte > 0 or self.cpu_per_round > 0
 
     def with_hosts(self, hosts):
         return Cluster(hosts, self.bandwidth, self.gpus_per_node, self.latency,
                        self.local_bandwidth, self.channels, self.overhead, self.update_rate,
-                       self.wire_efficiency)
+                       self.wire_efficiency, self.cores, self.cpu_per_byte, self.cpu_per_round)
 
     @property
     def workers(self):
@@ -86,7 +102,7 @@ class Exchange:
     """One bucket's exchange: when it may start and what it costs."""
 
     def __init__(self, index, name, strategy, params, submit_layer, wire_bytes, fixed, post,
-                 host_bytes):
+                 host_bytes, cpu=0.0):
         self.index = index
         self.name = name
         self.strategy = strategy
@@ -96,6 +112,7 @@ class Exchange:
         self.fixed = fixed                    # seconds not on the NIC before the wire
         self.post = post                      # seconds after the wire (factor rebuild)
         self.host_bytes = host_bytes          # off-host sent + received (the planner's)
+        self.cpu = cpu                        # CPU seconds on the communication thread
 
 
 def plan_exchanges(model, times, cluster, mode="auto", svb=None, fuse_bytes=1 << 16):
@@ -133,7 +150,7 @@ def plan_exchanges(model, times, cluster, mode="auto", svb=None, fuse_bytes=1 <<
         submit = min(p.ready_layer for p in bucket.items)
         exchanges.append(Exchange(bucket.index, bucket.name, bucket.strategy, bucket.items,
                                   submit, host_bytes / 2.0 / cluster.wire_efficiency, fixed,
-                                  post, host_bytes))
+                                  post, host_bytes, rounds * cluster.cpu_per_round))
     return plan, exchanges
 
 
@@ -239,11 +256,197 @@ def run_exchanges(tasks, cluster):
     return tasks
 
 
+def share_cores(demands, cores):
+    """Max-min fair shares of ``cores`` for ``demands`` (cores each would use alone): the
+    smallest demands are met in full, the rest split what is left equally, as a fair
+    scheduler time-slices runnable threads. ``cores`` None: every demand is met."""
+    if cores is None:
+        return list(demands)
+    shares = [0.0] * len(demands)
+    left, count = float(cores), len(demands)
+    for k in sorted(range(len(demands)), key=lambda j: demands[j]):
+        shares[k] = min(demands[k], left / count)
+        left -= shares[k]
+        count -= 1
+    return shares
+
+
+class _Flow:
+    """One exchange on the shared timeline: pre (latency, on-host, overhead: no CPU) -> cpu
+    (its rounds' work on the communication thread) -> wire (the NIC, and the network stack's
+    CPU per byte) -> queued/post (factor rebuild, update: the worker thread) -> done."""
+    __slots__ = ("exchange", "iteration", "submit", "phase", "left", "start", "end")
+
+    def __init__(self, exchange, iteration, submit):
+        self.exchange = exchange
+        self.iteration = iteration
+        self.submit = submit
+        self.phase = None
+        self.left = 0.0
+        self.start = None
+        self.end = None
+
+
+def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, iterations):
+    """Compute and exchanges on one timeline whose CPU work shares the node's cores.
+
+    Four things want cores: the compute thread (one core while it runs a layer), the
+    communication thread (one core while any exchange is in its cpu phase, split equally
+    among them), the worker thread (one core for the post work of one exchange at a time) and
+    the network stack (``cpu_per_byte`` x the bytes per second on the wire, sent plus
+    received). ``share_cores`` gives each its share; each runs at its share over its demand
+    of the speed it has alone, so compute stretches while exchanges take CPU, and an
+    exchange's CPU work (and, once the stack's share is short of its demand, its wire) waits
+    for a core. (iteration starts, [(start, end)] of each iteration's exchanges, seconds the
+    compute thread ran per iteration)."""
+    eps = 1e-12
+    cores = cluster.cores
+    bw = cluster.bandwidth
+    stack_demand = cluster.cpu_per_byte * 2.0 * cluster.wire_efficiency * bw
+    by_submit = {}
+    for e in exchanges:
+        by_submit.setdefault(e.submit_layer, []).append(e)
+    n = len(forward)
+    program = []                        # the compute thread's steps, every iteration
+    for k in range(iterations):
+        program.append(("start", k, None))
+        for i in range(n):
+            if by_first_use.get(i):
+                program.append(("wait", k, by_first_use[i]))
+            program.append(("work", k, forward[i]))
+        for i in range(n - 1, -1, -1):
+            program.append(("work", k, backward[i]))
+            if dwbp and by_submit.get(i):
+                program.append(("submit", k, sorted(by_submit[i], key=lambda e: e.index)))
+        if not dwbp and exchanges:
+            program.append(("submit", k, sorted(exchanges, key=lambda e: e.index)))
+            program.append(("wait all", k, None))
+    program.append(("start", iterations, None))
+    fresh = {}                          # param index -> iterations whose update has landed
+    flows = []                          # every exchange of every iteration, in start order
+    waiting, active, post_queue = [], [], []
+    open_by_iteration = [0] * (iterations + 1)
+    channels = len(exchanges) if cluster.channels <= 0 else cluster.channels
+    channels = max(1, min(channels, max(len(exchanges), 1)))
+    starts, busy = [], [0.0] * iterations
+    step, work_left = 0, None
+    now = 0.0
+
+    def advance(flow):
+        # to the next phase that has something to do
+        while True:
+            if flow.phase is None:
+                flow.phase, flow.left = "pre", flow.exchange.fixed
+            elif flow.phase == "pre":
+                flow.phase, flow.left = "cpu", flow.exchange.cpu
+            elif flow.phase == "cpu":
+                flow.phase, flow.left = "wire", flow.exchange.wire_bytes
+            elif flow.phase == "wire" and flow.exchange.post > 0:
+                flow.phase, flow.left = "queued", flow.exchange.post
+                post_queue.append(flow)
+                return
+            else:
+                flow.phase, flow.end = "done", now
+                active.remove(flow)
+                open_by_iteration[flow.iteration] -= 1
+                for p in flow.exchange.params:
+                    fresh[p.index] = flow.iteration + 1
+                return
+            if flow.left > eps:
+                return
+
+    def may_start(flow):
+        k = len(flows) - len(waiting) + waiting.index(flow)
+        return (flow.submit <= now + eps and (k == 0 or flows[k - 1].start is not None)
+                and (k < channels or flows[k - channels].end is not None))
+
+    while True:
+        moved = True
+        while moved:                    # everything that can happen at ``now``
+            moved = False
+            while work_left is None and step < len(program):
+                kind, k, what = program[step]
+                if kind == "start":
+                    starts.append(now)
+                elif kind == "wait":
+                    if any(fresh.get(p.index, 0) < k for p in what):
+                        break
+                elif kind == "wait all":
+                    if open_by_iteration[k]:
+                        break
+                elif kind == "submit":
+                    for e in what:
+                        flow = _Flow(e, k, now)
+                        flows.append(flow)
+                        waiting.append(flow)
+                        open_by_iteration[k] += 1
+                elif what > eps:
+                    work_left = what
+                step += 1
+                moved = True
+            while waiting and may_start(waiting[0]):
+                flow = waiting.pop(0)
+                flow.start = now
+                active.append(flow)
+                advance(flow)
+                moved = True
+            if post_queue and not any(f.phase == "post" for f in active):
+                post_queue.pop(0).phase = "post"
+                moved = True
+        if step >= len(program) and work_left is None and not active and not waiting:
+            break
+        # who wants cores now, and what each gets
+        in_cpu = [f for f in active if f.phase == "cpu"]
+        on_wire = [f for f in active if f.phase == "wire"]
+        in_post = [f for f in active if f.phase == "post"]
+        wants = [1.0 if work_left is not None else 0.0, 1.0 if in_cpu else 0.0,
+                 1.0 if in_post else 0.0, stack_demand if on_wire else 0.0]
+        got = share_cores(wants, cores)
+        compute_speed = got[0]
+        thread_speed = got[1] / len(in_cpu) if in_cpu else 0.0
+        post_speed = got[2]
+        wire_speed = (got[3] / wants[3] if wants[3] > 0 else 1.0) * bw / max(len(on_wire), 1)
+        rates = []
+        if work_left is not None:
+            rates.append((None, compute_speed))
+        for f in active:
+            rate = {"pre": 1.0, "cpu": thread_speed, "wire": wire_speed,
+                    "post": post_speed}.get(f.phase, 0.0)
+            if rate > 0:
+                rates.append((f, rate))
+        steps = [(work_left if f is None else f.left) / rate for f, rate in rates]
+        if waiting and waiting[0].submit > now + eps:
+            steps.append(waiting[0].submit - now)
+        if not steps:
+            raise SimulationError("the schedule stalls: nothing runs and nothing may start")
+        dt = max(min(steps), 0.0)
+        now += dt
+        for f, rate in rates:
+            if f is None:
+                work_left -= dt * rate
+                busy[program[step - 1][1]] += dt
+                if work_left <= eps:
+                    work_left = None
+                continue
+            f.left -= dt * rate
+            scale = max(1.0, f.exchange.wire_bytes) if f.phase == "wire" else 1.0
+            if f.left <= eps * scale:
+                advance(f)
+    spans = [[] for _ in range(iterations)]
+    for f in flows:
+        spans[f.iteration].append((f.start, f.end))
+    return starts, spans, busy
+
+
 class Prediction:
     """One configuration's steady-state iteration."""
 
-    def __init__(self, cluster, model, iter_s, compute_s, comm_s, host_bytes, plan, exchanges):
+    def __init__(self, cluster, model, iter_s, compute_s, comm_s, host_bytes, plan, exchanges,
+                 compute_busy_s=None):
         self.cluster = cluster
+        # the compute thread's seconds per iteration with the cores shared (None: a core for
+        # every thread, so compute_s)
+        self.compute_busy_s = compute_busy_s
         self.model = model
         self.iter_s = iter_s
         self.compute_s = compute_s
@@ -278,7 +481,29 @@ def simulate(model, times, cluster, mode="auto", svb=None, dwbp=True, fuse_bytes
     for exchange in exchanges:
         for p in exchange.params:
             by_first_use.setdefault(p.first_use, []).append(p)
-    fresh = {p.index: 0.0 for p in model.params}
+    if cluster.shares_cores:
+        starts, spans, busy = _simulate_shared(forward, backward, exchanges, by_first_use,
+                                               cluster, dwbp, iterations)
+        comm = [_union(one) for one in spans]
+        compute_busy_s = sum(busy[-measured:]) / len(busy[-measured:])
+    else:
+        starts, comm = _simulate_free(forward, backward, exchanges, by_first_use, cluster,
+                                      dwbp, iterations)
+        compute_busy_s = None
+    lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
+    last = lengths[-measured:]
+    iter_s = sum(last) / len(last)
+    compute_s = sum(forward) + sum(backward)
+    comm_s = sum(comm[-measured:]) / len(comm[-measured:])
+    host_bytes = sum(e.host_bytes for e in exchanges)
+    return Prediction(cluster, model, iter_s, compute_s, comm_s, host_bytes, plan, exchanges,
+                      compute_busy_s)
+
+
+def _simulate_free(forward, backward, exchanges, by_first_use, cluster, dwbp, iterations):
+    """A core for every thread: the compute runs at the speed of its times and the exchanges
+    follow it (``run_exchanges``). (iteration starts, each iteration's exchange time)."""
+    fresh = {p.index: 0.0 for ps in by_first_use.values() for p in ps}
     starts, comm = [], []
     now = 0.0
     for _ in range(iterations):
@@ -302,13 +527,7 @@ def simulate(model, times, cluster, mode="auto", svb=None, dwbp=True, fuse_bytes
         comm.append(_union([(task.start, task.end) for task in tasks]))
         now = end_backward if dwbp else max([end_backward] + [task.end for task in tasks])
     starts.append(now)
-    lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
-    last = lengths[-measured:]
-    iter_s = sum(last) / len(last)
-    compute_s = sum(forward) + sum(backward)
-    comm_s = sum(comm[-measured:]) / len(comm[-measured:])
-    host_bytes = sum(e.host_bytes for e in exchanges)
-    return Prediction(cluster, model, iter_s, compute_s, comm_s, host_bytes, plan, exchanges)
+    return starts, comm
 
 
 def _union(intervals):

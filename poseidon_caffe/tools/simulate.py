@@ -34,6 +34,15 @@ SIMULATE_FLAGS = [
                  "exchange runs at (0: measured here with -compute measured, else not counted)"),
     flagmod.Flag("wire_efficiency", 0.94, "Share of the link's bytes that are payload "
                  "(Ethernet, IP, TCP headers take the rest)"),
+    flagmod.Flag("cores_per_node", None, "Cores a node's threads share (compute, communication, "
+                 "the worker thread, the network stack); not given: a core for each, and "
+                 "communication costs no compute (docs/SIMULATION.md, the host's cores)",
+                 kind=float),
+    flagmod.Flag("cpu_per_byte", 0.0, "CPU seconds the software and the kernel spend per "
+                 "off-host byte sent or received (e.g. 2e-9; measured by "
+                 "simulator/calibration.py)"),
+    flagmod.Flag("cpu_per_round", "0", "CPU time of each round of messages of an exchange "
+                 "(e.g. 0.3ms; ps has 2 rounds, sfb 1, the ring 2(N-1))"),
     flagmod.Flag("fuse_bytes", 1 << 16, "Small blobs are fused up to this many bytes, as "
                  "train's -fuse_bytes"),
     flagmod.Flag("data_shape", "", "C,H,W of the images a Data layer would produce (default: "
@@ -47,7 +56,8 @@ SIMULATE_USAGE = """Predict iteration time, images/s and speedup of distributed 
 Usage:
     simulate -model NET [-nodes 1,2,4,8,16,32] [-gpus_per_node N] [-bandwidth 10gbit]
              [-latency 50us] [-compute measured|FILE|total=MS] [-sync auto|ps|sfb|allreduce]
-             [-dwbp true|false] [-plot FILE.png] [-json FILE.json]
+             [-dwbp true|false] [-cores_per_node C -cpu_per_byte S -cpu_per_round T]
+             [-plot FILE.png] [-json FILE.json]
 One row per node count. speedup is images/s over one node with the same GPUs per node (as
 Poseidon reports it); comm_ms is the time a node's exchanges take per iteration and hidden the
 share of it that overlapped compute. See docs/SIMULATION.md.
@@ -105,6 +115,14 @@ def simulate_rows(values):
     local = simulator.parse_rate(values["local_bandwidth"], "-local_bandwidth")
     latency = simulator.parse_delay(values["latency"], "-latency")
     overhead = simulator.parse_delay(values["overhead"], "-overhead")
+    cpu_per_round = simulator.parse_delay(values["cpu_per_round"], "-cpu_per_round")
+    cores = values["cores_per_node"]
+    if cores is not None and not cores >= 1:
+        raise flagmod.FlagError("-cores_per_node=%g: the cores a node's threads share, 1 or "
+                                "more" % cores)
+    if not values["cpu_per_byte"] >= 0:
+        raise flagmod.FlagError("-cpu_per_byte=%g: CPU seconds per byte, 0 or more"
+                                % values["cpu_per_byte"])
     data_shape = net_models.parse_data_shape(values["data_shape"]) if values["data_shape"] \
         else None
     model, _ = simulator.load(values["model"], data_shape, values["batch"] or None)
@@ -117,7 +135,8 @@ def simulate_rows(values):
         update_rate = measure_update_rate()
     cluster = simulator.Cluster(1, bandwidth, values["gpus_per_node"], latency, local,
                                 values["comm_channels"], overhead, update_rate,
-                                values["wire_efficiency"])
+                                values["wire_efficiency"], cores, values["cpu_per_byte"],
+                                cpu_per_round)
     predictions, baseline = simulator.predict(model, times, nodes, cluster, values["sync"],
                                               values["svb"], values["dwbp"],
                                               values["fuse_bytes"])
@@ -128,6 +147,8 @@ def simulate_rows(values):
               "sync": values["sync"], "svb": values["svb"], "dwbp": values["dwbp"],
               "comm_channels": values["comm_channels"], "overhead": values["overhead"],
               "update_rate": update_rate, "wire_efficiency": values["wire_efficiency"],
+              "cores_per_node": cores, "cpu_per_byte": values["cpu_per_byte"],
+              "cpu_per_round": values["cpu_per_round"],
               "speedup_over": "one node of %d GPU(s)" % values["gpus_per_node"]}
     if times.note:
         inputs["compute_note"] = times.note
