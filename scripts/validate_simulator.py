@@ -246,6 +246,7 @@ def main():
                                "host_cpu_comm_ms": h.comm_s * 1e3,
                                "cpu_per_byte_ns": costs["cpu_per_byte"] * 1e9,
                                "cpu_per_round_ms": costs["cpu_per_round"] * 1e3,
+                               "cpu_polling": costs["cpu_polling"],
                                "compute_in_training_ms": t.compute_s * 1e3,
                                "mpi_link_mb_s": min(r["link_rate"] for r in ranks) / 1e6,
                                "one_way_latency_ms": 1e3 * max(r["one_way_latency"]

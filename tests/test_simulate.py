@@ -252,34 +252,51 @@ def test_no_cores_and_no_costs_is_todays_model():
     cluster = schedule.Cluster(2, MB_PER_S)
     assert not cluster.shares_cores
     assert cluster.with_hosts(4).cores is None
-    kept = schedule.Cluster(2, MB_PER_S, cores=1.5, cpu_per_byte=1e-9, cpu_per_round=1e-3)
+    kept = schedule.Cluster(2, MB_PER_S, cores=1.5, cpu_per_byte=1e-9, cpu_per_round=1e-3,
+                            cpu_polling=0.05)
     again = kept.with_hosts(8)
-    assert (again.cores, again.cpu_per_byte, again.cpu_per_round) == (1.5, 1e-9, 1e-3)
+    assert (again.cores, again.cpu_per_byte, again.cpu_per_round, again.cpu_polling) == \
+        (1.5, 1e-9, 1e-3, 0.05)
     with pytest.raises(SimulationError, match="cores_per_node"):
         schedule.Cluster(2, MB_PER_S, cores=0.5)
     with pytest.raises(SimulationError, match="0 or more"):
         schedule.Cluster(2, MB_PER_S, cpu_per_byte=-1e-9)
 
 
+def test_polling_takes_its_share_while_exchanges_are_in_flight():
+    # the thread wants a fifth of a core while anything is in flight. One core: ip2's
+    # exchange (60-80) leaves the compute 0.8 of it, 16 of ip1's 40 ms done by 80; the rest
+    # ends at 104. ip1's exchange 104-204 with the compute waiting: a 204 ms period.
+    assert run(cpu_polling=0.2, cores=1).iter_s == pytest.approx(0.204)
+    assert run(cpu_polling=0.2).iter_s == pytest.approx(0.200)
+
+
 def test_the_calibration_reads_its_costs_back():
     from poseidon_caffe.simulator import calibration
-    # two phases made by hand: 2 us a round and 3 ns a byte; the small rounds move 2 KB,
-    # the large 2 MB sent plus received
-    small = {"bytes": 2048.0, "rounds": 1000.0}
-    large = {"bytes": 2097152.0, "rounds": 50.0}
+    # three phases made by hand as the model has them with one core: polling takes 0.1 of
+    # it; a round costs 2 us and 3 ns a byte, run at half a core; the small rounds move
+    # 2 KB, the large 2 MB sent plus received
+    polling, per_round, per_byte = 0.1, 2e-6, 3e-9
+    waiting = {"busy_s": 1.6, "lost_s": 0.16}
+    small = {"bytes": 2048.0, "rounds": 1000.0, "busy_s": 1.7}
+    large = {"bytes": 2097152.0, "rounds": 50.0, "busy_s": 1.9}
     for phase in (small, large):
-        phase["lost_s"] = phase["rounds"] * (2e-6 + 3e-9 * phase["bytes"])
-    per_round, per_byte = calibration.costs(small, large)
-    assert per_round == pytest.approx(2e-6)
-    assert per_byte == pytest.approx(3e-9)
+        work = phase["rounds"] * (per_round + per_byte * phase["bytes"])
+        phase["lost_s"] = work + polling * (phase["busy_s"] - 2 * work)
+    got = calibration.costs(waiting, small, large)
+    assert got == (pytest.approx(polling), pytest.approx(per_round), pytest.approx(per_byte))
     # noise that makes a cost negative reads as none
-    assert calibration.costs(dict(small, lost_s=0.0), dict(large, lost_s=0.0)) == (0.0, 0.0)
+    none = dict(waiting, lost_s=-0.1)
+    assert calibration.costs(none, dict(small, lost_s=0.0), dict(large, lost_s=0.0)) == \
+        (0.0, 0.0, 0.0)
     # rounds under way when the compute ended count by the share done
     assert calibration.rounds_within(0.0, [1.0, 2.0, 4.0, 5.0], 3.0) == pytest.approx(2.5)
     assert calibration.rounds_within(0.0, [4.0], 1.0) == pytest.approx(0.25)
-    assert calibration.combine([{"cpu_per_byte": 1e-9, "cpu_per_round": 1e-3},
-                                {"cpu_per_byte": 3e-9, "cpu_per_round": 3e-3}]) == {
-        "cpu_per_byte": pytest.approx(2e-9), "cpu_per_round": pytest.approx(2e-3)}
+    assert calibration.combine([
+        {"cpu_per_byte": 1e-9, "cpu_per_round": 1e-3, "cpu_polling": 0.1},
+        {"cpu_per_byte": 3e-9, "cpu_per_round": 3e-3, "cpu_polling": 0.3}]) == {
+        "cpu_per_byte": pytest.approx(2e-9), "cpu_per_round": pytest.approx(2e-3),
+        "cpu_polling": pytest.approx(0.2)}
 
 
 # -- nets, compute files, rates ---------------------------------------------------------------
@@ -471,7 +488,8 @@ def test_bad_input_is_one_clear_line(tiny, tmp_path, caplog):
     assert "-sync=gossip" in line
     for flag, value in (("cores_per_node", "0.5"), ("cores_per_node", "many"),
                         ("cpu_per_byte", "-0.5"), ("cpu_per_byte", "cheap"),
-                        ("cpu_per_round", "-1ms"), ("cpu_per_round", "fast")):
+                        ("cpu_per_round", "-1ms"), ("cpu_per_round", "fast"),
+                        ("cpu_polling", "1.5"), ("cpu_polling", "some")):
         line = one_error_line(["-model", tiny, "-compute", "total=5", "-" + flag, value],
                               caplog)
         assert "-" + flag in line and value in line, line

@@ -1,16 +1,25 @@
 """The host-CPU costs of communication, measured where the job will run: what the simulator's
-``-cpu_per_byte`` and ``-cpu_per_round`` are (``schedule.py``, "the host's cores").
+``-cpu_polling``, ``-cpu_per_round`` and ``-cpu_per_byte`` are (``schedule.py``,
+``_simulate_shared``).
 
 Every rank of an MPI job (one rank per node, all at once, so that the nodes share whatever
-they share in training) first times ``work`` -- one forward and backward of its net, say --
-alone. Then, twice, it runs ``work`` the same number of times again while a second thread
-exchanges messages around the ring (each rank sends to the next and hears the previous; one
-round of messages per exchange, waited for as the engine waits: tests with short sleeps),
-once with small messages, once with large ones. The compute thread's lost time, divided by
-the exchanges made, is what one exchange costs the compute: with one core for the compute
-and the communication (the model's ``-cores_per_node 1``) exactly the CPU it took, the
-fixed cost of a round plus the cost of its bytes. The small messages give the first; the
-difference between the two, over the difference in bytes, the second.
+they share in training) times ``work`` -- one forward and backward of its net, say -- alone,
+before and after the rest. Then it runs ``work`` the same number of times three times more,
+while a second thread
+
+* waits for one message that the previous rank's compute thread sends when its compute is
+  over: the thread only tests and sleeps, as the engine's communication thread does while
+  its exchanges are in flight;
+* exchanges small messages around the ring, round after round (each rank sends to the next
+  and hears the previous; one round of messages, waited for the same way);
+* the same with large messages.
+
+The compute thread's lost time is what the communication cost it: with one core shared by
+the compute and the communication (the model's ``-cores_per_node 1``) exactly the CPU the
+communication took. The first phase gives the share of a core the waiting takes (per second
+in flight); what the rounds cost beyond it, per round, is the fixed cost of a round plus the
+cost of its bytes: the small rounds give the first, the difference between the small and
+the large ones over the difference in bytes the second.
 
 ``measure(comm, work)`` returns this rank's figures; ``combine`` averages the ranks'.
 """
@@ -80,24 +89,23 @@ def rounds_within(start, ends, until):
 
 
 def measure(comm, work, seconds=1.5, small=SMALL_VALUES, large=LARGE_VALUES):
-    """This rank's figures: ``cpu_per_round`` (s), ``cpu_per_byte`` (s per byte sent plus
-    received) and what they came from. ``work()`` is one unit of compute (the same on every
-    rank); each timed phase lasts about ``seconds``."""
+    """This rank's figures: ``cpu_polling`` (share of a core), ``cpu_per_round`` (s),
+    ``cpu_per_byte`` (s per byte sent plus received) and what they came from. ``work()`` is
+    one unit of compute (the same on every rank); each timed phase lasts about ``seconds``."""
     import threading
+    import numpy as np
     from mpi4py import MPI
+    rank, size = comm.rank, comm.size
     work()                                   # warm: first calls allocate
     first = _timed_work(comm, work, 1)
     calls = max(2, int(round(seconds / max(comm.allreduce(first, op=MPI.MAX), 1e-6))))
-    alone = _timed_work(comm, work, calls)
-    out = {"calls": calls, "work_alone_s": alone / calls}
-    for name, values in (("small", small), ("large", large)):
-        comm.Barrier()
-        start = time.perf_counter()
-        ends = _exchanges(comm, values, count=5)
-        round_alone = (ends[-1] - ends[1]) / 3.0     # the first two warm the connection
-        done = threading.Event()
-        ends = []
-        thread = threading.Thread(target=lambda: ends.extend(_exchanges(comm, values, done)),
+    before = _timed_work(comm, work, calls)
+    out = {"calls": calls}
+
+    def beside(communicate, after_work=None):
+        # ``calls`` of work beside a thread that communicates: (seconds, the thread's result)
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(value=communicate()),
                                   name="calibration-comm")
         comm.Barrier()
         start = time.perf_counter()
@@ -105,28 +113,62 @@ def measure(comm, work, seconds=1.5, small=SMALL_VALUES, large=LARGE_VALUES):
         for _ in range(calls):
             work()
         end = time.perf_counter()
-        done.set()
+        if after_work is not None:
+            after_work()
         thread.join()
+        return start, end, result.get("value")
+
+    # waiting: one message in flight for the whole compute
+    note = np.zeros(1, np.float32)
+    heard = np.zeros(1, np.float32)
+    start, end, _ = beside(
+        lambda: _wait([comm.Irecv(heard, source=(rank - 1) % size, tag=TAG + 1)]),
+        lambda: comm.Send(note, dest=(rank + 1) % size, tag=TAG + 1))
+    out["waiting"] = {"busy_s": end - start}
+    for name, values in (("small", small), ("large", large)):
+        comm.Barrier()
+        ends = _exchanges(comm, values, count=5)
+        round_alone = (ends[-1] - ends[1]) / 3.0     # the first two warm the connection
+        done = threading.Event()
+        start, end, ends = beside(lambda: _exchanges(comm, values, done), done.set)
         rounds = rounds_within(start, ends, end)
         out[name] = {"values": values, "bytes": 2.0 * 4 * values, "rounds": rounds,
-                     "round_alone_s": round_alone, "round_busy_s": (end - start) / max(rounds, 1e-9),
-                     "work_busy_s": (end - start) / calls, "lost_s": end - start - alone}
-    out["cpu_per_round"], out["cpu_per_byte"] = costs(out["small"], out["large"])
+                     "round_alone_s": round_alone,
+                     "round_busy_s": (end - start) / max(rounds, 1e-9),
+                     "work_busy_s": (end - start) / calls, "busy_s": end - start}
+    # the compute alone again, after: the mean of the two stands for it, and their difference
+    # says how steady the machine was meanwhile
+    after = _timed_work(comm, work, calls)
+    alone = 0.5 * (before + after)
+    out["work_alone_s"] = alone / calls
+    out["alone_drift"] = (after - before) / alone
+    for name in ("waiting", "small", "large"):
+        out[name]["lost_s"] = out[name]["busy_s"] - alone
+    out["cpu_polling"], out["cpu_per_round"], out["cpu_per_byte"] = costs(
+        out["waiting"], out["small"], out["large"])
     return out
 
 
-def costs(small, large):
-    """(seconds a round, seconds a byte) from the compute lost beside small and large rounds
-    (``lost_s``, ``rounds``, ``bytes`` sent plus received each round): a round costs
-    per_round + bytes x per_byte. Noise that would make either negative reads as 0."""
-    per_small = small["lost_s"] / max(small["rounds"], 1e-9)
-    per_large = large["lost_s"] / max(large["rounds"], 1e-9)
+def costs(waiting, small, large):
+    """(share of a core while waiting, seconds a round, seconds a byte) from the compute lost
+    (``lost_s``) in ``busy_s`` seconds beside a wait, and beside ``rounds`` small and large
+    rounds (``bytes`` sent plus received each). As the model has it with one core: waiting
+    takes ``polling`` of it; a round's own work (per_round + bytes x per_byte) runs at half a
+    core beside the compute, the thread polling the rest of the time. Noise that would make
+    a cost negative reads as 0."""
+    polling = min(max(waiting["lost_s"] / max(waiting["busy_s"], 1e-9), 0.0), 0.5)
+
+    def per_round(phase):
+        # lost = rounds x work + polling x (busy - rounds x 2 x work)
+        return (phase["lost_s"] - polling * phase["busy_s"]) / (
+            max(phase["rounds"], 1e-9) * (1.0 - 2.0 * polling))
+    per_small, per_large = per_round(small), per_round(large)
     per_byte = max((per_large - per_small) / (large["bytes"] - small["bytes"]), 0.0)
-    return max(per_small - per_byte * small["bytes"], 0.0), per_byte
+    return polling, max(per_small - per_byte * small["bytes"], 0.0), per_byte
 
 
 def combine(figures):
-    """The ranks' figures as one: the means of ``cpu_per_byte`` and ``cpu_per_round``."""
+    """The ranks' figures as one: the mean of each cost."""
     n = float(len(figures))
-    return {"cpu_per_byte": sum(f["cpu_per_byte"] for f in figures) / n,
-            "cpu_per_round": sum(f["cpu_per_round"] for f in figures) / n}
+    return {key: sum(f[key] for f in figures) / n
+            for key in ("cpu_polling", "cpu_per_round", "cpu_per_byte")}

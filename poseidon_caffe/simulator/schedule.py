@@ -53,7 +53,7 @@ class Cluster:
     def __init__(self, hosts, bandwidth, gpus_per_node=1, latency=0.0,
                  local_bandwidth=12.5e9, channels=CHANNELS, overhead=0.0, update_rate=None,
                  wire_efficiency=WIRE_EFFICIENCY, cores=None, cpu_per_byte=0.0,
-                 cpu_per_round=0.0):
+                 cpu_per_round=0.0, cpu_polling=0.0):
         if hosts < 1 or gpus_per_node < 1:
             raise SimulationError("a cluster needs at least one node of at least one GPU "
                                   "(nodes %r, gpus per node %r)" % (hosts, gpus_per_node))
@@ -78,6 +78,11 @@ class Cluster:
         if not cpu_per_byte >= 0 or not cpu_per_round >= 0:
             raise SimulationError("CPU costs of communication are seconds, 0 or more "
                                   "(per byte %r, per round %r)" % (cpu_per_byte, cpu_per_round))
+        if not 0 <= cpu_polling <= 1:
+            raise SimulationError("-cpu_polling=%r: the share of a core the communication "
+                                  "thread takes while exchanges are in flight, 0 to 1"
+                                  % (cpu_polling,))
+        self.cpu_polling = float(cpu_polling)
         self.cores = None if cores is None else float(cores)
         self.cpu_per_byte = float(cpu_per_byte)
         self.cpu_per_round = float(cpu_per_round)
@@ -86,12 +91,14 @@ class Cluster:
     def shares_cores(self):
         """Whether the host-CPU model is asked for (else: a core for every thread, free
         communication, the schedule of ``run_exchanges``)."""
-        return self.cores is not None or self.cpu_per_byte > 0 or self.cpu_per_round > 0
+        return (self.cores is not None or self.cpu_per_byte > 0 or self.cpu_per_round > 0
+                or self.cpu_polling > 0)
 
     def with_hosts(self, hosts):
         return Cluster(hosts, self.bandwidth, self.gpus_per_node, self.latency,
                        self.local_bandwidth, self.channels, self.overhead, self.update_rate,
-                       self.wire_efficiency, self.cores, self.cpu_per_byte, self.cpu_per_round)
+                       self.wire_efficiency, self.cores, self.cpu_per_byte, self.cpu_per_round,
+                       self.cpu_polling)
 
     @property
     def workers(self):
@@ -292,7 +299,8 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
 
     Four things want cores: the compute thread (one core while it runs a layer), the
     communication thread (one core while any exchange is in its cpu phase, split equally
-    among them), the worker thread (one core for the post work of one exchange at a time) and
+    among them; else ``cpu_polling`` of one while any is in flight: it tests and sleeps),
+    the worker thread (one core for the post work of one exchange at a time) and
     the network stack (``cpu_per_byte`` x the bytes per second on the wire, sent plus
     received). ``share_cores`` gives each its share; each runs at its share over its demand
     of the speed it has alone, so compute stretches while exchanges take CPU, and an
@@ -399,7 +407,10 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
         in_cpu = [f for f in active if f.phase == "cpu"]
         on_wire = [f for f in active if f.phase == "wire"]
         in_post = [f for f in active if f.phase == "post"]
-        wants = [1.0 if work_left is not None else 0.0, 1.0 if in_cpu else 0.0,
+        # the communication thread: a core for its rounds' work, else its polling while
+        # anything is in flight
+        thread_wants = 1.0 if in_cpu else (cluster.cpu_polling if active else 0.0)
+        wants = [1.0 if work_left is not None else 0.0, thread_wants,
                  1.0 if in_post else 0.0, stack_demand if on_wire else 0.0]
         got = share_cores(wants, cores)
         compute_speed = got[0]

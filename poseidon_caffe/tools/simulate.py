@@ -41,6 +41,8 @@ SIMULATE_FLAGS = [
     flagmod.Flag("cpu_per_byte", 0.0, "CPU seconds the software and the kernel spend per "
                  "off-host byte sent or received (e.g. 2e-9; measured by "
                  "simulator/calibration.py)"),
+    flagmod.Flag("cpu_polling", 0.0, "Share of a core the communication thread takes while "
+                 "exchanges are in flight (testing and sleeping; e.g. 0.05)"),
     flagmod.Flag("cpu_per_round", "0", "CPU time of each round of messages of an exchange "
                  "(e.g. 0.3ms; ps has 2 rounds, sfb 1, the ring 2(N-1))"),
     flagmod.Flag("fuse_bytes", 1 << 16, "Small blobs are fused up to this many bytes, as "
@@ -56,7 +58,8 @@ SIMULATE_USAGE = """Predict iteration time, images/s and speedup of distributed 
 Usage:
     simulate -model NET [-nodes 1,2,4,8,16,32] [-gpus_per_node N] [-bandwidth 10gbit]
              [-latency 50us] [-compute measured|FILE|total=MS] [-sync auto|ps|sfb|allreduce]
-             [-dwbp true|false] [-cores_per_node C -cpu_per_byte S -cpu_per_round T]
+             [-dwbp true|false] [-cores_per_node C -cpu_polling F -cpu_per_round T
+             -cpu_per_byte S]
              [-plot FILE.png] [-json FILE.json]
 One row per node count. speedup is images/s over one node with the same GPUs per node (as
 Poseidon reports it); comm_ms is the time a node's exchanges take per iteration and hidden the
@@ -120,6 +123,9 @@ def simulate_rows(values):
     if cores is not None and not cores >= 1:
         raise flagmod.FlagError("-cores_per_node=%g: the cores a node's threads share, 1 or "
                                 "more" % cores)
+    if not 0 <= values["cpu_polling"] <= 1:
+        raise flagmod.FlagError("-cpu_polling=%g: a share of a core, 0 to 1"
+                                % values["cpu_polling"])
     if not values["cpu_per_byte"] >= 0:
         raise flagmod.FlagError("-cpu_per_byte=%g: CPU seconds per byte, 0 or more"
                                 % values["cpu_per_byte"])
@@ -136,7 +142,7 @@ def simulate_rows(values):
     cluster = simulator.Cluster(1, bandwidth, values["gpus_per_node"], latency, local,
                                 values["comm_channels"], overhead, update_rate,
                                 values["wire_efficiency"], cores, values["cpu_per_byte"],
-                                cpu_per_round)
+                                cpu_per_round, values["cpu_polling"])
     predictions, baseline = simulator.predict(model, times, nodes, cluster, values["sync"],
                                               values["svb"], values["dwbp"],
                                               values["fuse_bytes"])
@@ -148,7 +154,7 @@ def simulate_rows(values):
               "comm_channels": values["comm_channels"], "overhead": values["overhead"],
               "update_rate": update_rate, "wire_efficiency": values["wire_efficiency"],
               "cores_per_node": cores, "cpu_per_byte": values["cpu_per_byte"],
-              "cpu_per_round": values["cpu_per_round"],
+              "cpu_per_round": values["cpu_per_round"], "cpu_polling": values["cpu_polling"],
               "speedup_over": "one node of %d GPU(s)" % values["gpus_per_node"]}
     if times.note:
         inputs["compute_note"] = times.note
