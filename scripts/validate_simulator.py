@@ -207,67 +207,63 @@ def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False,
     return simulator.simulate(model, times, cluster, mode=mode, dwbp=dwbp)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", default="2,4")
-    parser.add_argument("--bandwidths", default="100mbit,300mbit")
-    parser.add_argument("--modes", default="ps,sfb,allreduce,auto")
-    parser.add_argument("--iters", type=int, default=8)
-    parser.add_argument("--json", default="")
-    a = parser.parse_args()
+HEADER = ("%5s %9s %-9s %5s %9s %9s %7s %9s %7s %10s %7s %9s %7s %8s %8s" % (
+    "hosts", "bandwidth", "mode", "dwbp", "measured", "predicted", "error", "in-train",
+    "error", "calibrated", "error", "host-cpu", "error", "compute", "MB/host"))
+
+
+def compare(hosts, bandwidth, mode, dwbp, ranks):
+    """The row of one job: measured against each prediction; printed."""
     from poseidon_caffe.simulator import calibration
-    rows = []
-    print("%5s %9s %-9s %5s %9s %9s %7s %9s %7s %10s %7s %9s %7s %8s %8s" % (
-        "hosts", "bandwidth", "mode", "dwbp", "measured", "predicted", "error", "in-train",
-        "error", "calibrated", "error", "host-cpu", "error", "compute", "MB/host"))
-    with tempfile.TemporaryDirectory() as tmp:
-        for hosts in [int(h) for h in a.hosts.split(",")]:
-            for bandwidth in a.bandwidths.split(","):
-                for mode in a.modes.split(","):
-                    for dwbp in (True, False):
-                        ranks, wire = measure(hosts, bandwidth, mode, dwbp, a.iters, tmp)
-                        measured = max(r["seconds"] for r in ranks)
-                        p = predict(ranks, hosts, bandwidth, mode, dwbp)
-                        c = predict(ranks, hosts, bandwidth, mode, dwbp, calibrated=True)
-                        t = predict(ranks, hosts, bandwidth, mode, dwbp, during_training=True)
-                        h = predict(ranks, hosts, bandwidth, mode, dwbp, host_cpu=True)
-                        costs = calibration.combine([r["host_cpu"] for r in ranks])
-                        error = p.iter_s / measured - 1
-                        error_h = h.iter_s / measured - 1
-                        error_c = c.iter_s / measured - 1
-                        error_t = t.iter_s / measured - 1
-                        row = {"hosts": hosts, "bandwidth": bandwidth, "mode": mode,
-                               "dwbp": dwbp, "measured_ms": measured * 1e3,
-                               "predicted_ms": p.iter_s * 1e3, "error": error,
-                               "calibrated_ms": c.iter_s * 1e3, "calibrated_error": error_c,
-                               "in_training_ms": t.iter_s * 1e3, "in_training_error": error_t,
-                               "host_cpu_ms": h.iter_s * 1e3, "host_cpu_error": error_h,
-                               "host_cpu_compute_ms": h.compute_busy_s * 1e3,
-                               "host_cpu_comm_ms": h.comm_s * 1e3,
-                               "cpu_per_byte_ns": costs["cpu_per_byte"] * 1e9,
-                               "cpu_per_round_ms": costs["cpu_per_round"] * 1e3,
-                               "cpu_polling": costs["cpu_polling"],
-                               "compute_in_training_ms": t.compute_s * 1e3,
-                               "mpi_link_mb_s": min(r["link_rate"] for r in ranks) / 1e6,
-                               "one_way_latency_ms": 1e3 * max(r["one_way_latency"]
-                                                               for r in ranks),
-                               "compute_ms": p.compute_s * 1e3,
-                               "planner_mb_per_host": p.host_bytes / 1e6,
-                               "engine_mb_per_host": ranks[0]["bytes"] / 1e6,
-                               "engine_comm_ms": 1e3 * max(r["comm_seconds"] for r in ranks),
-                               "predicted_comm_ms": p.comm_s * 1e3,
-                               "calibrated_comm_ms": c.comm_s * 1e3,
-                               "engine_comm_cpu_ms": 1e3 * max(r["comm_cpu_seconds"]
-                                                               for r in ranks),
-                               "ranks": ranks}
-                        rows.append(row)
-                        print("%5d %9s %-9s %5s %9.1f %9.1f %+6.1f%% %9.1f %+6.1f%% %10.1f "
-                              "%+6.1f%% %9.1f %+6.1f%% %8.1f %8.2f"
-                              % (hosts, bandwidth, mode, "on" if dwbp else "off",
-                                 measured * 1e3, p.iter_s * 1e3, 100 * error, t.iter_s * 1e3,
-                                 100 * error_t, c.iter_s * 1e3, 100 * error_c, h.iter_s * 1e3,
-                                 100 * error_h, p.compute_s * 1e3, p.host_bytes / 1e6))
-                        sys.stdout.flush()
+    measured = max(r["seconds"] for r in ranks)
+    p = predict(ranks, hosts, bandwidth, mode, dwbp)
+    c = predict(ranks, hosts, bandwidth, mode, dwbp, calibrated=True)
+    t = predict(ranks, hosts, bandwidth, mode, dwbp, during_training=True)
+    h = predict(ranks, hosts, bandwidth, mode, dwbp, host_cpu=True)
+    costs = calibration.combine([r["host_cpu"] for r in ranks])
+    error = p.iter_s / measured - 1
+    error_c = c.iter_s / measured - 1
+    error_t = t.iter_s / measured - 1
+    error_h = h.iter_s / measured - 1
+    row = {"hosts": hosts, "bandwidth": bandwidth, "mode": mode,
+           "dwbp": dwbp, "measured_ms": measured * 1e3,
+           "predicted_ms": p.iter_s * 1e3, "error": error,
+           "calibrated_ms": c.iter_s * 1e3, "calibrated_error": error_c,
+           "in_training_ms": t.iter_s * 1e3, "in_training_error": error_t,
+           "host_cpu_ms": h.iter_s * 1e3, "host_cpu_error": error_h,
+           "host_cpu_compute_ms": h.compute_busy_s * 1e3,
+           "host_cpu_comm_ms": h.comm_s * 1e3,
+           "cpu_polling": costs["cpu_polling"],
+           "cpu_per_round_ms": costs["cpu_per_round"] * 1e3,
+           "cpu_per_byte_ns": costs["cpu_per_byte"] * 1e9,
+           "compute_in_training_ms": t.compute_s * 1e3,
+           "mpi_link_mb_s": min(r["link_rate"] for r in ranks) / 1e6,
+           "one_way_latency_ms": 1e3 * max(r["one_way_latency"] for r in ranks),
+           "compute_ms": p.compute_s * 1e3,
+           "planner_mb_per_host": p.host_bytes / 1e6,
+           "engine_mb_per_host": ranks[0]["bytes"] / 1e6,
+           "engine_comm_ms": 1e3 * max(r["comm_seconds"] for r in ranks),
+           "engine_comm_cpu_ms": 1e3 * max(r["comm_cpu_seconds"] for r in ranks),
+           "engine_wait_ms": 1e3 * max(r["wait_seconds"] for r in ranks),
+           "predicted_comm_ms": p.comm_s * 1e3,
+           "calibrated_comm_ms": c.comm_s * 1e3,
+           "ranks": ranks}
+    print("%5d %9s %-9s %5s %9.1f %9.1f %+6.1f%% %9.1f %+6.1f%% %10.1f "
+          "%+6.1f%% %9.1f %+6.1f%% %8.1f %8.2f"
+          % (hosts, bandwidth, mode, "on" if dwbp else "off",
+             measured * 1e3, p.iter_s * 1e3, 100 * error, t.iter_s * 1e3,
+             100 * error_t, c.iter_s * 1e3, 100 * error_c, h.iter_s * 1e3,
+             100 * error_h, p.compute_s * 1e3, p.host_bytes / 1e6))
+    print("      host CPU measured: polling %.3f of a core, %.3f ms a round, %.2f ns a byte "
+          "(compute alone drifted %s); predicted compute %.1f ms, in training %.1f ms"
+          % (costs["cpu_polling"], costs["cpu_per_round"] * 1e3, costs["cpu_per_byte"] * 1e9,
+             "/".join("%+.0f%%" % (100 * r["host_cpu"]["alone_drift"]) for r in ranks),
+             h.compute_busy_s * 1e3, t.compute_s * 1e3))
+    sys.stdout.flush()
+    return row
+
+
+def summary(rows):
     for key, what in (("error", "compute timed alone"),
                       ("in_training_error", "compute timed in training"),
                       ("calibrated_error", "compute alone, measured link rate and latency"),
@@ -277,9 +273,45 @@ def main():
         within = sum(abs(r[key]) <= 0.15 for r in rows)
         print("%s: worst error %.1f%%, %d of %d configurations within 15%%"
               % (what, 100 * worst, within, len(rows)))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="2,4")
+    parser.add_argument("--bandwidths", default="100mbit,300mbit")
+    parser.add_argument("--modes", default="ps,sfb,allreduce,auto")
+    parser.add_argument("--iters", type=int, default=8)
+    parser.add_argument("--json", default="", help="write the rows (with every rank's "
+                        "report) here, after each job")
+    parser.add_argument("--predict-again", default="", metavar="JSON",
+                        help="run nothing: the predictions again for the jobs a --json file "
+                        "holds")
+    a = parser.parse_args()
+    rows = []
+    print(HEADER)
+    if a.predict_again:
+        with open(a.predict_again) as f:
+            for old in json.load(f):
+                rows.append(compare(old["hosts"], old["bandwidth"], old["mode"], old["dwbp"],
+                                    old["ranks"]))
+        summary(rows)
+        return
+    print("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
+    with tempfile.TemporaryDirectory() as tmp:
+        for hosts in [int(h) for h in a.hosts.split(",")]:
+            for bandwidth in a.bandwidths.split(","):
+                for mode in a.modes.split(","):
+                    for dwbp in (True, False):
+                        ranks, wire = measure(hosts, bandwidth, mode, dwbp, a.iters, tmp)
+                        row = compare(hosts, bandwidth, mode, dwbp, ranks)
+                        row["load_average"] = os.getloadavg()[0]
+                        row["wire_mb_per_host"] = wire / 1e6
+                        rows.append(row)
+                        if a.json:
+                            with open(a.json, "w") as f:
+                                json.dump(rows, f, indent=1)
+    print("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+    summary(rows)
 
 
 if __name__ == "__main__":
