@@ -29,6 +29,13 @@ channel at a time; those on the wire share the NIC equally, and the work after t
 (factor rebuild, update) runs on the one worker thread, one exchange's at a time. The next
 iteration's forward of a layer waits until the blobs that layer uses are fresh. The
 prediction is the steady state: the mean length of the last iterations of a short run.
+
+The host's cores (``Cluster.cores``, ``cpu_polling``, ``cpu_per_round``, ``cpu_per_byte``).
+By default every thread has a core of its own and communication costs no compute. Given
+cores, compute and exchanges run on one timeline (``_simulate_shared``) where the compute
+thread, the communication thread, the worker thread and the network stack share them
+max-min fairly (``share_cores``): compute stretches while exchanges take CPU, and their CPU
+work waits for a core. The costs are measured by ``calibration.py``.
 """
 from ..sync import planner
 from ..sync.dwbp import make_buckets
