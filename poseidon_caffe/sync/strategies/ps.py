@@ -12,9 +12,10 @@ c - s (s = staleness; 0 is bulk-synchronous).
 A shard's rows of a blob travel in pieces of at most ``PIECE_VALUES`` values, each a message
 of its own: a shard updates a piece and sends it back as soon as every host's push of that
 piece is in, so the pulls of the first pieces travel while the last ones are still pushed.
-Between two hosts one 4 MB message each way for the push and then for the pull took 3 times
-the wire time of 4 MB (MPICH over TCP at 100 Mbit/s), and the two hosts drifted out of step
-(4 times); in 16 pieces it takes the 2 times the bytes need, in step or not.
+Measured between two hosts at 100 Mbit/s (MPICH over TCP): a 4 MB push each way and then a
+4 MB pull each way, one message each, took 3 times the wire time of 4 MB in step, and the
+engine's hosts drifted out of step (4 times); in 512 KB pieces the same took the 2 times the
+bytes need, in step or not.
 
 A blob's exchange is one push message per piece owned by a remote shard, then a wait
 (``Until``) for each such piece's pull, which the progress hook receives into the host's
