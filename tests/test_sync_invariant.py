@@ -13,6 +13,7 @@ from google.protobuf import text_format
 
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import get_solver
+from poseidon_caffe.sync.strategies.ps import PIECE_VALUES
 
 pytestmark = pytest.mark.mpi          # every test here runs mpiexec
 
@@ -67,6 +68,8 @@ from mpi4py import MPI
 sys.path.insert(0, sys.argv[1])
 import test_sync_invariant as t
 from poseidon_caffe import sync
+from poseidon_caffe.sync.strategies import ps
+ps.PIECE_VALUES = int(sys.argv[6])
 comm = MPI.COMM_WORLD
 batch, rph, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 modes = [(m, d == "1") for m, d in (x.split(":") for x in sys.argv[5].split(","))]
@@ -91,14 +94,15 @@ if comm.rank == 0:
 MODES = ["ps:1", "ps:0", "sfb:1", "sfb:0", "allreduce:1", "allreduce:0", "auto:1", "auto:0"]
 
 
-def run_job(tmp_path, ranks, batch, ranks_per_host, modes):
+def run_job(tmp_path, ranks, batch, ranks_per_host, modes, piece_values=PIECE_VALUES):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = str(tmp_path / "result")
     env = dict(os.environ, POSEIDON_NO_PROGRESS="1")
     proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(script),
                            os.path.dirname(__file__), str(batch), str(ranks_per_host), out,
-                           ",".join(modes)], capture_output=True, text=True, timeout=240,
+                           ",".join(modes), str(piece_values)], capture_output=True,
+                          text=True, timeout=240,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights = np.load(out + ".npz")
@@ -142,6 +146,15 @@ def test_p_workers_equal_one_worker_of_p_times_batch(tmp_path, ranks, batch):
     assert set(plans["allreduce_1"].values()) == {"allreduce"}
     # every worker ends with the same replica
     assert all(s["iterations"] == ITERS for s in stats["auto_1"])
+
+
+def test_parameter_server_in_pieces_equals_one_worker(tmp_path):
+    # pieces of 16 values: every row of every blob travels as a message of its own
+    ref = reference(8)
+    weights, stats = run_job(tmp_path, 4, 2, 1, ["ps:1", "ps:0"], piece_values=16)
+    for key in ("ps_1", "ps_0"):
+        check_same(weights, ref, key)
+        check_bytes_match_prediction(stats[key])
 
 
 def test_two_hosts_of_two_devices_equal_the_flat_run(tmp_path):

@@ -103,3 +103,34 @@ def test_worker_update_rule_exchanges_update_values_not_factors():
         planner.choose(fc6, "allreduce", 32, 8, 8, clip=True, update="worker")
     with pytest.raises(planner.PlanError, match="-ps_update=average is not one of"):
         planner.choose(fc6, "auto", 32, 8, 8, update="average")
+
+
+@pytest.mark.parametrize("count,rows,shards,piece", [
+    (9216 * 4096, 4096, 2, 1 << 18),    # AlexNet's fc6: 74 pieces of 27-28 rows per shard
+    (500 * 800, 500, 1, 1 << 18),       # LeNet's ip1 on one server: two pieces
+    (12 * 64, 12, 4, 16),               # rows larger than a piece: a row each
+    (7, 7, 3, 1 << 18),                 # a bias smaller than a piece: one each
+    (10, 1, 2, 4),                      # a single row cannot be cut
+])
+def test_parameter_server_pieces_cover_each_shards_rows_in_order(count, rows, shards, piece):
+    from poseidon_caffe.sync.strategies.ps import PIECE_TAGS, row_layout
+    parts = row_layout(3, count, rows, shards, piece)
+    per_row = count // rows
+    assert len(parts) <= PIECE_TAGS
+    by_shard = {}
+    for shard, lo, hi in parts:
+        assert lo % per_row == 0 and hi % per_row == 0 and hi > lo
+        assert hi - lo <= max(piece, per_row)
+        by_shard.setdefault(shard, []).append((lo, hi))
+    # each shard's pieces are one contiguous run of rows, the runs tile the blob, and the
+    # runs are the shards' row ranges without pieces (a near-equal split, rotated by index)
+    runs = sorted((ranges[0][0], ranges[-1][1], shard) for shard, ranges in by_shard.items())
+    for ranges in by_shard.values():
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert runs[0][0] == 0 and runs[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    whole = row_layout(3, count, rows, shards, count)
+    assert sorted((lo, hi, s) for s, lo, hi in whole) == runs
+    pieces_of = {s: len(r) for s, r in by_shard.items()}
+    if count == 9216 * 4096:
+        assert pieces_of == {0: 74, 1: 74}

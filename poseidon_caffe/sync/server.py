@@ -19,7 +19,7 @@ import time
 from .. import log
 from ..proto import caffe_pb2
 from .counters import ByteCounters
-from .strategies.ps import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, row_layout
+from .strategies.ps import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, piece_tag, row_layout
 from .rule import ScheduledRates, UpdateRule
 from .transport import OFFLOAD_SIZE
 
@@ -73,16 +73,18 @@ def serve(topology):
     shapes = {}
     for index, name, count, nrows, _, _ in setup["items"]:
         shapes[index] = _ItemShape(index, name, count, nrows)
-        for owner, lo, hi in row_layout(index, count, nrows, topology.num_servers):
+        for j, (owner, lo, hi) in enumerate(row_layout(index, count, nrows,
+                                                      topology.num_servers)):
             if owner != shard:
                 continue
-            lo_sent, hi_sent, data, history = rows[index]
+            tag = piece_tag(index, j)
+            lo_sent, hi_sent, data, history = rows[tag]
             if (lo_sent, hi_sent) != (lo, hi):
                 raise RuntimeError("server %d: rank 0 sent rows [%d, %d) of %s, the layout "
                                    "gives this shard [%d, %d)" % (shard, lo_sent, hi_sent, name,
                                                                   lo, hi))
-            store.add(index, name, lo, hi, data, history, list(range(hosts)), start)
-    log.info("Server %d (rank %d): %d row shards, %d hosts push to it, from iteration %d",
+            store.add(tag, index, name, lo, hi, data, history, list(range(hosts)), start)
+    log.info("Server %d (rank %d): %d row pieces, %d hosts push to it, from iteration %d",
              shard, topology.rank, len(store.shards), hosts, start)
     request = control.irecv(source=0, tag=CONTROL_TAG)
     waiting = None
