@@ -212,11 +212,16 @@ def test_cpu_per_byte_by_hand():
     assert run(cpu_per_byte=0.25e-6, cores=1).iter_s == pytest.approx(0.210)
     # no cores given: the stack has what it wants, nothing changes
     assert run(cpu_per_byte=0.25e-6).iter_s == pytest.approx(0.200)
-    # 1 us a byte: the stack wants two cores. One core beside the compute: half each, so
-    # the wire runs at a quarter of its rate (ip2's 20 KB take 80 ms) and ip1's backward
-    # at half (40 ms in 80): both end at 140. ip1's 100 KB alone get the whole core, half
-    # of the stack's want: 200 ms. Period: 60 + 80 + 200 = 340 ms.
-    assert run(cpu_per_byte=1e-6, cores=1).iter_s == pytest.approx(0.340)
+    # 1 us a byte: the stack wants two cores. Alone it has the one core, and the link's rate
+    # is what it gives then. Beside the compute: half each, so the wire runs at half its
+    # rate (ip2's 20 KB take 40 ms) and ip1's backward at half (20 of 40 ms by 100), ending
+    # at 120; ip1's exchange alone at the full rate: 120-220. Period: 220 - 120 + 120.
+    assert run(cpu_per_byte=1e-6, cores=1).iter_s == pytest.approx(0.220)
+    # with polling beside it (a fifth of the core) the stack has 0.8 of the core and the
+    # link's rate when the compute waits; beside the compute 0.4: half the rate, as above,
+    # and the compute 0.4 too: ip1's backward does 16 ms by 100 and the rest, with nothing
+    # in flight, by 124; ip1's exchange 124-224: a 224 ms period.
+    assert run(cpu_per_byte=1e-6, cpu_polling=0.2, cores=1).iter_s == pytest.approx(0.224)
     # with a core per thread the stack gets its two cores: the link's rate, as without costs
     assert run(cpu_per_byte=1e-6).iter_s == pytest.approx(0.200)
 

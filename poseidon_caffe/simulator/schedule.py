@@ -311,8 +311,9 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
     the network stack (``cpu_per_byte`` x the bytes per second on the wire, sent plus
     received). ``share_cores`` gives each its share; each runs at its share over its demand
     of the speed it has alone, so compute stretches while exchanges take CPU, and an
-    exchange's CPU work (and, once the stack's share is short of its demand, its wire) waits
-    for a core. (iteration starts, [(start, end)] of each iteration's exchanges, seconds the
+    exchange's CPU work waits for a core; the wire slows once the stack's share falls below
+    what it has with only the polling beside it (the link's rate is the rate it gives
+    then). (iteration starts, [(start, end)] of each iteration's exchanges, seconds the
     compute thread ran per iteration)."""
     eps = 1e-12
     cores = cluster.cores
@@ -423,7 +424,10 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
         compute_speed = got[0]
         thread_speed = got[1] / len(in_cpu) if in_cpu else 0.0
         post_speed = got[2]
-        wire_speed = (got[3] / wants[3] if wants[3] > 0 else 1.0) * bw / max(len(on_wire), 1)
+        # the link's rate is what the wire gets with only the polling beside it (as a rate
+        # measured on the machines is), so the stack slows it only below that share
+        alone = share_cores([0.0, cluster.cpu_polling, 0.0, wants[3]], cores)[3]
+        wire_speed = (min(got[3] / alone, 1.0) if alone > 0 else 1.0) * bw / max(len(on_wire), 1)
         rates = []
         if work_left is not None:
             rates.append((None, compute_speed))
