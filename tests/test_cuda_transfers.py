@@ -63,10 +63,14 @@ def _settle(net):
     waits for the computation, and the counts between two settles are exact)."""
     for ring in _rings(net):
         depth = len(ring._slots) - 1
-        deadline = time.monotonic() + 120
-        while ring.pushed < ring.taken + depth + 1:
-            assert time.monotonic() < deadline, "the prefetch thread did not fill its queue"
+
+        def filled():
+            return ring.pushed >= ring.taken + depth + 1
+        for _ in range(12000):          # a hang guard, not a speed bound: up to 2 minutes
+            if filled():
+                break
             time.sleep(0.01)
+        assert filled(), "the prefetch thread did not fill its queue"
 
 
 def _memories(net):

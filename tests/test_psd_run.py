@@ -227,7 +227,7 @@ def test_servers_need_a_train_command_and_agree_with_its_flag(tmp_path):
 # -- the commands -----------------------------------------------------------------------------------
 def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tmp_path):
     pem = key_file(tmp_path)
-    config = write_config(tmp_path, virtualenv="/home/ubuntu/venv", username="ubuntu",
+    config = write_config(tmp_path, virtualenv="/opt/poseidon/venv", username="ubuntu",
                           pem_file=pem, master_node="192.168.1.10",
                           worker_nodes=["192.168.1.11", "192.168.1.15"],
                           server_nodes=["192.168.1.15", "192.168.1.70"])
@@ -238,8 +238,8 @@ def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tm
     assert proc.returncode == 0, proc.stderr
     ssh = ("ssh -i %s -l ubuntu -o BatchMode=yes -o ConnectTimeout=5 "
            "-o StrictHostKeyChecking=accept-new" % pem)
-    check = "'cd %s && . /home/ubuntu/venv/bin/activate'" % tmp_path
-    proxy = "'. /home/ubuntu/venv/bin/activate && exec hydra_pmi_proxy <proxy arguments>'"
+    check = "'cd %s && . /opt/poseidon/venv/bin/activate'" % tmp_path
+    proxy = "'. /opt/poseidon/venv/bin/activate && exec hydra_pmi_proxy <proxy arguments>'"
     expected = [
         "# check every node over ssh (one command per node)",
         "%s 192.168.1.11 %s" % (ssh, check),
@@ -256,11 +256,11 @@ def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tm
         "# the job",
         "%s -launcher ssh -launcher-exec %s/remote_shell -f %s/machinefile "
         "-localhost 192.168.1.10 -wdir %s -outfile-pattern %s/rank%%r.log "
-        "-errfile-pattern %s/rank%%r.log -genv VIRTUAL_ENV /home/ubuntu/venv "
-        "-genv PATH %s -n 4 /home/ubuntu/venv/bin/python -m poseidon_caffe.tools.supervise -- "
+        "-errfile-pattern %s/rank%%r.log -genv VIRTUAL_ENV /opt/poseidon/venv "
+        "-genv PATH %s -n 4 /opt/poseidon/venv/bin/python -m poseidon_caffe.tools.supervise -- "
         "poseidon-caffe train --solver=lenet_solver.prototxt -sync=ps -server_ranks=2 "
         "-output_dir=%s" % (MPIEXEC, out, out, tmp_path, out, out,
-                            shlex.quote("/home/ubuntu/venv/bin:" + os.environ["PATH"]), out),
+                            shlex.quote("/opt/poseidon/venv/bin:" + os.environ["PATH"]), out),
     ]
     assert proc.stdout.splitlines() == expected
     assert sorted(os.listdir(tmp_path)) == ["cluster.json", "cluster.pem"]

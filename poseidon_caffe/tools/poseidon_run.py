@@ -18,7 +18,7 @@ def _parser():
         description="Start CMD as one MPI job over ssh: one worker rank per entry of "
                     "worker_nodes, one dedicated parameter-server rank per entry of "
                     "server_nodes, the virtualenv activated on every node.",
-        epilog="Example config: {\"virtualenv\": \"/home/ubuntu/venv\", \"username\": "
+        epilog="Example config: {\"virtualenv\": \"/opt/poseidon/venv\", \"username\": "
                "\"ubuntu\", \"pem_file\": \"~/.ssh/cluster.pem\", \"master_node\": "
                "\"192.168.1.10\", \"worker_nodes\": [\"192.168.1.11\", \"192.168.1.15\"], "
                "\"server_nodes\": [\"192.168.1.11\"]}. Passwords are refused: log in with keys. "

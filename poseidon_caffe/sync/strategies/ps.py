@@ -312,6 +312,7 @@ class ParameterServer(Strategy):
         self.replicas = {}        # index -> flat copy of the blob as last pulled (leaders)
         self.versions = {}        # index -> {piece tag: clocks applied in what we hold}
         self.owner = {}           # piece tag -> the shard that holds it
+        self.owner_ranks = {}     # index -> the job ranks of the shards holding its pieces
         self.stages = {}          # (index, piece tag) -> (receive buffer, lo)
         self.pull_requests = {}   # (index, piece tag) -> its pull's receive
         self.in_flight = []       # (request, buffer kept alive until sent)
@@ -343,6 +344,7 @@ class ParameterServer(Strategy):
         self.replicas[item.index] = flat_data.astype(np.float32, copy=True)
         self.versions[item.index] = {piece_tag(item.index, j): self.start_clock
                                      for j in range(len(parts))}
+        self.owner_ranks[item.index] = sorted({topo.shard_job_ranks[s] for s, _, _ in parts})
         history = self.rule.initial_history(item.index)
         for j, (shard, lo, hi) in enumerate(parts):
             tag = piece_tag(item.index, j)
@@ -410,8 +412,8 @@ class ParameterServer(Strategy):
             needed = clock + 1 - self.staleness
             versions = self.versions[item.index]
             if min(versions.values()) < needed:
-                owners = sorted({topo.shard_job_ranks[self.owner[t]] for t in versions})
-                yield Until(lambda: min(versions.values()) >= needed, owners)
+                yield Until(lambda: min(versions.values()) >= needed,
+                            self.owner_ranks[item.index])
             staleness_read = clock + 1 - min(versions.values())
             replica = self.replicas[item.index]
             # bounded staleness: pulls of older clocks may still land in the replica, so
@@ -440,8 +442,8 @@ class ParameterServer(Strategy):
         if not self.topology.is_leader:
             return
         for index, versions in self.versions.items():
-            owners = sorted({self.topology.shard_job_ranks[self.owner[t]] for t in versions})
-            self.transport.wait_until(lambda v=versions: min(v.values()) >= clock, what, owners)
+            self.transport.wait_until(lambda v=versions: min(v.values()) >= clock, what,
+                                      self.owner_ranks[index])
 
     def current_value(self, index):
         return self.replicas[index]
