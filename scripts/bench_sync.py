@@ -49,6 +49,9 @@ Definitions (per net, host count and mode; JSON field names):
                    iteration; comm_thread_cpu_ms_on the communication thread's part of it.
                    On this machine every host's TCP stack and sync work share the same cores
                    as the layers, so what DWBP overlaps can come back as slower layers.
+  machine_busy_on / _off  the ranks' CPU time over the machine's: cpu_ms_per_rank x hosts /
+                   (cores x iteration). Near 1, the iteration is as short as these cores
+                   allow, whatever is left to hide.
   engine           after: this tree's engine, a channel per bucket; after<N>: with N channels;
                    before: --before's tree.
   wire_bytes_per_iter  bytes a host's link carried (sent plus received, Ethernet/IP/TCP
@@ -58,15 +61,19 @@ Definitions (per net, host count and mode; JSON field names):
   predicted_bytes_per_iter  the planner's per-host prediction (sum over the blobs).
 
     python scripts/bench_sync.py [--nets lenet,cifar,alexnet] [--hosts 2,4]
-        [--netlab H[,H]] [--bandwidth RATE|auto] [--modes auto] [--iters 10] [--warmup 3]
+        [--netlab H[,H]] [--bandwidth RATE|auto] [--mtu 1500] [--modes auto]
+        [--batch NET=B[,NET=B]]
+        [--iters 10] [--warmup 3]
         [--alexnet-iters 5] [--repeat 1] [--channels 0[,4,1]] [--before DIR]
-        [--before-channels 1] [--sacp]
+        [--before-channels 1] [--sacp] [--sacp-nets alexnet,alexnet_cifar]
+        [--sacp-modes auto,ps,sfb,allreduce]
         [--sacp-bandwidth RATE[,RATE]] [--sacp-iters 3] [--json FILE] [--pythonpath DIR]
         [--traces DIR]
 """
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,8 +255,43 @@ def alexnet(batch=8):
               'top: "loss" }\n')
 
 
+def alexnet_cifar(batch=64):
+    """AlexNet's shape at CIFAR-10's size: the three convolutions of Caffe's CIFAR-10 quick
+    net, then fc6 and fc7 of 4096 with ReLU and dropout, and a 10-way fc8. At 64 images a host
+    SACP sends fc6 and fc7 as sufficient factors but fc8 through the servers: its 4096 x 10
+    matrix is smaller than 64 rows of 4106 factors."""
+    text = CIFAR.replace("CIFAR10_quick", "AlexNet_CIFAR10").replace("dim: 50", "dim: %d" % batch)
+    head = text[:text.index('layer { name: "ip1"')]
+    return (head + _fc("fc6", "pool3", 4096) + _fc("fc7", "fc6", 4096)
+            + _fc("fc8", "fc7", 10, relu_drop=False, std=0.01)
+            + 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc8" bottom: "label" '
+              'top: "loss" }\n')
+
+
 NETS = {"lenet": ("LeNet", LENET), "cifar": ("CIFAR-10 quick", CIFAR),
-        "alexnet": ("AlexNet b8", alexnet(8))}
+        "alexnet": ("AlexNet b8", alexnet(8)),
+        "alexnet_cifar": ("AlexNet-CIFAR b64", alexnet_cifar(64))}
+
+
+def net_at_batch(key, batch=None):
+    """(name, prototxt) of NETS[key], its inputs at ``batch`` images a worker when given."""
+    name, text = NETS[key]
+    if batch is None:
+        return name, text
+    text = re.sub(r"(input_param \{ shape \{ dim: )\d+", r"\g<1>%d" % batch, text)
+    return "%s b%d" % (re.sub(r" b\d+$", "", name), batch), text
+
+
+def parse_batches(text):
+    """--batch lenet=256,cifar=100 -> {"lenet": 256, "cifar": 100}."""
+    batches = {}
+    for part in [p for p in text.split(",") if p]:
+        key, _, value = part.partition("=")
+        if key not in NETS or not value.isdigit() or int(value) < 1:
+            raise SystemExit("--batch %s: expected NET=IMAGES with NET one of %s"
+                             % (part, ", ".join(NETS)))
+        batches[key] = int(value)
+    return batches
 
 
 class Runner:
@@ -416,6 +458,12 @@ def _hidden_exposed(on, off, alone):
     return 1 - (on["exposed_ms"] - base) / (off["exposed_ms"] - base)
 
 
+def _busy(figures, hosts):
+    """The share of this machine's cores the ranks' processes kept busy (every rank here
+    runs on this machine; the kernel's softirq work for the links is not in it)."""
+    return figures["cpu_seconds"] * hosts / ((os.cpu_count() or 1) * figures["seconds"])
+
+
 def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, alone):
     """Per variant (label, tree, channels): the fastest of --repeat runs with DWBP on and off,
     interleaved with each other and with runs of the ranks computing alone."""
@@ -457,6 +505,7 @@ def measure_dwbp(runner, name, net_text, hosts, mode, a, iters, variants, rate, 
             "cpu_ms_per_rank_on": on["cpu_seconds"] * 1e3,
             "cpu_ms_per_rank_off": off["cpu_seconds"] * 1e3,
             "comm_thread_cpu_ms_on": on["comm_cpu"] * 1e3,
+            "machine_busy_on": _busy(on, hosts), "machine_busy_off": _busy(off, hosts),
             "plan": on["plan"],
         })
     return rows
@@ -469,7 +518,7 @@ def fmt(value, pattern):
 def print_row(row):
     print("%-15s %d hosts %-10s %-9s %-7s on %8.1f ms  off %8.1f ms  alone %7.1f ms (bwd %7.1f)  "
           "hidden %s (iter %s, exposed %s, off %s)  stall on/off %s/%s ms  wire %s  engine %.0f  "
-          "predicted %.0f B/iter  peak %s"
+          "predicted %.0f B/iter  peak %s  CPU busy on/off %.2f/%.2f"
           % (row["net"], row["hosts"], row["bandwidth"] or "loopback", row["mode"],
              row["engine"], row["iter_ms_dwbp_on"], row["iter_ms_dwbp_off"], row["compute_ms"],
              row["backward_ms"], fmt(row["hidden_share"], "%.2f"),
@@ -477,16 +526,17 @@ def print_row(row):
              fmt(row["hidden_share_off"], "%.2f"),
              fmt(row["stall_ms_on"], "%.1f"), fmt(row["stall_ms_off"], "%.1f"),
              fmt(row["wire_bytes_per_iter"], "%.0f"), row["engine_bytes_per_iter"],
-             row["predicted_bytes_per_iter"], row["in_flight_peak"]))
+             row["predicted_bytes_per_iter"], row["in_flight_peak"], row["machine_busy_on"],
+             row["machine_busy_off"]))
     sys.stdout.flush()
 
 
-def measure_sacp(runner, hosts, rate, a):
-    """-sync=auto against every forced mode on AlexNet, DWBP on: iterations per second."""
-    name, net_text = NETS["alexnet"]
+def measure_sacp(runner, key, hosts, rate, a):
+    """-sync=auto against every forced mode on one net, DWBP on: iterations per second."""
+    name, net_text = net_at_batch(key, a.batches.get(key))
     rows = []
     best = {}
-    modes = ["auto", "ps", "sfb", "allreduce"]
+    modes = [m for m in a.sacp_modes.split(",") if m]
     for turn in range(a.repeat):
         # each repeat starts with another mode, so that none is always the first after the
         # lab comes up (or always beside the same burst of other jobs)
@@ -503,12 +553,16 @@ def measure_sacp(runner, hosts, rate, a):
                "wire_bytes_per_iter": f["wire"] if runner.lab is not None else None,
                "engine_bytes_per_iter": f["engine_bytes"],
                "predicted_bytes_per_iter": f["predicted"], "plan": f["plan"],
+               "cpu_ms_per_rank": f["cpu_seconds"] * 1e3,
+               "comm_thread_cpu_ms": f["comm_cpu"] * 1e3,
                # the forced modes whose plan is auto's own: their runs differ by noise alone
                "same_plan_as": [m for m in modes if m != mode and best[m]["plan"] == f["plan"]]}
         rows.append(row)
-        print("SACP %s %d hosts %s %-9s %6.3f iter/s (%8.0f ms)  wire %s  predicted %.0f B/iter%s"
+        print("SACP %s %d hosts %s %-9s %6.3f iter/s (%8.0f ms)  wire %s  predicted %.0f B/iter"
+              "  CPU %.0f ms/rank%s"
               % (name, hosts, rate or "loopback", mode, row["iter_per_s"], row["iter_ms"],
                  fmt(row["wire_bytes_per_iter"], "%.0f"), row["predicted_bytes_per_iter"],
+                 row["cpu_ms_per_rank"],
                  "  (plan = %s)" % ",".join(row["same_plan_as"]) if row["same_plan_as"] else ""))
         sys.stdout.flush()
     return rows
@@ -525,7 +579,11 @@ def main():
     parser.add_argument("--hosts", default="2,4", help="host counts over loopback")
     parser.add_argument("--netlab", default="", help="host counts across a shaped lab")
     parser.add_argument("--bandwidth", default="auto")
+    parser.add_argument("--mtu", type=int, default=1500, help="the lab's frame size (9000: "
+                        "jumbo frames, a sixth of the packets for the kernel to move)")
     parser.add_argument("--modes", default="auto")
+    parser.add_argument("--batch", default="", help="images a worker per net, e.g. lenet=256 "
+                        "(the nets' own batch otherwise)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
@@ -537,7 +595,12 @@ def main():
                         "for --before's engine (its own -comm_channels)")
     parser.add_argument("--alexnet-iters", type=int, default=5)
     parser.add_argument("--sacp", action="store_true", help="also compare -sync=auto with "
-                        "every forced mode on AlexNet")
+                        "every forced mode on --sacp-nets")
+    parser.add_argument("--sacp-nets", default="alexnet,alexnet_cifar", help="nets for --sacp: "
+                        "AlexNet b8 (auto's plan is sfb's) and AlexNet-CIFAR b64 (auto sends "
+                        "fc8 through the servers, sfb as factors)")
+    parser.add_argument("--sacp-modes", default="auto,ps,sfb,allreduce", help="the modes "
+                        "--sacp compares (ps and allreduce move 20x the bytes on these nets)")
     parser.add_argument("--sacp-bandwidth", default="200mbit", help="link rates for --sacp "
                         "(a list)")
     parser.add_argument("--sacp-iters", type=int, default=3)
@@ -546,12 +609,14 @@ def main():
     parser.add_argument("--pythonpath", default=ROOT, help="the tree whose poseidon_caffe runs "
                         "(another commit's engine, for a before/after)")
     a = parser.parse_args()
+    a.batches = parse_batches(a.batch)
     # a TERM ends the run through the finally blocks, which take the labs down
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     lab_hosts = [int(h) for h in a.netlab.split(",") if h]
     host_counts = lab_hosts or [int(h) for h in a.hosts.split(",") if h]
     report = {"machine": {"cores": os.cpu_count(), "load_before": load()},
-              "netlab": bool(lab_hosts), "engine": a.pythonpath, "before": a.before,
+              "netlab": bool(lab_hosts), "mtu": a.mtu if lab_hosts else None,
+              "engine": a.pythonpath, "before": a.before,
               "rows": [], "sacp": []}
     sys.path.insert(0, ROOT)
     variants = [("after%s" % (c if int(c) else ""), a.pythonpath, int(c))
@@ -562,7 +627,7 @@ def main():
         loopback = Runner(tmp, a.pythonpath, traces=a.traces)
         for hosts in host_counts:
             for key in [n for n in a.nets.split(",") if n]:
-                name, net_text = NETS[key]
+                name, net_text = net_at_batch(key, a.batches.get(key))
                 iters = a.alexnet_iters if key == "alexnet" else a.iters
                 alone = compute_alone(loopback, net_text, hosts, iters, a)
                 rate = None
@@ -573,7 +638,7 @@ def main():
                     bits = (auto_rate(alone["predicted_auto"], alone["backward"])
                             if a.bandwidth == "auto" else netlab.parse_rate(a.bandwidth))
                     rate = netlab.rate_text(bits)
-                    lab = netlab.Lab.create(hosts, rate)
+                    lab = netlab.Lab.create(hosts, rate, mtu=a.mtu)
                     runner = Runner(tmp, a.pythonpath, lab, a.traces)
                 try:
                     for mode in a.modes.split(","):
@@ -590,10 +655,11 @@ def main():
                 if lab_hosts:
                     from poseidon_caffe import netlab
                     rate = sacp_rate
-                    lab = netlab.Lab.create(hosts, rate)
+                    lab = netlab.Lab.create(hosts, rate, mtu=a.mtu)
                     runner = Runner(tmp, a.pythonpath, lab, a.traces)
                 try:
-                    report["sacp"] += measure_sacp(runner, hosts, rate, a)
+                    for key in [n for n in a.sacp_nets.split(",") if n]:
+                        report["sacp"] += measure_sacp(runner, key, hosts, rate, a)
                 finally:
                     if lab is not None:
                         lab.destroy()

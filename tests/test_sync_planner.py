@@ -63,6 +63,41 @@ def test_known_decisions():
     assert planner.choose(fc6, "auto", 32, 8, 8, svb=False) == "ps"
 
 
+# AlexNet's shape at CIFAR-10's size (scripts/bench_sync.py's alexnet_cifar): a narrow classifier
+ALEXNET_CIFAR = [("conv1", 32, 3 * 5 * 5, False), ("conv2", 32, 32 * 5 * 5, False),
+                 ("conv3", 64, 32 * 5 * 5, False), ("fc6", 4096, 64 * 4 * 4, True),
+                 ("fc7", 4096, 4096, True), ("fc8", 10, 4096, True)]
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_auto_beats_every_forced_mode_when_layers_disagree(P):
+    """At 64 images a host, fc6 and fc7 are cheaper as factors, but fc8's 4096 x 10 matrix is
+    smaller than 64 x 4106 factors per peer: only the per-layer choice gets both right."""
+    K = 64
+    items = []
+    for index, (name, N, M, fc) in enumerate(ALEXNET_CIFAR):
+        item = FakeItem(name, N, M, fc)
+        item.index = index
+        items.append(item)
+    totals, plans = {}, {}
+    for mode in planner.modes():
+        plan, predicted = planner.make_plan(items, mode, lambda item: K, (P, P, 1),
+                                            announce=False)
+        plans[mode] = [plan[item.index] for item in items]
+        totals[mode] = sum(predicted.values())
+    assert plans["auto"] == ["ps", "ps", "ps", "sfb", "sfb", "ps"]
+    assert plans["sfb"] == ["ps", "ps", "ps", "sfb", "sfb", "sfb"]
+    # the totals from the formulas: auto takes each layer's cheapest price
+    costs = [model_costs(M, N, K, P, P, fc) for _, N, M, fc in ALEXNET_CIFAR]
+    assert totals["auto"] == pytest.approx(sum(min(c.values()) for c in costs))
+    assert totals["sfb"] == pytest.approx(sum(c.get("sfb", c["ps"]) for c in costs))
+    # fc8 alone, worked out at 2 hosts: factors 2 x 64 x (4096 + 10) floats, ps 2 x 40960
+    if P == 2:
+        assert totals["sfb"] - totals["auto"] == 4 * 2 * (64 * 4106 - 40960)
+    for mode in ("ps", "sfb", "allreduce"):
+        assert totals["auto"] < 0.85 * totals[mode], mode
+
+
 def test_forced_modes_and_their_limits():
     fc7 = FakeItem("fc7", 4096, 4096, True)
     conv = FakeItem("conv", 64, 27, False)
