@@ -48,34 +48,13 @@ layers = [(name, f / 5 * 1e3, b / 5 * 1e3) for name, f, b in
           zip(net.layer_names, timed["forward"], timed["backward"])]
 from poseidon_caffe.simulator.compute import measure_update_rate
 update_rate = measure_update_rate(sum(p.count for p in net.learnable_params))
-# what MPI moves on this link, each way, while every host sends to the next and hears the last
-size, rank = comm.size, comm.rank
-a = np.ones(1 << 20, np.float32); b = np.empty_like(a)
-for _ in range(2):
-    comm.Barrier(); t = time.perf_counter()
-    MPI.Request.Waitall([comm.Isend(a, dest=(rank + 1) % size), comm.Irecv(b, source=(rank - 1) % size)])
-    comm.Barrier(); link_rate = a.nbytes / (time.perf_counter() - t)
-# and how long a small message takes one way, waited for as the engine waits (polling, with
-# a pause growing to 1 ms): the latency a round of the exchange pays on this machine now
-def engine_wait(reqs):
-    pause = 0.0
-    while not MPI.Request.Testall(reqs):
-        if pause:
-            time.sleep(pause)
-        pause = min(pause * 2 or 1e-5, 1e-3)
-tiny, back = np.zeros(1, np.float32), np.zeros(1, np.float32)
-trips = []
-for _ in range(20):
-    comm.Barrier(); t = time.perf_counter()
-    if rank % 2 == 0 and rank + 1 < size:
-        engine_wait([comm.Isend(tiny, dest=rank + 1)]); engine_wait([comm.Irecv(back, source=rank + 1)])
-    elif rank % 2 == 1:
-        engine_wait([comm.Irecv(back, source=rank - 1)]); engine_wait([comm.Isend(tiny, dest=rank - 1)])
-    trips.append(time.perf_counter() - t)
-one_way = sorted(trips)[len(trips) // 2] / 2
-# what communication costs the compute on these cores: the net's forward and backward alone,
-# then beside rounds of small and of large messages (simulator/calibration.py)
+# what MPI moves on this link, each way, while every host sends to the next and hears the
+# last, and how long a small message takes one way, waited for as the engine waits: the
+# latency a round of the exchange pays on this machine now (simulator/calibration.py)
 from poseidon_caffe.simulator import calibration
+link_rate, one_way = calibration.link(comm)
+# what communication costs the compute on these cores: the net's forward and backward alone,
+# then beside rounds of small and of large messages
 def one_pass():
     net.forward_prefilled(); net.backward_from_to()
 host_cpu = calibration.measure(comm, one_pass)

@@ -22,6 +22,8 @@ cost of its bytes: the small rounds give the first, the difference between the s
 the large ones over the difference in bytes the second.
 
 ``measure(comm, work)`` returns this rank's figures; ``combine`` averages the ranks'.
+``link(comm)`` measures the rate and latency MPI gets between the nodes, the simulator's
+``-bandwidth`` and ``-latency`` (``poseidon-caffe calibrate`` runs both and prints the flags).
 """
 import time
 
@@ -147,6 +149,46 @@ def measure(comm, work, seconds=1.5, small=SMALL_VALUES, large=LARGE_VALUES):
     out["cpu_polling"], out["cpu_per_round"], out["cpu_per_byte"] = costs(
         out["waiting"], out["small"], out["large"])
     return out
+
+
+def link(comm, values=1 << 20, trips=20):
+    """(bytes a second each way, one-way latency in seconds) that MPI gets between this rank
+    and its neighbours now: every rank sends 4 MB to the next while hearing the previous
+    (twice, the second counts), then pairs of ranks bounce one value ``trips`` times, each
+    wait polled with the engine's pause (the latency a round of an exchange pays; the
+    median trip halved). The rate is what the simulator's ``-bandwidth`` is, the latency its
+    ``-latency``."""
+    import numpy as np
+    from mpi4py import MPI
+    size, rank = comm.size, comm.rank
+    sent, heard = np.ones(values, np.float32), np.empty(values, np.float32)
+    rate = 0.0
+    for _ in range(2):
+        comm.Barrier()
+        start = time.perf_counter()
+        _wait([comm.Isend(sent, dest=(rank + 1) % size, tag=TAG + 2),
+               comm.Irecv(heard, source=(rank - 1) % size, tag=TAG + 2)])
+        comm.Barrier()
+        rate = sent.nbytes / max(time.perf_counter() - start, 1e-9)
+    tiny, back = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    partner = rank + 1 if rank % 2 == 0 else rank - 1
+    times = []
+    for _ in range(trips):
+        comm.Barrier()
+        start = time.perf_counter()
+        if partner < size:
+            if rank % 2 == 0:
+                _wait([comm.Isend(tiny, dest=partner, tag=TAG + 3)])
+                _wait([comm.Irecv(back, source=partner, tag=TAG + 3)])
+            else:
+                _wait([comm.Irecv(back, source=partner, tag=TAG + 3)])
+                _wait([comm.Isend(tiny, dest=partner, tag=TAG + 3)])
+        times.append(time.perf_counter() - start)
+    # a rank left without a partner (an odd count) bounced nothing: the others' trips count
+    trip = sorted(times)[len(times) // 2] if partner < size else None
+    trips_heard = [t for t in comm.allgather(trip) if t is not None]
+    latency = sorted(trips_heard)[len(trips_heard) // 2] / 2.0 if trips_heard else 0.0
+    return rate, latency
 
 
 def costs(waiting, small, large):

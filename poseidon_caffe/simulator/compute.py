@@ -272,19 +272,30 @@ def _some(names, limit=8):
     return shown + (", ... (%d in all)" % len(names) if len(names) > limit else "")
 
 
-def measure(net, iterations=10, warmup=1):
-    """LayerTimes of ``net`` on this machine: the timing ``time`` does, mean of
-    ``iterations`` passes after ``warmup`` untimed ones. The net's input tops get random
-    data (labels 0) so that every layer runs as in training."""
+def fill_inputs(net):
+    """Random data in the Input layers' tops, 0 in those that are labels: a second top of an
+    Input layer, or a blob some layer takes as a second or later bottom (a loss's target)."""
     import numpy as np
-    from ..net.timing import time_layers
     rng = np.random.default_rng(0)
+    targets = set()
+    for i in range(len(net.layers)):
+        bottoms, _ = net.layer_blobs(i)
+        targets.update(id(blob) for blob in bottoms[1:])
     for i, kind in enumerate(layer.param.type for layer in net.layers):
         if kind != "Input":
             continue
         _, tops = net.layer_blobs(i)
         for k, top in enumerate(tops):
-            top.data[...] = rng.standard_normal(top.shape) if k == 0 else 0
+            label = k > 0 or id(top) in targets
+            top.data[...] = 0 if label else rng.standard_normal(top.shape)
+
+
+def measure(net, iterations=10, warmup=1):
+    """LayerTimes of ``net`` on this machine: the timing ``time`` does, mean of
+    ``iterations`` passes after ``warmup`` untimed ones. The net's input tops get random
+    data (labels 0) so that every layer runs as in training."""
+    from ..net.timing import time_layers
+    fill_inputs(net)
     for _ in range(max(warmup, 0)):
         net.forward_prefilled()
         net.backward_from_to()

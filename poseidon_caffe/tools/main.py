@@ -34,6 +34,7 @@ commands:
   extract_features   write chosen blobs of a trained net's forward passes to LMDB
   upgrade_net_proto_binary  upgrade a legacy binary .caffemodel
   simulate           predict iteration time and speedup on clusters of any size
+  calibrate          measure simulate's link and host-CPU figures (under mpiexec, a rank a node)
 """
 
 # The tools, each a main(argv) in its module here.
@@ -50,6 +51,7 @@ TOOLS = {
     "extract_features": ("poseidon_caffe.tools.extract_features", "extract_features_main"),
     "upgrade_net_proto_binary": ("poseidon_caffe.tools.upgrade", "upgrade_net_proto_binary_main"),
     "simulate": ("poseidon_caffe.tools.simulate", "simulate_main"),
+    "calibrate": ("poseidon_caffe.tools.calibrate", "calibrate_main"),
 }
 
 
