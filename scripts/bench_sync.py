@@ -610,6 +610,11 @@ def main():
                         "(another commit's engine, for a before/after)")
     a = parser.parse_args()
     a.batches = parse_batches(a.batch)
+    known = ("auto", "ps", "sfb", "allreduce")
+    for flag, listed in (("--modes", a.modes), ("--sacp-modes", a.sacp_modes)):
+        wrong = [m for m in listed.split(",") if m not in known]
+        if wrong:
+            raise SystemExit("%s: %s is not one of %s" % (flag, ",".join(wrong), ",".join(known)))
     # a TERM ends the run through the finally blocks, which take the labs down
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     lab_hosts = [int(h) for h in a.netlab.split(",") if h]

@@ -64,8 +64,7 @@ def simulate_flags(figures):
     # plain decimals: the rate grammar reads no exponents. The rate is MPI's payload, so
     # no share of it goes to headers (-wire_efficiency 1)
     return ("-bandwidth %.1fmbit -wire_efficiency 1 -latency %.4fms -cores_per_node 1 "
-            "-cpu_polling %.3f "
-            "-cpu_per_round %.4fms -cpu_per_byte %.3g"
+            "-cpu_polling %.3f -cpu_per_round %.4fms -cpu_per_byte %.3g"
             % (figures["bandwidth_bytes_per_s"] * 8 / 1e6, figures["latency_s"] * 1e3,
                figures["cpu_polling"], figures["cpu_per_round"] * 1e3,
                figures["cpu_per_byte"]))
