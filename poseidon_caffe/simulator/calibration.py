@@ -154,9 +154,9 @@ def measure(comm, work, seconds=1.5, small=SMALL_VALUES, large=LARGE_VALUES):
 def link(comm, values=1 << 20, trips=20):
     """(bytes a second each way, one-way latency in seconds) that MPI gets between this rank
     and its neighbours now: every rank sends 4 MB to the next while hearing the previous
-    (twice, the second counts), then pairs of ranks bounce one value ``trips`` times, each
-    wait polled with the engine's pause (the latency a round of an exchange pays; the
-    median trip halved). The rate is what the simulator's ``-bandwidth`` is, the latency its
+    (twice, the second counts; waited for without pause), then pairs of ranks bounce one
+    value ``trips`` times, each wait polled with the engine's pause (the latency a round of
+    an exchange pays; the median trip halved). The rate is what the simulator's ``-bandwidth`` is, the latency its
     ``-latency``."""
     import numpy as np
     from mpi4py import MPI
@@ -166,8 +166,10 @@ def link(comm, values=1 << 20, trips=20):
     for _ in range(2):
         comm.Barrier()
         start = time.perf_counter()
-        _wait([comm.Isend(sent, dest=(rank + 1) % size, tag=TAG + 2),
-               comm.Irecv(heard, source=(rank - 1) % size, tag=TAG + 2)])
+        # a blocking wait: MPI moves bytes only while it is polled, and the link's rate is
+        # what it gives polled without pause
+        MPI.Request.Waitall([comm.Isend(sent, dest=(rank + 1) % size, tag=TAG + 2),
+                             comm.Irecv(heard, source=(rank - 1) % size, tag=TAG + 2)])
         comm.Barrier()
         rate = sent.nbytes / max(time.perf_counter() - start, 1e-9)
     tiny, back = np.zeros(1, np.float32), np.zeros(1, np.float32)
