@@ -319,8 +319,12 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
     cores = cluster.cores
     bw = cluster.bandwidth
     stack_demand = cluster.cpu_per_byte * 2.0 * cluster.wire_efficiency * bw
-    by_submit = {}
-    for e in exchanges:
+    # the link's rate is what the wire gets with only the polling beside the stack (as a rate
+    # measured on the machines is), so the stack slows it only below this share
+    stack_alone = share_cores([0.0, cluster.cpu_polling, 0.0, stack_demand], cores)[3]
+    in_order = sorted(exchanges, key=lambda e: e.index)
+    by_submit = {}                      # layer -> the exchanges its backward submits, in order
+    for e in in_order:
         by_submit.setdefault(e.submit_layer, []).append(e)
     n = len(forward)
     program = []                        # the compute thread's steps, every iteration
@@ -333,9 +337,9 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
         for i in range(n - 1, -1, -1):
             program.append(("work", k, backward[i]))
             if dwbp and by_submit.get(i):
-                program.append(("submit", k, sorted(by_submit[i], key=lambda e: e.index)))
+                program.append(("submit", k, by_submit[i]))
         if not dwbp and exchanges:
-            program.append(("submit", k, sorted(exchanges, key=lambda e: e.index)))
+            program.append(("submit", k, in_order))
             program.append(("wait all", k, None))
     program.append(("start", iterations, None))
     fresh = {}                          # param index -> iterations whose update has landed
@@ -372,7 +376,8 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
                 return
 
     def may_start(flow):
-        k = len(flows) - len(waiting) + waiting.index(flow)
+        # ``flow`` is the first waiting one: the flows before it have all started
+        k = len(flows) - len(waiting)
         return (flow.submit <= now + eps and (k == 0 or flows[k - 1].start is not None)
                 and (k < channels or flows[k - channels].end is not None))
 
@@ -424,10 +429,8 @@ def _simulate_shared(forward, backward, exchanges, by_first_use, cluster, dwbp, 
         compute_speed = got[0]
         thread_speed = got[1] / len(in_cpu) if in_cpu else 0.0
         post_speed = got[2]
-        # the link's rate is what the wire gets with only the polling beside it (as a rate
-        # measured on the machines is), so the stack slows it only below that share
-        alone = share_cores([0.0, cluster.cpu_polling, 0.0, wants[3]], cores)[3]
-        wire_speed = (min(got[3] / alone, 1.0) if alone > 0 else 1.0) * bw / max(len(on_wire), 1)
+        wire_speed = ((min(got[3] / stack_alone, 1.0) if stack_alone > 0 else 1.0)
+                      * bw / max(len(on_wire), 1))
         rates = []
         if work_left is not None:
             rates.append((None, compute_speed))

@@ -311,9 +311,8 @@ class ParameterServer(Strategy):
         self.layout = {}          # index -> [(shard, lo, hi)], piece j tagged piece_tag(index, j)
         self.replicas = {}        # index -> flat copy of the blob as last pulled (leaders)
         self.versions = {}        # index -> {piece tag: clocks applied in what we hold}
-        self.owner = {}           # piece tag -> the shard that holds it
         self.owner_ranks = {}     # index -> the job ranks of the shards holding its pieces
-        self.stages = {}          # (index, piece tag) -> (receive buffer, lo)
+        self.stages = {}          # (index, piece tag) -> (receive buffer, lo, its shard's rank)
         self.pull_requests = {}   # (index, piece tag) -> its pull's receive
         self.in_flight = []       # (request, buffer kept alive until sent)
         self.listed = None        # this side's requests in flight, until one is replaced
@@ -348,16 +347,16 @@ class ParameterServer(Strategy):
         history = self.rule.initial_history(item.index)
         for j, (shard, lo, hi) in enumerate(parts):
             tag = piece_tag(item.index, j)
-            self.owner[tag] = shard
             if shard == me:
                 sources = [h for h in range(topo.num_hosts) if h != me]
                 self.store.add(tag, item.index, item.name, lo, hi, flat_data[lo:hi],
                                [h[lo:hi] for h in history], sources, self.start_clock)
             else:
                 stage = np.empty(hi - lo, dtype=np.float32)
-                self.stages[(item.index, tag)] = (stage, lo)
+                source = topo.shard_comm_ranks[shard]
+                self.stages[(item.index, tag)] = (stage, lo, source)
                 self.pull_requests[(item.index, tag)] = self.pull_comm.Irecv(
-                    stage, source=topo.shard_comm_ranks[shard], tag=tag)
+                    stage, source=source, tag=tag)
         self.listed = None
 
     def seed_servers(self):
@@ -464,12 +463,12 @@ class ParameterServer(Strategy):
         for (index, tag), req in self.pull_requests.items():
             if req:
                 continue
-            stage, lo = self.stages[(index, tag)]
+            stage, lo, source = self.stages[(index, tag)]
             self.replicas[index][lo:lo + stage.size] = stage
             self.versions[index][tag] += 1
             self.counters.add(self.items[index].name, received=stage.nbytes)
             self.pull_requests[(index, tag)] = self.pull_comm.Irecv(
-                stage, source=self.topology.shard_comm_ranks[self.owner[tag]], tag=tag)
+                stage, source=source, tag=tag)
         if self.in_flight:
             self.in_flight = [(r, b) for r, b in self.in_flight if r]
         self.listed = None
