@@ -320,6 +320,50 @@ def test_launcher_forwards_signals_and_exits_with_the_commands_status(tmp_path):
     assert "Traceback" not in err
 
 
+COUNTING_WORKER = r"""
+import os, signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+out = open(os.path.join(sys.argv[1], "rank%s" % os.environ["PMI_RANK"]), "w")
+out.write("ready, parent %d\n" % os.getppid())
+out.flush()
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    got = signal.sigtimedwait([signal.SIGUSR1], 0.1)   # each delivery, not a pending flag
+    if got is not None:
+        out.write("from %d\n" % got.si_pid)
+        out.flush()
+        end = min(end, time.monotonic() + 2)             # time for a second one to come
+"""
+
+
+@pytest.mark.mpi
+def test_a_signal_to_mpiexec_reaches_each_worker_once(tmp_path):
+    """MPICH's proxy signals each rank's process group and the supervisor passes the signal
+    on: the worker, in a group of its own, gets it once, from its supervisor."""
+    (tmp_path / "worker.py").write_text(COUNTING_WORKER)
+    mpiexec = os.path.join(os.path.dirname(PY), "mpiexec")
+    proc = subprocess.Popen([mpiexec, "-n", "2", PY, "-m", "poseidon_caffe.tools.supervise",
+                             "--", PY, str(tmp_path / "worker.py"), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        records = [tmp_path / "rank0", tmp_path / "rank1"]
+        for _ in range(600):
+            if all(r.exists() and r.read_text().startswith("ready") for r in records):
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    for record in records:
+        lines = record.read_text().splitlines()
+        assert len(lines) == 2, lines
+        supervisor = re.match(r"ready, parent (\d+)$", lines[0]).group(1)
+        assert lines[1] == "from " + supervisor
+
+
 @pytest.mark.mpi
 def test_rank_that_cannot_write_its_snapshot_file_ends_the_job_naming_itself(tmp_path):
     job = start(tmp_path)

@@ -4,6 +4,10 @@
 ``python -m poseidon_caffe.tools.supervise -- poseidon-caffe train ...`` is what the launcher
 puts in front of every rank. The worker inherits the MPI launcher's environment (and its PMI
 descriptor); it dies with its supervisor, so no orphan is left when the job is torn down.
+
+The worker runs in a process group of its own. MPICH's proxy signals each rank's process group,
+and the supervisor passes every signal on: were the worker in the supervisor's group, one
+snapshot request sent to mpiexec would reach it twice, moments apart, and could be taken as two.
 """
 import ctypes
 import os
@@ -14,7 +18,9 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent():
+def _start_worker():
+    """In the new worker, before it runs: a process group of its own; die with the parent."""
+    os.setpgid(0, 0)
     try:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
@@ -36,15 +42,26 @@ def main(argv=None):
         sys.stderr.write("usage: python -m poseidon_caffe.tools.supervise -- COMMAND [ARGS]\n")
         return 2
     keep = [int(os.environ["PMI_FD"])] if os.environ.get("PMI_FD", "").isdigit() else []
+    # passed on, once (SIGUSR1 is how mpiexec delivers a snapshot request; see
+    # solver/signals.py); one that comes while the worker is being started waits for it
+    worker = {"proc": None, "early": []}
+
+    def forward(signum, frame):
+        if worker["proc"] is None:
+            worker["early"].append(signum)
+        else:
+            worker["proc"].send_signal(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, forward)
     try:
-        child = subprocess.Popen(argv, pass_fds=keep, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(argv, pass_fds=keep, preexec_fn=_start_worker)
     except OSError as exc:
         sys.stderr.write("*** rank %s on host %s: cannot start %s: %s\n"
                          % (rank_of_environment(), os.uname().nodename, argv[0], exc))
         return 127
-    # passed on (SIGUSR1 is how mpiexec delivers a snapshot request; see solver/signals.py)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(sig, lambda s, f: child.send_signal(s))
+    worker["proc"] = child
+    for signum in worker["early"]:
+        child.send_signal(signum)
     code = child.wait()
     if code < 0:
         name = signal.Signals(-code).name
