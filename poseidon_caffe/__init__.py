@@ -7,7 +7,8 @@ from . import thread_budget
 thread_budget.apply()          # before numpy loads: ranks sharing a host share its cores
 
 from . import io, proto  # noqa: F401,E402
-from .backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401,E402
+from .backend import set_device, set_mode_cpu  # noqa: F401,E402
+from .gpu_mode import set_mode_gpu  # noqa: F401,E402
 from .blob import Blob  # noqa: F401,E402
 from .classifier import Classifier  # noqa: F401,E402
 from .detector import Detector  # noqa: F401,E402

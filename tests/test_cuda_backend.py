@@ -1,4 +1,4 @@
-"""CUDABackend's op set on the emulated device against the CPU backend (rel 1e-5)."""
+"""CUDABackend's op set on the test driver's device against the CPU backend (rel 1e-5)."""
 import numpy as np
 import pytest
 
@@ -6,14 +6,14 @@ from poseidon_caffe.backend.cpu import CPUBackend
 from poseidon_caffe.backend.cuda import CUDABackend, DeviceArray
 from poseidon_caffe.backend.geometry import ConvGeometry, PoolGeometry
 
-from emulated_device import needs_compiler
+from emulated_device import needs_compiler, driver_under_test
 
 pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
 def gpu():
-    return CUDABackend(0, "emulated")
+    return CUDABackend(0, driver_under_test())
 
 
 CPU = CPUBackend()

@@ -103,9 +103,9 @@ def test_the_ptx_cache_is_keyed_by_arch_and_reused(tmp_path, monkeypatch):
     source = SOURCES["math"]
     code = build.ptx(source, 90)
     files = os.listdir(os.path.join(str(tmp_path), "kernels"))
-    assert len(files) == 1 and files[0].startswith("math-sm90-")
+    assert len(files) == 1 and files[0].startswith("math-compute90-") and files[0].endswith(".ptx")
     calls = []
-    monkeypatch.setattr(build, "compile_ptx", lambda *a: calls.append(a))
+    monkeypatch.setattr(build, "compile_image", lambda *a: calls.append(a))
     assert build.ptx(source, 90) == code and calls == []        # read back, not compiled
     monkeypatch.undo()
     monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
@@ -172,3 +172,122 @@ def test_kernels_stay_inside_the_grid_stride_loop(module):
     bodies = re.split(r"\bKERNEL\s+\w+\s*\(", text)[1:]
     for body in bodies:
         assert body.count("CUDA_KERNEL_LOOP(") == 1, body[:80]
+
+
+@pytest.mark.parametrize("module", ["math", "pooling"])
+def test_a_source_compiles_to_a_cubin_whose_symbols_are_its_kernels(module):
+    compiler = _nvrtc_or_skip()
+    if 90 not in compiler.supported_archs() or not compiler.writes_cubin:
+        pytest.skip("NVRTC %d.%d writes no sm_90 CUBIN" % compiler.version())
+    image, log = build.compile_image(SOURCES[module], 90, compiler, cubin=True)
+    assert build.source_warnings(log) == ""
+    assert image[:4] == b"\x7fELF" and image[4] == 2          # a 64-bit ELF: machine code
+    names = _elf_function_names(image)
+    assert set(kernels.source_signatures()[module]) <= names
+
+
+def _elf_function_names(image):
+    """The names of the function symbols of a 64-bit little-endian ELF image, read by the
+    format's own rules (section headers, .symtab, its string table)."""
+    import struct
+    shoff, = struct.unpack_from("<Q", image, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", image, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize)
+                for i in range(shnum)]
+    names = set()
+    for sh_type, offset, size, link, entsize in ((s[1], s[4], s[5], s[6], s[9])
+                                                 for s in sections):
+        if sh_type != 2:                                   # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for at in range(offset, offset + size, entsize):
+            name_at, info = struct.unpack_from("<IB", image, at)
+            if info & 0xF == 2:                            # STT_FUNC
+                end = image.index(b"\0", strtab + name_at)
+                names.add(image[strtab + name_at:end].decode())
+    return names
+
+
+def test_the_cubin_cache_is_apart_from_the_ptx_cache(tmp_path, monkeypatch):
+    compiler = _nvrtc_or_skip()
+    if 90 not in compiler.supported_archs() or not compiler.writes_cubin:
+        pytest.skip("NVRTC %d.%d writes no sm_90 CUBIN" % compiler.version())
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
+    cubin = build.image(SOURCES["math"], 90, cubin=True)
+    ptx = build.image(SOURCES["math"], 90)
+    assert cubin[:4] == b"\x7fELF" and b".target sm_90" in ptx
+    files = sorted(os.listdir(os.path.join(str(tmp_path), "kernels")))
+    assert [(f.split("-")[1], f.rsplit(".", 1)[1]) for f in files] == [
+        ("compute90", "ptx"), ("sm90", "cubin")]
+    assert build.image(SOURCES["math"], 90, cubin=True) == cubin
+
+
+class _FakeNVRTC:
+    """What images.plan reads of an NVRTC: its version, targets and CUBIN support."""
+
+    def __init__(self, version, archs, cubin=True):
+        self._version, self._archs, self.writes_cubin = version, archs, cubin
+        self.path = "libnvrtc.so.%d" % version[0]
+
+    def version(self):
+        return self._version
+
+    def supported_archs(self):
+        return self._archs
+
+
+NVRTC_13_5 = _FakeNVRTC((13, 5), [75, 80, 86, 89, 90, 100, 120])
+NVRTC_12_9 = _FakeNVRTC((12, 9), [50, 60, 70, 75, 80, 86, 89, 90, 100, 120])
+
+
+def test_the_image_is_a_cubin_for_the_device_when_nvrtc_knows_it():
+    from poseidon_caffe.backend.cuda import images
+    # a newer minor's CUBIN loads on an older driver of the same major
+    assert images.plan((9, 0), 13000, [NVRTC_13_5, NVRTC_12_9]) == (NVRTC_13_5, 90, True)
+    # NVRTC 13 no longer targets sm_70: CUDA 12's NVRTC builds for a V100
+    assert images.plan((7, 0), 13000, [NVRTC_13_5, NVRTC_12_9]) == (NVRTC_12_9, 70, True)
+
+
+def test_ptx_is_built_only_by_an_nvrtc_the_driver_can_read():
+    from poseidon_caffe.backend.cuda import images
+    # a device newer than every NVRTC target: PTX for the newest target below it
+    assert images.plan((12, 1), 12090, [NVRTC_12_9]) == (NVRTC_12_9, 120, False)
+    # 13.5's PTX is refused by a 13.0 driver, and CUDA 12's NVRTC can serve instead
+    assert images.plan((12, 1), 13000, [NVRTC_13_5, NVRTC_12_9]) == (NVRTC_12_9, 120, False)
+    # a CUDA 12 driver never gets CUDA 13's images
+    assert images.plan((9, 0), 12080, [NVRTC_13_5, NVRTC_12_9]) == (NVRTC_12_9, 90, True)
+    from poseidon_caffe.backend.cuda.driver import DriverError
+    with pytest.raises(DriverError, match=r"NVRTC 13\.5 writes PTX the CUDA 13\.0 driver"):
+        images.plan((12, 1), 13000, [NVRTC_13_5])
+    with pytest.raises(DriverError, match=r"NVRTC 13\.5 targets nothing at or below sm_61"):
+        images.plan((6, 1), 13050, [NVRTC_13_5])
+
+
+def test_nvidia_wheels_are_found_in_both_layouts(tmp_path, monkeypatch):
+    from poseidon_caffe.backend.cuda import libraries
+    site = tmp_path / "site"
+    for rel in ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cu13/lib/libnvrtc.alt.so.13",
+                "nvidia/cu13/lib/libnvrtc-builtins.so.13.0",
+                "nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia/cublas/lib/libcublas.so.12",
+                "nvidia/cu13/lib/libcublas.so.13", "nvidia/cu13/lib/libcublas.so.13.1.0.3"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(b"")
+    for package in ("nvidia", "nvidia/cu13", "nvidia/cuda_nvrtc", "nvidia/cublas"):
+        (site / package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    import importlib
+    import sys
+    for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    monkeypatch.delenv("POSEIDON_CAFFE_NVRTC", raising=False)
+    found = libraries.candidates("nvrtc", "POSEIDON_CAFFE_NVRTC")
+    ours = [p for p in found if p.startswith(str(site))]
+    assert [os.path.relpath(p, str(site)) for p in ours] == [
+        "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"]
+    assert libraries.by_major(ours, "nvrtc", max_major=12) == ours[1:]
+    blas = [os.path.relpath(p, str(site)) for p in libraries.candidates(
+        "cublas", "POSEIDON_CAFFE_CUBLAS") if p.startswith(str(site))]
+    assert blas == ["nvidia/cu13/lib/libcublas.so.13", "nvidia/cublas/lib/libcublas.so.12"]
+    monkeypatch.setenv("POSEIDON_CAFFE_NVRTC", "/x/libnvrtc.so.13")
+    assert libraries.candidates("nvrtc", "POSEIDON_CAFFE_NVRTC") == ["/x/libnvrtc.so.13"]

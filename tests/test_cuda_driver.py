@@ -1,14 +1,15 @@
-"""The driver interface on the emulated device: memory, copies (counted), memsets, streams,
-events, launches and the faults a real device would raise; the pycuda driver's and cuBLAS's
-one-line errors where they are missing; SyncedMemory's head states and copy counts."""
+"""The driver interface on the test driver's device (emulated unless --gpu-driver says
+otherwise): memory, copies (counted), memsets, streams, events, launches and the faults a real
+device would raise; the real drivers' and cuBLAS's one-line errors where they are missing;
+SyncedMemory's head states and copy counts."""
 import importlib.util
 import struct
 
 import numpy as np
 import pytest
 
-from emulated_device import device, needs_compiler  # noqa: F401  (fixture)
-from poseidon_caffe.backend.cuda import cublas, driver as drv, emulated
+from emulated_device import device, needs_compiler, on_emulated, driver_under_test  # noqa: F401
+from poseidon_caffe.backend.cuda import choice, cublas, driver as drv, emulated
 from poseidon_caffe.backend.cuda.driver import DriverError, open_driver
 from poseidon_caffe.backend.cuda.synced import (HEAD_AT_CPU, HEAD_AT_GPU, SYNCED,
                                                 UNINITIALIZED, SyncedMemory)
@@ -16,21 +17,31 @@ from poseidon_caffe.backend.cuda.synced import (HEAD_AT_CPU, HEAD_AT_GPU, SYNCED
 
 @pytest.fixture
 def dev():
-    d = open_driver("emulated")
+    d = open_driver(driver_under_test())
     yield d
     d.close()
 
 
-def test_device_info_says_it_is_the_emulated_device(dev):
+def test_device_info_says_which_device_it_is(dev):
     info = dev.info
-    assert info.emulated and "Emulated" in info.name and info.ordinal == 0
+    assert info.emulated == on_emulated() and ("Emulated" in info.name) == on_emulated()
+    assert info.ordinal == 0 and info.multiprocessors > 0 and info.compute_capability >= (3, 0)
     labels = [label for label, _ in info.query_lines()]
     assert labels[:4] == ["Device id", "Major revision number", "Minor revision number", "Name"]
     assert "Number of multiprocessors" in labels and "Total global memory" in labels
     assert dict(info.query_lines())["Total global memory"] == dev.mem_info()[1]
-    assert drv.device_count("emulated") == 1
+    assert drv.device_count(driver_under_test()) >= 1
+    driver_line = dict(dev.library_lines())["Driver"]
+    assert ("test device" in driver_line) == on_emulated()
 
 
+def test_a_real_device_that_does_not_exist_is_refused():
+    count = drv.device_count(driver_under_test())
+    with pytest.raises(DriverError, match="device %d does not exist" % count):
+        open_driver(driver_under_test(), count)
+
+
+@pytest.mark.emulation_only
 def test_a_device_that_does_not_exist_is_refused(monkeypatch):
     with pytest.raises(DriverError, match="emulated device 1 does not exist"):
         open_driver("emulated", 1)
@@ -43,7 +54,7 @@ def test_a_device_that_does_not_exist_is_refused(monkeypatch):
 def test_alloc_copy_round_trip_and_transfer_counts(dev):
     a = np.arange(10, dtype=np.float32)
     ptr = dev.alloc(a.nbytes)
-    assert ptr % emulated.ALIGNMENT == 0
+    assert ptr % emulated.ALIGNMENT == 0                  # cudaMalloc's alignment, or more
     dev.copy_htod(ptr, a)
     other = dev.alloc(a.nbytes)
     dev.copy_dtod(other, ptr, a.nbytes)
@@ -59,11 +70,15 @@ def test_alloc_copy_round_trip_and_transfer_counts(dev):
     np.testing.assert_array_equal(out[2:5], [0, 1, 2])
     delta = dev.transfers.since(before)
     assert (delta.htod_calls, delta.htod_bytes, delta.dtoh_bytes) == (1, 12, 40)
+    assert ptr in dev.allocations and other in dev.allocations
     dev.free(ptr)
     dev.free(other)
-    assert dev.allocations == {} and dev.mem_info()[0] == dev.mem_info()[1]
+    assert dev.allocations == {}
+    if on_emulated():                                     # a GPU's own contexts hold memory
+        assert dev.mem_info()[0] == dev.mem_info()[1]
 
 
+@pytest.mark.emulation_only
 def test_fresh_memory_holds_nan_and_memsets_fill_it(dev):
     ptr = dev.alloc(16)
     out = np.empty(4, np.float32)
@@ -78,6 +93,20 @@ def test_fresh_memory_holds_nan_and_memsets_fill_it(dev):
     np.testing.assert_array_equal(out, [0, 1.5, 1.5, 0])
 
 
+def test_memsets_fill_bytes_and_words(dev):
+    ptr = dev.alloc(16)
+    out = np.empty(4, np.float32)
+    dev.memset(ptr, 0, 16)
+    dev.copy_dtoh(out, ptr)
+    assert (out == 0).all()
+    word = struct.unpack("<I", struct.pack("<f", 1.5))[0]
+    dev.memset32(ptr + 4, word, 2)
+    dev.copy_dtoh(out, ptr)
+    np.testing.assert_array_equal(out, [0, 1.5, 1.5, 0])
+    dev.free(ptr)
+
+
+@pytest.mark.faults_device
 def test_the_faults_a_device_would_raise(dev):
     ptr = dev.alloc(16)
     with pytest.raises(DriverError, match="illegal address"):
@@ -100,7 +129,7 @@ def test_async_copies_streams_and_events(dev):
     pinned[...] = np.arange(6)
     ptr = dev.alloc(pinned.nbytes)
     start, end = dev.event(), dev.event()
-    assert not start.query()
+    assert start.query()                       # never recorded: nothing to wait for (CUDA's)
     start.record(stream)
     dev.copy_htod(ptr, pinned, stream)
     dev.memset(ptr, 0, 4, stream)
@@ -117,17 +146,10 @@ def test_async_copies_streams_and_events(dev):
 
 
 @needs_compiler
-def test_launch_checks_arguments_and_catches_overruns(device):
-    d, k = device.driver, device.kernels
+@pytest.mark.faults_device
+def test_launch_catches_wild_pointers_and_overruns(device):
+    k = device.kernels
     y = device.put(np.zeros(4))
-    k.vec_set(4, y, 2.5)
-    np.testing.assert_array_equal(device.get(y, 4), 2.5)
-    fn = k.function("vec_set")
-    assert fn.signature == "iPf"
-    with pytest.raises(DriverError, match="takes 3 arguments"):
-        d.launch(fn, 1, 32, [4, y])
-    with pytest.raises(DriverError, match="block of 2048"):
-        d.launch(fn, 1, 2048, [4, y, 1.0])
     with pytest.raises(DriverError, match="illegal address"):
         k.vec_set(4, 99, 1.0)                            # a pointer into no allocation
     with pytest.raises(DriverError, match="wrote past the end of the 16-byte allocation"):
@@ -139,8 +161,6 @@ def test_launch_checks_arguments_and_catches_overruns(device):
     assert device.get(mask, 1, np.int32)[0] == 0       # None: no float mask asked for
     with pytest.raises(AttributeError):
         k.no_such_kernel
-    with pytest.raises(DriverError, match="no kernel named"):
-        k.function("no_such_kernel")
 
 
 def test_grid_sizes_cover_the_count_within_the_device_limits(dev):
@@ -152,24 +172,61 @@ def test_grid_sizes_cover_the_count_within_the_device_limits(dev):
     assert cap == 32 * info.multiprocessors                # the grid-stride loop does the rest
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pycuda") is not None,
-                    reason="pycuda is installed here")
-def test_the_cuda_driver_without_pycuda_says_so_in_one_line():
-    with pytest.raises(DriverError) as info:
-        open_driver("cuda")
-    message = str(info.value)
-    assert "pycuda" in message and "\n" not in message and "[gpu]" in message
-    assert drv.device_count("cuda") == 0
+@needs_compiler
+def test_launch_refuses_what_no_driver_can_pass(device):
+    d, k = device.driver, device.kernels
+    y = device.put(np.zeros(4))
+    k.vec_set(4, y, 2.5)
+    np.testing.assert_array_equal(device.get(y, 4), 2.5)
+    fn = k.function("vec_set")
+    assert fn.signature == "iPf"
+    with pytest.raises(DriverError, match="takes 3 arguments"):
+        d.launch(fn, 1, 32, [4, y])
+    with pytest.raises(DriverError, match="block of 2048"):
+        d.launch(fn, 1, 2048, [4, y, 1.0])
+    with pytest.raises(DriverError, match="beyond a 32-bit int"):
+        d.launch(fn, 1, 32, [2 ** 31, y, 1.0])
+    with pytest.raises(DriverError, match="no kernel named"):
+        k.function("no_such_kernel")
+
+
+def test_a_machine_without_an_nvidia_driver_is_told_so_in_one_line(monkeypatch):
+    monkeypatch.setattr(choice, "LIBCUDA", "libcuda-that-is-not-here.so.1")
+    for kind in choice.REAL:
+        with pytest.raises(DriverError) as info:
+            open_driver(kind)
+        message = str(info.value)
+        assert message.startswith("no GPU here: no NVIDIA driver found") and "\n" not in message
+        assert "CPU" in message and "emulated" in message and "pycuda" not in message
+        with pytest.raises(DriverError, match="no GPU here"):
+            drv.device_count(kind)
+
+
+def test_the_driver_choice_follows_the_environment(monkeypatch):
+    monkeypatch.delenv(choice.DRIVER_ENV, raising=False)
+    monkeypatch.delenv(choice.LEGACY_ENV, raising=False)
+    auto = "pycuda" if importlib.util.find_spec("pycuda") else "cuda-bindings"
+    assert choice.driver_kind() == auto
+    monkeypatch.setenv(choice.LEGACY_ENV, "emulated")
+    assert choice.driver_kind() == "emulated"
+    for value, kind in (("pycuda", "pycuda"), ("cuda-bindings", "cuda-bindings"),
+                        ("emulated", "emulated"), ("auto", "emulated")):
+        monkeypatch.setenv(choice.DRIVER_ENV, value)
+        assert choice.driver_kind() == kind
+    monkeypatch.setenv(choice.DRIVER_ENV, "opencl")
+    with pytest.raises(choice.ChoiceError, match="POSEIDON_CAFFE_DRIVER='opencl': expected"):
+        choice.driver_kind()
+    assert isinstance(drv.driver_class("emulated")(0), emulated.EmulatedDriver)
 
 
 def test_cublas_binding_without_a_library_names_where_it_looked(monkeypatch, tmp_path):
     monkeypatch.setenv("POSEIDON_CAFFE_CUBLAS", str(tmp_path / "libcublas.so.12"))
     monkeypatch.setattr(cublas, "_library", [])
     try:
-        lib = cublas.load_library()
+        lib = cublas.load_library(12)
     except DriverError as exc:
         assert "cuBLAS is not available" in str(exc) and "libcublas.so.12" in str(exc)
-        assert "nvidia-cublas-cu12" in str(exc)
+        assert "nvidia-cublas-cu12" in str(exc) and "POSEIDON_CAFFE_CUBLAS" in str(exc)
     else:                                   # a real cuBLAS is installed: the binding's names exist
         for name in cublas.SIGNATURES:
             assert hasattr(lib, name)

@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 
 import test_cuda_layers as harness
-from emulated_device import needs_compiler
+from emulated_device import needs_compiler, use_test_driver
 from gradcheck import make_layer
 from test_cuda_layers import gpu_mode, labels, uniform  # noqa: F401  (gpu_mode: a fixture)
 from poseidon_caffe import backend, rng
@@ -20,7 +20,7 @@ pytestmark = needs_compiler
 
 @pytest.fixture
 def gpu_env(monkeypatch):
-    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    use_test_driver(monkeypatch)
     yield
     backend.set_mode_cpu()
 

@@ -13,7 +13,7 @@ from poseidon_caffe.net import Net
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import get_solver
 
-from emulated_device import gpu_mode, needs_compiler  # noqa: F401 (a fixture)
+from emulated_device import gpu_mode, needs_compiler, use_test_driver  # noqa: F401
 
 pytestmark = needs_compiler
 
@@ -140,9 +140,10 @@ def test_fifty_solver_steps_end_where_the_cpu_ends(gpu_mode, which, batch, shape
     assert moved > 0
 
 
+@pytest.mark.emulation_only                   # the emulated device's size is set here
 def test_out_of_device_memory_names_the_layer_and_the_bytes(monkeypatch, tmp_path):
     from poseidon_caffe.net.errors import NetMemoryError
-    monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
+    use_test_driver(monkeypatch)
     monkeypatch.setenv("POSEIDON_CAFFE_EMULATED_MEMORY", str(3 * 2 ** 20))
     monkeypatch.setitem(backend._state, "devices", {})      # a device of that size
     backend.set_mode_gpu()

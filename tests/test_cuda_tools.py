@@ -1,6 +1,5 @@
 """GPU mode from the user's side on the emulated device: set_mode_gpu, -gpu, solver_mode GPU,
-device_query, and the one-line errors when a device, the driver or pycuda is missing."""
-import importlib.util
+device_query, and the one-line errors when a device or the GPU itself is missing."""
 import os
 import subprocess
 import sys
@@ -14,14 +13,18 @@ from poseidon_caffe.proto import caffe_pb2
 
 from emulated_device import needs_compiler
 
-HAS_PYCUDA = importlib.util.find_spec("pycuda") is not None
+from poseidon_caffe.backend.cuda import choice
+
+NO_NVIDIA_DRIVER = choice.nvidia_driver_missing() is not None
+needs_no_gpu = pytest.mark.skipif(not NO_NVIDIA_DRIVER, reason="this machine has an NVIDIA driver")
 
 
 def run(tmp_path, *args, gpu="emulated", devices=None):
     env = dict(os.environ)
     env.pop("POSEIDON_CAFFE_GPU", None)
+    env.pop(choice.DRIVER_ENV, None)
     if gpu:
-        env["POSEIDON_CAFFE_GPU"] = gpu
+        env[choice.DRIVER_ENV] = gpu
     if devices:
         env["POSEIDON_CAFFE_EMULATED_DEVICES"] = str(devices)
     proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.cli"] + list(args),
@@ -44,7 +47,7 @@ def test_device_query_prints_caffes_fields_and_says_emulated(tmp_path):
     for field in ("Device id: 0", "Major revision number", "Total global memory",
                   "Warp size", "Number of multiprocessors", "Kernel execution timeout"):
         assert field in err, field
-    assert "Emulated" in err
+    assert "Emulated" in err and "Driver: the emulated device: a test device" in err
 
 
 @needs_compiler
@@ -53,6 +56,7 @@ def test_train_on_the_gpu_by_flag_or_by_solver_mode(tmp_path):
     code, err = run(tmp_path, "train", "-solver=solver.prototxt")
     assert code == 0, err
     assert "Use GPU with device ID 0 (the emulated device)" in err
+    assert err.count("many times slower than the CPU") == 1        # said once
     assert "Optimization Done" in err
     # the flag wins over device_id
     code, err = run(tmp_path, "train", "-solver=solver.prototxt", "-gpu", "1", devices=2)
@@ -69,22 +73,35 @@ def test_gpu_all_names_every_device(monkeypatch):
         brew._gpus("0,3,5")
 
 
-def test_missing_devices_driver_or_pycuda_are_one_line(tmp_path):
+def test_missing_devices_are_one_line(tmp_path):
     setup_files(tmp_path)
     code, err = run(tmp_path, "train", "-solver=solver.prototxt", "-gpu", "0,3", devices=2)
     assert code != 0
     assert "no device 3; this host has 2 GPUs" in err
     assert "Traceback" not in err
-    if not HAS_PYCUDA:
-        code, err = run(tmp_path, "train", "-solver=solver.prototxt", "-gpu", "0", gpu=None)
-        assert code != 0 and "pycuda" in err and "Traceback" not in err
 
 
-@pytest.mark.skipif(HAS_PYCUDA, reason="pycuda is installed here")
-def test_set_mode_gpu_without_pycuda_says_so_and_keeps_the_cpu(monkeypatch):
+@needs_no_gpu
+@pytest.mark.parametrize("driver", [None, "cuda-bindings", "pycuda"])
+def test_gpu_on_a_machine_without_one_says_so_and_how_else_to_train(tmp_path, driver):
+    setup_files(tmp_path)
+    code, err = run(tmp_path, "train", "-solver=solver.prototxt", "-gpu", "0", gpu=driver)
+    lines = [line for line in err.splitlines() if "no GPU here" in line]
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err
+    assert "-gpu=0: no GPU here: no NVIDIA driver found" in lines[0]
+    assert "train on the CPU" in lines[0] and "POSEIDON_CAFFE_DRIVER=emulated" in lines[0]
+    assert "pycuda" not in lines[0] and "install" not in lines[0]
+    setup_files(tmp_path, 'solver_mode: GPU')           # the solver asks: a warning, the CPU
+    code, err = run(tmp_path, "train", "-solver=solver.prototxt", gpu=driver)
+    assert code == 0 and "no GPU here" in err and "Use CPU." in err, err
+
+
+@needs_no_gpu
+def test_set_mode_gpu_without_a_gpu_says_so_and_keeps_the_cpu(monkeypatch):
     monkeypatch.delenv("POSEIDON_CAFFE_GPU", raising=False)
+    monkeypatch.delenv(choice.DRIVER_ENV, raising=False)
     before = backend.get_backend()
-    with pytest.raises(backend.GPUUnavailable, match="pycuda"):
+    with pytest.raises(backend.GPUUnavailable, match="no GPU here"):
         backend.set_mode_gpu()
     assert backend.mode() == "cpu" and backend.get_backend() is before
 

@@ -1,8 +1,9 @@
 """The seam between layers and the hardware: a backend carries an op set that layers call.
 
 ``cpu`` (numpy) is always available. ``cuda/`` is the CUDA backend (a driver interface over
-pycuda or an emulated device, the kernels, cuBLAS); set_mode_gpu() chooses it for the device
-of set_device(), the emulated one when POSEIDON_CAFFE_GPU=emulated. Layers never import
+NVIDIA's cuda-bindings, pycuda or an emulated device, the kernels, cuBLAS); set_mode_gpu()
+chooses it for the device of set_device(), through the driver POSEIDON_CAFFE_DRIVER names
+(cuda/choice.py; "emulated" is the test device). Layers never import
 numpy-specific or CUDA-specific code for their heavy work; they call the current backend's
 ops (see ops.md for the op set).
 """
@@ -10,7 +11,7 @@ _state = {"backend": None, "mode": "cpu", "device": 0, "devices": {}}
 
 
 class GPUUnavailable(RuntimeError):
-    """GPU mode cannot start: no pycuda, no CUDA driver, or no such device (one line)."""
+    """GPU mode cannot start: no GPU, no driver binding, or no such device (one line)."""
 
 
 def get_backend():
@@ -29,7 +30,8 @@ def set_mode_cpu():
 def gpu_backend(device=None):
     """The CUDA backend of ``device`` (default: set_device's), opened once per process and
     driver kind; GPUUnavailable says why it cannot be."""
-    from .cuda.backend import CUDABackend, driver_kind
+    from .cuda.backend import CUDABackend
+    from .cuda.choice import ChoiceError, driver_kind
     from .cuda.driver import DriverError
     device = _state["device"] if device is None else int(device)
     try:
@@ -37,31 +39,28 @@ def gpu_backend(device=None):
         backend = _state["devices"].get(key)
         if backend is None:
             backend = _state["devices"][key] = CUDABackend(device, key[0])
-    except DriverError as exc:
+    except (DriverError, ChoiceError) as exc:
         raise GPUUnavailable(str(exc)) from None
     return backend
 
 
 def gpu_count():
-    """How many devices the driver of POSEIDON_CAFFE_GPU (default: CUDA) sees; 0 without one;
-    GPUUnavailable when the driver or pycuda is missing."""
-    from .cuda.backend import driver_kind
+    """How many devices the chosen driver (POSEIDON_CAFFE_DRIVER) sees; GPUUnavailable, one
+    line, when it cannot start (no NVIDIA driver, no binding) or sees none."""
+    from .cuda.choice import ChoiceError, driver_kind
     from .cuda.driver import DriverError, device_count
     try:
-        kind = driver_kind()
-        if kind == "cuda":
-            from .cuda.pycuda_driver import _pycuda
-            _pycuda()                  # one line when pycuda or the driver is missing
-        return device_count(kind)
-    except DriverError as exc:
+        return device_count(driver_kind())
+    except (DriverError, ChoiceError) as exc:
         raise GPUUnavailable(str(exc)) from None
 
 
 def is_device_error(exc):
-    """Whether ``exc`` is a device's failure: the driver's error, or pycuda's own (a launch
-    that faulted shows at the next call to the device)."""
+    """Whether ``exc`` is a device's failure: the driver's error, or pycuda's or
+    cuda-bindings' own (a launch that faulted shows at the next call to the device)."""
     from .cuda.driver import DriverError
-    return isinstance(exc, DriverError) or type(exc).__module__.split(".")[0] == "pycuda"
+    return (isinstance(exc, DriverError)
+            or type(exc).__module__.split(".")[0] in ("pycuda", "cuda"))
 
 
 def set_mode_gpu():

@@ -18,8 +18,9 @@ class _Failure:
 
 
 class Prefetcher:
-    def __init__(self, load, depth, name="prefetch"):
+    def __init__(self, load, depth, name="prefetch", on_thread_exit=None):
         self._load = load
+        self._on_thread_exit = on_thread_exit    # run by the thread as it ends (a release)
         self.name = name
         self.depth = int(depth)
         self._stop = threading.Event()
@@ -34,6 +35,13 @@ class Prefetcher:
         return self._thread
 
     def _run(self):
+        try:
+            self._produce()
+        finally:
+            if self._on_thread_exit is not None:
+                self._on_thread_exit()
+
+    def _produce(self):
         while not self._stop.is_set():
             try:
                 item = self._load()

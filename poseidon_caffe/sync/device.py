@@ -72,16 +72,12 @@ class DeviceStage:
 
     # -- the communication thread ----------------------------------------------------------
     def enter_thread(self):
-        """Make the device's context current on the communication thread, which queries the
-        copy events (a CUDA driver call needs one there; the emulated device has none)."""
-        context = getattr(self.driver, "context", None)
-        if context is not None:
-            context.push()
+        """Make the device current on the communication thread, which queries the copy
+        events (a CUDA driver call needs a current context there)."""
+        self.driver.make_current()
 
     def leave_thread(self):
-        context = getattr(self.driver, "context", None)
-        if context is not None:
-            context.pop()
+        self.driver.release_current()
 
     # -- out (compute thread) ----------------------------------------------------------------
     def copy_gradient(self, item, clock):

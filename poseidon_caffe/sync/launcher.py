@@ -121,15 +121,19 @@ def output_dir(dataset, staleness, num_hosts, num_threads, root="output"):
 
 def gpu_available():
     """Whether the ranks will have GPUs to bind (-gpu=<id> each): the emulated device when
-    POSEIDON_CAFFE_GPU=emulated (the ranks inherit the setting), else pycuda and an NVIDIA
-    driver on this machine."""
-    if os.environ.get("POSEIDON_CAFFE_GPU", "").strip().lower() == "emulated":
-        return True
+    the environment chooses it (the ranks inherit the setting), else an NVIDIA driver on this
+    machine and a binding of it (cuda-bindings or pycuda) to drive it."""
+    import importlib.util
+    from ..backend.cuda import choice
     try:
-        import pycuda  # noqa: F401
-    except ImportError:
+        if choice.requested() == "emulated":
+            return True
+    except choice.ChoiceError:
         return False
-    return shutil.which("nvidia-smi") is not None
+    if choice.nvidia_driver_missing():
+        return False
+    return any(importlib.util.find_spec(name) is not None for name in ("cuda.bindings", "pycuda")
+               if importlib.util.find_spec(name.split(".")[0]) is not None)
 
 
 def build_command(hosts, devices, solver, *, staleness=0, svb=False, sync="auto", dwbp=True,

@@ -117,8 +117,8 @@ def _gpus(text):
 
 
 def _gpu_count(flag):
-    """The devices of the GPU driver (POSEIDON_CAFFE_GPU=emulated: the emulated ones); a
-    CommandError naming what is missing (pycuda, the CUDA driver)."""
+    """The devices of the GPU driver (POSEIDON_CAFFE_DRIVER=emulated: the emulated ones); a
+    CommandError saying why there are none (no NVIDIA driver, no binding, no device)."""
     from .. import backend
     try:
         return backend.gpu_count()
@@ -160,7 +160,7 @@ def _rank_device(gpus):
 
 
 def _select_device(gpus, from_solver=False):
-    from .. import backend
+    from .. import backend, gpu_mode
     if not gpus:
         log.info("Use CPU.")
         backend.set_mode_cpu()
@@ -168,7 +168,7 @@ def _select_device(gpus, from_solver=False):
     gpus = [_rank_device(gpus)]
     backend.set_device(gpus[0])
     try:
-        backend.set_mode_gpu()
+        gpu_mode.set_mode_gpu()
     except backend.GPUUnavailable as exc:
         if not from_solver:
             raise CommandError("-gpu=%d: %s" % (gpus[0], exc)) from None

@@ -3,7 +3,7 @@ then ``extract_features.py`` does the work.
 """
 import sys
 
-from .. import backend, log
+from .. import backend, gpu_mode, log
 from ..data.db import DataError
 from ..extract_features import ExtractError, extract_features
 from ..io import ProtoFileError
@@ -29,7 +29,7 @@ def _select_mode(args):
         device = int(text)
         log.info("Using GPU, device id %d", device)
         backend.set_device(device)
-        backend.set_mode_gpu()
+        gpu_mode.set_mode_gpu()
     else:
         log.info("Using CPU")
         backend.set_mode_cpu()

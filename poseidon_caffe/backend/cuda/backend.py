@@ -10,12 +10,12 @@ C = A B is the column-major C^T = B^T A^T) and the kernels of ``kernels/``; ligh
 named ops below, which the CPU backend implements with numpy under the same names.
 """
 import math
-import os
 import weakref
 
 import numpy as np
 
 from ..geometry import PoolGeometry
+from .choice import driver_kind
 from .driver import DriverError, open_driver
 from .kernels import KernelSet
 from .common_ops import CommonOps
@@ -27,7 +27,6 @@ from .synced import SyncedMemory
 
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
-GPU_ENV = "POSEIDON_CAFFE_GPU"       # "emulated": set_mode_gpu() opens the emulated device
 
 
 class DeviceMemoryError(MemoryError):
@@ -111,14 +110,6 @@ class _NoArrayNamespace:
     def __getattr__(self, name):
         raise AttributeError("the CUDA backend has no array namespace (xp.%s): use the "
                              "backend's named ops" % name)
-
-
-def driver_kind():
-    """"emulated" when POSEIDON_CAFFE_GPU says so, else "cuda"."""
-    value = os.environ.get(GPU_ENV, "").strip().lower()
-    if value not in ("", "cuda", "emulated"):
-        raise DriverError("%s=%r: expected 'emulated' or 'cuda'" % (GPU_ENV, value))
-    return value or "cuda"
 
 
 class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
@@ -640,7 +631,8 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
 
     def describe(self):
         """device_query's lines for this device."""
-        return ["%s: %s" % (label, value) for label, value in self.driver.info.query_lines()]
+        return ["%s: %s" % (label, value) for label, value in
+                self.driver.info.query_lines() + self.driver.library_lines()]
 
 
 __all__ = ["CUDABackend", "DeviceArray", "DeviceMemoryError", "PoolGeometry", "driver_kind"]

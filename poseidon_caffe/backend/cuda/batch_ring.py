@@ -77,6 +77,12 @@ class DeviceBatchRing:
         self.pushed += 1
         return slot
 
+    def leave_thread(self):
+        """Undo push's make_current on the calling thread; the prefetch thread's last call."""
+        if getattr(self._bound, "done", False):
+            self.driver.release_current()
+            self._bound.done = False
+
     def _ensure(self, slot, i, nbytes):
         if i < len(slot.capacity) and slot.capacity[i] >= nbytes:
             return

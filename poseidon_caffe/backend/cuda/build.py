@@ -3,8 +3,9 @@
 The kernels are ``kernels/*.cu``, each including ``kernels/common.cuh``. The same source builds
 two ways:
 
-- for a device: NVRTC compiles it to PTX for a virtual architecture (compute_70, compute_90...);
-  the CUDA driver finishes it for the GPU at load time;
+- for a device: NVRTC compiles it to a CUBIN for the GPU's own architecture (sm_90), or to
+  PTX for a virtual one (compute_70...) that the CUDA driver finishes at load time (images.py
+  chooses);
 - for the host: the system C++ compiler builds it into a shared library, where the header makes
   every kernel a plain C function whose grid-stride loop runs over all indices (the emulated
   driver calls these).
@@ -29,9 +30,9 @@ CXX_ENV = "CXX"
 HOST_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++14", "-Wall", "-Werror",
               # one rounding per operation, as numpy's float32 arithmetic does
               "-ffp-contract=off", "-fno-fast-math")
-# NVRTC 12 warns that it will drop sm_70 one day; this says nothing about the source
-TARGET_DEPRECATION = re.compile(r"^nvrtc: warning: Architectures prior to .* are deprecated.*$",
-                                re.M)
+# NVRTC warns that it will drop an old target one day; this says nothing about the source
+TARGET_DEPRECATION = re.compile(r"^nvrtc: warning ?: .*(Architectures? prior to|architecture|"
+                                r"target).*(deprecated|removed).*$", re.M | re.I)
 
 
 class BuildError(RuntimeError):
@@ -92,18 +93,23 @@ def _write_atomic(path, data):
     os.replace(tmp, path)
 
 
-# -- PTX ------------------------------------------------------------------------------------
-def compile_ptx(source_path, arch, compiler=None):
-    """(ptx bytes, log) of one kernel source for compute capability ``arch`` (70, 90...),
-    uncached. Raises BuildError when NVRTC is missing or the source does not compile."""
+# -- device images (PTX or CUBIN) -------------------------------------------------------------
+def compile_image(source_path, arch, compiler=None, cubin=False):
+    """(image bytes, log) of one kernel source for compute capability ``arch`` (70, 90...):
+    PTX for compute_<arch>, or with ``cubin`` machine code for sm_<arch>; uncached. Raises
+    BuildError when NVRTC is missing or the source does not compile."""
     from .nvrtc import NVRTCError, nvrtc
     try:
         compiler = compiler or nvrtc()
-        ptx, log = compiler.compile(_read(source_path), os.path.basename(source_path), arch,
-                                    headers=headers())
+        return compiler.compile(_read(source_path), os.path.basename(source_path), arch,
+                                headers=headers(), cubin=cubin)
     except NVRTCError as exc:
         raise BuildError(str(exc)) from None
-    return ptx, log
+
+
+def compile_ptx(source_path, arch, compiler=None):
+    """(ptx bytes, log): compile_image's PTX."""
+    return compile_image(source_path, arch, compiler)
 
 
 def source_warnings(log):
@@ -111,23 +117,30 @@ def source_warnings(log):
     return TARGET_DEPRECATION.sub("", log).strip()
 
 
-def ptx(source_path, arch):
-    """PTX of one kernel source for compute capability ``arch``, from the cache when built."""
+def image(source_path, arch, cubin=False, compiler=None):
+    """PTX (or with ``cubin`` a CUBIN) of one kernel source for compute capability ``arch``,
+    from the cache when built; ``compiler`` an NVRTC (default the newest installed)."""
     from .nvrtc import NVRTCError, nvrtc
     try:
-        compiler = nvrtc()
+        compiler = compiler or nvrtc()
     except NVRTCError as exc:
         raise BuildError(str(exc)) from None
     text = _read(source_path)
-    key = _key("ptx", text, sorted(headers().items()), arch, compiler.version())
-    path = os.path.join(cache_dir(), "%s-sm%d-%s.ptx" % (
-        os.path.basename(source_path)[:-3], arch, key))
+    kind = "cubin" if cubin else "ptx"
+    key = _key(kind, text, sorted(headers().items()), arch, compiler.version())
+    path = os.path.join(cache_dir(), "%s-%s%d-%s.%s" % (
+        os.path.basename(source_path)[:-3], "sm" if cubin else "compute", arch, key, kind))
     if os.path.exists(path):
         with open(path, "rb") as f:
             return f.read()
-    code, _ = compile_ptx(source_path, arch, compiler)
+    code, _ = compile_image(source_path, arch, compiler, cubin)
     _write_atomic(path, code)
     return code
+
+
+def ptx(source_path, arch):
+    """PTX of one kernel source for compute capability ``arch`` (cached)."""
+    return image(source_path, arch)
 
 
 def best_arch(capability, supported):

@@ -6,7 +6,8 @@ matrix at ``ptr`` is the float at ``ptr + 4 * (i + j * ld)``. ``trans`` argument
 Python float. One handle serves one device and one stream (``Driver.blas(stream)``).
 
 The library is the toolkit's (CUDA_HOME, CUDA_PATH, /usr/local/cuda), else the one in NVIDIA's
-``nvidia-cublas-cu12`` wheel, else the loader's; POSEIDON_CAFFE_CUBLAS names one explicitly.
+wheels (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12``), else the loader's, the newest
+major the driver runs; POSEIDON_CAFFE_CUBLAS names one explicitly.
 The emulated driver's EmulatedBlas has the same methods over host buffers (numpy).
 """
 import ctypes
@@ -49,11 +50,12 @@ def op(trans):
         raise DriverError("a BLAS transpose is 'N' or 'T', not %r" % (trans,)) from None
 
 
-def load_library():
-    """libcublas as a ctypes library with the binding's argument types set."""
+def load_library(max_major=None):
+    """libcublas (not above CUDA ``max_major``) as a ctypes library with the binding's
+    argument types set."""
     try:
-        lib = libraries.load("cublas", "cublas", "POSEIDON_CAFFE_CUBLAS", "cuBLAS",
-                             wheel_first=False)
+        lib = libraries.load("cublas", "POSEIDON_CAFFE_CUBLAS", "cuBLAS", wheel_first=False,
+                             max_major=max_major)
     except OSError as exc:
         raise DriverError(str(exc)) from None
     missing = [name for name in SIGNATURES if not hasattr(lib, name)]
@@ -69,9 +71,10 @@ def load_library():
 _library = []
 
 
-def library():
+def library(max_major=None):
+    """The process's cuBLAS, loaded by the first driver that asks."""
     if not _library:
-        _library.append(load_library())
+        _library.append(load_library(max_major))
     return _library[0]
 
 
@@ -84,7 +87,9 @@ class CublasHandle:
 
     def __init__(self, stream=None, driver=None):
         self.driver = driver             # told of the host's waits for a scalar result
-        self.lib = library()
+        self.stream = stream
+        version = getattr(driver, "driver_version", 0)
+        self.lib = library(version // 1000 if version else None)
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         if stream is not None:

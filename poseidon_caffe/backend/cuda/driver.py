@@ -1,9 +1,12 @@
 """The narrow driver interface: everything the CUDA backend asks of a device, in one class.
 
 The rest of the backend talks to a device only through a ``Driver``: memory, copies, streams,
-events, modules and launches, and a BLAS handle. Two implementations exist:
+events, modules and launches, and a BLAS handle. Three implementations exist (choice.py says
+which one opens):
 
-- ``pycuda_driver.PyCUDADriver``: a real GPU through pycuda, with cuBLAS (``cublas.py``);
+- ``bindings_driver.CudaBindingsDriver``: a real GPU through NVIDIA's cuda-bindings, with
+  cuBLAS (``cublas.py``): the default;
+- ``pycuda_driver.PyCUDADriver``: a real GPU through pycuda, with the same cuBLAS binding;
 - ``emulated.EmulatedDriver``: host buffers, the kernels built for the host, numpy for BLAS,
   so the backend's own code runs unchanged on a machine without a GPU.
 
@@ -15,7 +18,7 @@ and so is every wait of the host for the device (``host_syncs``).
 import threading
 from dataclasses import dataclass, field
 
-KINDS = ("cuda", "emulated")
+INT32 = (-2 ** 31, 2 ** 31 - 1)
 POINTER, INT, FLOAT = "P", "i", "f"       # kernel parameter types (pycuda's struct letters)
 
 
@@ -146,7 +149,15 @@ class Driver:
     def make_current(self):
         """Make this device current on the calling thread (a prefetch thread's first call)."""
 
+    def release_current(self):
+        """Undo make_current on the calling thread; a thread that made the device current
+        calls it before it ends (pycuda aborts the process otherwise)."""
+
     # -- the device ------------------------------------------------------------------------
+    def library_lines(self):
+        """(label, value) lines saying what drives this device (device_query prints them)."""
+        return [("Driver", self.kind)]
+
     @property
     def info(self):
         """DeviceInfo of the opened device."""
@@ -243,10 +254,13 @@ class Driver:
             raise DriverError("kernel %s takes %d arguments, got %d"
                               % (function.name, len(function.signature), len(args)))
         typed = []
-        for kind, value in zip(function.signature, args):
+        for i, (kind, value) in enumerate(zip(function.signature, args)):
             if kind == POINTER and value is None:
                 value = 0                     # a null pointer: an optional output left out
             typed.append(int(value) if kind in (POINTER, INT) else float(value))
+            if kind == INT and not INT32[0] <= typed[-1] <= INT32[1]:
+                raise DriverError("kernel %s: argument %d is %d, beyond a 32-bit int"
+                                  % (function.name, i, typed[-1]))
         grid, block = int(grid), int(block)
         info = self.info
         if not 1 <= block <= info.max_threads_per_block:
@@ -270,21 +284,30 @@ def _contiguous(array, what):
                           % (what, array.strides))
 
 
-def open_driver(kind, device=0):
-    """A Driver of ``kind`` ("cuda" or "emulated") on ``device``."""
+def driver_class(kind):
+    """The Driver class of ``kind``: "cuda-bindings", "pycuda", "emulated", or "cuda"/"auto"
+    (choice.resolve: pycuda when importable, else cuda-bindings)."""
+    from . import choice
+    try:
+        kind = choice.resolve(kind)
+    except choice.ChoiceError as exc:
+        raise DriverError(str(exc)) from None
     if kind == "emulated":
         from .emulated import EmulatedDriver
-        return EmulatedDriver(device)
-    if kind == "cuda":
+        return EmulatedDriver
+    if kind == "pycuda":
         from .pycuda_driver import PyCUDADriver
-        return PyCUDADriver(device)
-    raise DriverError("unknown driver %r (expected one of %s)" % (kind, ", ".join(KINDS)))
+        return PyCUDADriver
+    from .bindings_driver import CudaBindingsDriver
+    return CudaBindingsDriver
+
+
+def open_driver(kind, device=0):
+    """A Driver of ``kind`` (see driver_class) on ``device``."""
+    return driver_class(kind)(device)
 
 
 def device_count(kind):
-    """How many devices the driver of ``kind`` sees (0 when it cannot start)."""
-    if kind == "emulated":
-        from .emulated import EmulatedDriver
-        return EmulatedDriver.device_count()
-    from .pycuda_driver import PyCUDADriver
-    return PyCUDADriver.device_count()
+    """How many devices the driver of ``kind`` sees; DriverError (one line) when it cannot
+    start: no NVIDIA driver, no binding."""
+    return driver_class(kind).device_count()

@@ -1,11 +1,16 @@
-"""NVRTC, NVIDIA's runtime compiler, through ctypes: CUDA C++ source -> PTX, without a GPU.
+"""NVRTC, NVIDIA's runtime compiler, through ctypes: CUDA C++ source -> PTX or CUBIN, without
+a GPU.
 
-The ``nvidia-cuda-nvrtc-cu12`` wheel is looked for first: NVRTC 13 no longer targets sm_70,
-which the kernels still support. POSEIDON_CAFFE_NVRTC names a library explicitly.
+Several NVRTCs may be installed (CUDA 12's wheel, CUDA 13's, a toolkit's): ``compilers()``
+loads each once, newest major first, so a caller can pick one the driver accepts (images.py)
+and the tests can pick one that still targets sm_70 (NVRTC 13 dropped it).
+POSEIDON_CAFFE_NVRTC names one library explicitly, and then it is the only one.
 """
 import ctypes
 
 from . import libraries
+
+ENV = "POSEIDON_CAFFE_NVRTC"
 
 NVRTC_SUCCESS = 0
 
@@ -18,8 +23,7 @@ class NVRTC:
     def __init__(self, lib=None):
         if lib is None:
             try:
-                lib = libraries.load("nvrtc", "cuda_nvrtc", "POSEIDON_CAFFE_NVRTC", "NVRTC",
-                                     major=12)
+                lib = libraries.load("nvrtc", ENV, "NVRTC")
             except OSError as exc:
                 raise NVRTCError(str(exc)) from None
         self.lib = lib
@@ -35,6 +39,10 @@ class NVRTC:
         lib.nvrtcGetPTXSize.argtypes = [p, ctypes.POINTER(ctypes.c_size_t)]
         lib.nvrtcGetPTX.argtypes = [p, c]
         lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(p)]
+        self.writes_cubin = hasattr(lib, "nvrtcGetCUBIN")
+        if self.writes_cubin:
+            lib.nvrtcGetCUBINSize.argtypes = [p, ctypes.POINTER(ctypes.c_size_t)]
+            lib.nvrtcGetCUBIN.argtypes = [p, c]
         self.path = getattr(lib, "_name", "")
 
     def _check(self, status, doing):
@@ -58,11 +66,17 @@ class NVRTC:
         self._check(self.lib.nvrtcGetSupportedArchs(archs), "listing architectures")
         return list(archs)
 
-    def compile(self, source, name, arch, headers=None, options=()):
-        """(ptx bytes, log text) of ``source`` for compute capability ``arch`` (e.g. 70).
+    def compile(self, source, name, arch, headers=None, options=(), cubin=False):
+        """(image bytes, log text) of ``source`` for compute capability ``arch`` (e.g. 70):
+        PTX for the virtual architecture compute_<arch>, or with ``cubin`` the machine code
+        for sm_<arch> (an ELF image the driver loads as it is).
 
         ``headers`` maps include names to their text. A failed compile raises NVRTCError with
         the log; a successful one returns its log too (warnings would be there)."""
+        if cubin and not self.writes_cubin:
+            raise NVRTCError("NVRTC %d.%d at %s cannot write CUBIN" % (self.version() +
+                                                                      (self.path,)))
+        target = "%s_%d" % ("sm" if cubin else "compute", arch)
         headers = headers or {}
         prog = ctypes.c_void_p()
         names = (ctypes.c_char_p * max(1, len(headers)))(*[k.encode() for k in headers])
@@ -72,19 +86,21 @@ class NVRTC:
                                                 name.encode(), len(headers), texts, names),
                     "creating a program for %s" % name)
         try:
-            opts = ["--gpu-architecture=compute_%d" % arch, "--std=c++14"] + list(options)
+            opts = ["--gpu-architecture=%s" % target, "--std=c++14"] + list(options)
             argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
             status = self.lib.nvrtcCompileProgram(prog, len(opts), argv)
             log = self._log(prog)
             if status != NVRTC_SUCCESS:
                 message = self.lib.nvrtcGetErrorString(status).decode()
-                raise NVRTCError("NVRTC could not compile %s for compute_%d (%s):\n%s"
-                                 % (name, arch, message, log))
+                raise NVRTCError("NVRTC could not compile %s for %s (%s):\n%s"
+                                 % (name, target, message, log))
+            kind = "CUBIN" if cubin else "PTX"
             size = ctypes.c_size_t()
-            self._check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "sizing PTX")
+            self._check(getattr(self.lib, "nvrtcGet%sSize" % kind)(prog, ctypes.byref(size)),
+                        "sizing " + kind)
             buf = ctypes.create_string_buffer(size.value)
-            self._check(self.lib.nvrtcGetPTX(prog, buf), "reading PTX")
-            return buf.raw.rstrip(b"\0"), log
+            self._check(getattr(self.lib, "nvrtcGet" + kind)(prog, buf), "reading " + kind)
+            return (buf.raw if cubin else buf.raw.rstrip(b"\0")), log
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
@@ -96,11 +112,34 @@ class NVRTC:
         return buf.value.decode(errors="replace").strip()
 
 
-_shared = []
+_loaded = {}                   # path -> NVRTC, or the OSError text of a path that did not load
 
 
-def nvrtc():
-    """The process's NVRTC, loaded on first use (NVRTCError when it cannot be found)."""
-    if not _shared:
-        _shared.append(NVRTC())
-    return _shared[0]
+def compilers():
+    """Every NVRTC that loads, newest major first (POSEIDON_CAFFE_NVRTC: that one only);
+    NVRTCError naming each place tried when none does."""
+    found, tried = [], []
+    paths = libraries.by_major(libraries.candidates("nvrtc", ENV), "nvrtc")
+    for path in paths:
+        if path not in _loaded:
+            try:
+                libraries.preload_companions(path, "nvrtc")
+                _loaded[path] = NVRTC(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+            except (OSError, AttributeError) as exc:
+                _loaded[path] = "%s (%s)" % (path, exc)
+        (found if isinstance(_loaded[path], NVRTC) else tried).append(_loaded[path])
+    if not found:
+        raise NVRTCError("NVRTC is not available: %s. %s" % (
+            "; ".join(tried) if tried else "no libnvrtc found",
+            libraries.install_hint("nvrtc", ENV)))
+    return found
+
+
+def nvrtc(max_major=None):
+    """The newest NVRTC (not above CUDA ``max_major`` when given), loaded on first use."""
+    fitting = [c for c in compilers() if max_major is None or c.version()[0] <= max_major]
+    if not fitting:
+        raise NVRTCError("no NVRTC for CUDA %d or older is installed (found %s). %s" % (
+            max_major, ", ".join("%d.%d" % c.version() for c in compilers()),
+            libraries.install_hint("nvrtc", ENV, max_major)))
+    return fitting[0]

@@ -2,24 +2,50 @@
 
 pycuda is imported on first use, so the package imports on machines without it; a missing
 pycuda or CUDA driver is one DriverError line. The device's primary context is retained and
-made current (the context the CUDA runtime, and so cuBLAS, uses too).
+pushed on the thread that opens the driver (the context the CUDA runtime, and so cuBLAS, uses
+too).
+
+pycuda aborts the process (status 134, "the context stack was not empty") when a thread ends,
+or the interpreter exits, with a context still pushed. So every push is paired with a pop:
+a thread that made the device current (a prefetch thread, the communication thread) calls
+``release_current()`` before it ends, and the drivers still open at exit are closed, popping
+what their opening thread pushed; after that, frees of memory that went with the context are
+no-ops.
 """
+import atexit
+import threading
+import weakref
+
 import numpy as np
 
-from . import build
+from . import choice
 from .driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
+from .images import module_image
 
 _PYCUDA_FORMAT = {POINTER: "P", INT: "i", FLOAT: "f"}
 _NON_BLOCKING = 1                     # CU_STREAM_NON_BLOCKING
 
 
+_open = weakref.WeakSet()             # drivers to close at exit
+
+
+@atexit.register
+def _close_at_exit():
+    for driver in list(_open):
+        driver.close()
+
+
 def _pycuda():
-    """pycuda.driver, initialised; DriverError (one line) when pycuda or a driver is missing."""
+    """pycuda.driver, initialised; DriverError (one line) when there is no GPU driver or no
+    pycuda."""
+    missing = choice.nvidia_driver_missing()
+    if missing:
+        raise DriverError(missing)
     try:
         import pycuda.driver as cuda
     except ImportError as exc:
-        raise DriverError("the GPU backend needs pycuda (pip install 'poseidon-caffe[gpu]'): "
-                          "%s" % exc) from None
+        raise DriverError("%s=pycuda, but pycuda does not import (pip install "
+                          "'poseidon-caffe[pycuda]'): %s" % (choice.DRIVER_ENV, exc)) from None
     try:
         cuda.init()
     except Exception as exc:                    # pycuda raises its own error classes
@@ -78,26 +104,31 @@ def _raw(stream):
 
 
 class PyCUDADriver(Driver):
-    kind = "cuda"
+    kind = "pycuda"
 
     @staticmethod
     def device_count():
-        try:
-            return _pycuda().Device.count()
-        except DriverError:
-            return 0
+        """Devices the driver sees; DriverError when there is no driver or no pycuda."""
+        return _pycuda().Device.count()
 
     def __init__(self, device=0):
         super().__init__()
         cuda = self.cuda = _pycuda()
+        self.driver_version = cuda.get_driver_version()
         count = cuda.Device.count()
+        if count == 0:
+            raise DriverError(choice.no_device(self.driver_version))
         if not 0 <= int(device) < count:
             raise DriverError("CUDA device %d does not exist (%d found)" % (device, count))
         self.device = cuda.Device(int(device))
         self.context = self.device.retain_primary_context()
-        self.context.push()
+        self._pushed = threading.local()     # whether this thread pushed the context
+        self._opener = threading.get_ident()
+        self._lock = threading.Lock()
         self._allocations = {}       # pointer -> pycuda allocation (kept alive until freed)
         self._blas = {}
+        self.make_current()
+        _open.add(self)
         self._info = self._read_info(int(device))
 
     def _read_info(self, ordinal):
@@ -123,6 +154,16 @@ class PyCUDADriver(Driver):
     def info(self):
         return self._info
 
+    def library_lines(self):
+        import pycuda
+        return choice.real_driver_lines(self, "pycuda %s" % getattr(pycuda, "VERSION_TEXT", "?"))
+
+    @property
+    def allocations(self):
+        """The live allocations' pointers (as a dict's keys, as the emulated driver gives)."""
+        with self._lock:
+            return dict.fromkeys(self._allocations)
+
     def mem_info(self):
         return self.cuda.mem_get_info()
 
@@ -133,15 +174,30 @@ class PyCUDADriver(Driver):
         current = self.cuda.Context.get_current()
         if current is None or current.handle != self.context.handle:
             self.context.push()
+            self._pushed.done = True
+
+    def release_current(self):
+        """Pop what make_current pushed on the calling thread (before the thread ends)."""
+        if self.context is not None and getattr(self._pushed, "done", False):
+            self.cuda.Context.pop()
+            self._pushed.done = False
 
     def close(self):
+        """Free what is still allocated, drop the BLAS handles and pop the context (on the
+        thread that opened the driver: pycuda's context stack is per thread)."""
+        if self.context is None:
+            return
+        _open.discard(self)
         for handle in self._blas.values():
             handle.close()
         self._blas.clear()
-        self._allocations.clear()
-        if self.context is not None:
-            self.context.pop()
-            self.context = None
+        with self._lock:
+            allocations, self._allocations = self._allocations, {}
+        for allocation in allocations.values():
+            allocation.free()
+        if threading.get_ident() == self._opener:
+            self.release_current()
+        self.context = None
 
     # -- memory ----------------------------------------------------------------------------
     def _alloc(self, nbytes):
@@ -152,11 +208,15 @@ class PyCUDADriver(Driver):
             raise DriverError("out of device memory: %d bytes asked, %d of %d free (%s)"
                               % (nbytes, free, total, exc)) from None
         ptr = int(allocation)
-        self._allocations[ptr] = allocation
+        with self._lock:
+            self._allocations[ptr] = allocation
         return ptr
 
     def _free(self, ptr):
-        allocation = self._allocations.pop(ptr, None)
+        if self.context is None:        # closed: the memory went with it (a late finaliser)
+            return
+        with self._lock:
+            allocation = self._allocations.pop(ptr, None)
         if allocation is None:
             raise DriverError("free of 0x%x, which is not an allocation's start" % ptr)
         allocation.free()
@@ -203,12 +263,7 @@ class PyCUDADriver(Driver):
 
     # -- modules and launches --------------------------------------------------------------
     def module_image(self, source_path):
-        from .nvrtc import NVRTCError, nvrtc
-        try:
-            archs = nvrtc().supported_archs()
-        except NVRTCError as exc:
-            raise DriverError(str(exc)) from None
-        return build.ptx(source_path, build.best_arch(self._info.compute_capability, archs))
+        return module_image(source_path, self._info.compute_capability, self.driver_version)
 
     def load_module(self, image):
         try:

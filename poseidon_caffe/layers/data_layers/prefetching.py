@@ -86,6 +86,7 @@ class PrefetchingDataLayer(Layer):
     def _start_prefetch(self):
         loader = self._loader      # the thread holds the loader, never the layer
         depth = self.param.data_param.prefetch
+        leave = None
         if getattr(self.backend, "on_device", False):
             ring = self._resources.ring = self.backend.batch_ring(depth)
             labelled = self.output_labels
@@ -94,13 +95,14 @@ class PrefetchingDataLayer(Layer):
                 data, labels = loader()
                 slot = ring.push((data, labels) if labelled else (data,))
                 return slot, None, loader.state()
+            leave = ring.leave_thread          # the thread made the device current
         else:
             def produce():
                 data, labels = loader()
                 return data, labels, loader.state()
 
         self._resources.prefetcher = Prefetcher(produce, depth,
-                                                "%s-%s" % (self.type, self.name))
+                                                "%s-%s" % (self.type, self.name), leave)
 
     def _transform_param(self):
         return self.param.transform_param

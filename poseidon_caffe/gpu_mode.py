@@ -1,0 +1,13 @@
+"""GPU mode as the commands and pycaffe enter it: the backend's set_mode_gpu(), and one log
+line per process when the device is the emulated one, so nobody takes its times for a GPU's."""
+from . import backend, log
+
+_noted = []
+
+
+def set_mode_gpu():
+    backend.set_mode_gpu()
+    device = backend.get_backend()
+    if getattr(device, "emulated", False) and not _noted:
+        _noted.append(True)
+        log.warning("GPU mode runs on %s", device.driver.NOTE)
