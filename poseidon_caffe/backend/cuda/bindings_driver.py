@@ -92,9 +92,11 @@ class BindingsEvent:
     def __init__(self, driver):
         self.driver = driver
         self.event = driver.call("cuEventCreate", 0)
+        self.recorded = False
 
     def record(self, stream=None):
         self.driver.call("cuEventRecord", self.event, _raw(stream))
+        self.recorded = True
 
     def synchronize(self):
         self.driver.count_host_sync()
@@ -110,6 +112,8 @@ class BindingsEvent:
         return True
 
     def elapsed_ms(self, start):
+        if not (self.recorded and start.recorded):
+            raise DriverError("elapsed time of an event that was not recorded")
         return float(self.driver.call("cuEventElapsedTime", start.event, self.event))
 
 

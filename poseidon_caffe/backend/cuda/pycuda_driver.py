@@ -6,11 +6,13 @@ pushed on the thread that opens the driver (the context the CUDA runtime, and so
 too).
 
 pycuda aborts the process (status 134, "the context stack was not empty") when a thread ends,
-or the interpreter exits, with a context still pushed. So every push is paired with a pop:
-a thread that made the device current (a prefetch thread, the communication thread) calls
-``release_current()`` before it ends, and the drivers still open at exit are closed, popping
-what their opening thread pushed; after that, frees of memory that went with the context are
-no-ops.
+or the interpreter exits, with a context still pushed. So every push is paired with a pop.
+The pushes are kept per thread for the module, not per driver: drivers of one device share
+its primary context, so a driver closed (or dropped) while another still works on the same
+thread must not pop it. A thread that made a device current (a prefetch thread, the
+communication thread) calls ``release_current()`` before it ends; at exit the drivers still
+open are closed (their memory freed while the context is current) and the main thread's
+pushes popped; after that, frees of memory that went with the context are no-ops.
 """
 import atexit
 import threading
@@ -27,12 +29,30 @@ _NON_BLOCKING = 1                     # CU_STREAM_NON_BLOCKING
 
 
 _open = weakref.WeakSet()             # drivers to close at exit
+_pushes = threading.local()           # .contexts: what this module pushed on this thread
+
+
+def _pushed_here():
+    if not hasattr(_pushes, "contexts"):
+        _pushes.contexts = []
+    return _pushes.contexts
+
+
+def _pop_this_thread(cuda):
+    """Pop every context this module pushed on the calling thread."""
+    pushed = _pushed_here()
+    while pushed:
+        pushed.pop()
+        cuda.Context.pop()
 
 
 @atexit.register
 def _close_at_exit():
-    for driver in list(_open):
+    drivers = list(_open)
+    for driver in drivers:
         driver.close()
+    if drivers:
+        _pop_this_thread(drivers[0].cuda)
 
 
 def _pycuda():
@@ -71,9 +91,11 @@ class PyCUDAEvent:
     def __init__(self, driver):
         self.driver = driver
         self.event = driver.cuda.Event()
+        self.recorded = False
 
     def record(self, stream=None):
         self.event.record(None if stream is None else stream.stream)
+        self.recorded = True
 
     def synchronize(self):
         self.driver.count_host_sync()
@@ -83,6 +105,8 @@ class PyCUDAEvent:
         return self.event.query()
 
     def elapsed_ms(self, start):
+        if not (self.recorded and start.recorded):
+            raise DriverError("elapsed time of an event that was not recorded")
         return start.event.time_till(self.event)
 
 
@@ -122,8 +146,6 @@ class PyCUDADriver(Driver):
             raise DriverError("CUDA device %d does not exist (%d found)" % (device, count))
         self.device = cuda.Device(int(device))
         self.context = self.device.retain_primary_context()
-        self._pushed = threading.local()     # whether this thread pushed the context
-        self._opener = threading.get_ident()
         self._lock = threading.Lock()
         self._allocations = {}       # pointer -> pycuda allocation (kept alive until freed)
         self._blas = {}
@@ -174,17 +196,16 @@ class PyCUDADriver(Driver):
         current = self.cuda.Context.get_current()
         if current is None or current.handle != self.context.handle:
             self.context.push()
-            self._pushed.done = True
+            _pushed_here().append(self.context)
 
     def release_current(self):
-        """Pop what make_current pushed on the calling thread (before the thread ends)."""
-        if self.context is not None and getattr(self._pushed, "done", False):
-            self.cuda.Context.pop()
-            self._pushed.done = False
+        """Pop what was pushed on the calling thread (before the thread ends)."""
+        _pop_this_thread(self.cuda)
 
     def close(self):
-        """Free what is still allocated, drop the BLAS handles and pop the context (on the
-        thread that opened the driver: pycuda's context stack is per thread)."""
+        """Free what is still allocated and drop the BLAS handles; the context stays pushed
+        for the other drivers of the thread (popped when the thread releases it, or at
+        exit)."""
         if self.context is None:
             return
         _open.discard(self)
@@ -195,8 +216,6 @@ class PyCUDADriver(Driver):
             allocations, self._allocations = self._allocations, {}
         for allocation in allocations.values():
             allocation.free()
-        if threading.get_ident() == self._opener:
-            self.release_current()
         self.context = None
 
     # -- memory ----------------------------------------------------------------------------
