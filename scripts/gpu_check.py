@@ -227,7 +227,8 @@ def check_driver(run, driver):
     record = run.run("smoke-" + driver, [sys.executable, os.path.join(ROOT, "scripts",
                                                                       "gpu_smoke.py"),
                                          "--driver", driver, "--json", smoke_json], 150, env)
-    entry["smoke"] = {"exit_status": record["exit_status"], "steps": _read_json(smoke_json)}
+    entry["smoke"] = {"exit_status": record["exit_status"],
+                      "steps": (_read_json(smoke_json) or {}).get("steps")}
     record = run.run("device_query-" + driver, [sys.executable, "-m", "poseidon_caffe.cli",
                                                 "device_query", "-gpu", "0"], 60, env)
     entry["device_query"] = {"exit_status": record["exit_status"]}

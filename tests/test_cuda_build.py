@@ -281,6 +281,7 @@ def test_nvidia_wheels_are_found_in_both_layouts(tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     importlib.invalidate_caches()
     monkeypatch.delenv("POSEIDON_CAFFE_NVRTC", raising=False)
+    monkeypatch.delenv("POSEIDON_CAFFE_CUBLAS", raising=False)
     found = libraries.candidates("nvrtc", "POSEIDON_CAFFE_NVRTC")
     ours = [p for p in found if p.startswith(str(site))]
     assert [os.path.relpath(p, str(site)) for p in ours] == [
