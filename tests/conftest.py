@@ -11,8 +11,9 @@ driver other than the emulated one:
 - ``emulation_only``: what only the emulated device does (NaN-filled fresh memory, its own
   name and device count, its allocation alignment);
 - ``faults_device``: tests that fault on purpose (a kernel through a wild pointer, a BLAS
-  call over too small a buffer): the emulated device catches them, while a GPU loses its
-  context for every later test and the stand-in's host memory would be scribbled on.
+  call over too small a buffer): the emulated device names the fault at the call, while a
+  GPU (and the stand-in, like it) reports it at a later call and loses its context for every
+  later test.
 """
 import os
 

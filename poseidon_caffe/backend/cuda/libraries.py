@@ -77,9 +77,11 @@ def candidates(stem, env_var, wheel_first=True):
         return [os.environ[env_var]]
     wheel = [p for d in wheel_lib_dirs(stem) for p in _versioned(d, stem)]
     toolkit = [p for d in toolkit_lib_dirs() for p in _versioned(d, stem)]
-    found = []
+    found, seen = [], set()
     for path in (wheel + toolkit) if wheel_first else (toolkit + wheel):
-        if path not in found:
+        real = os.path.realpath(path)          # a toolkit's lib64 is often a link to another
+        if real not in seen:
+            seen.add(real)
             found.append(path)
     name = ctypes.util.find_library(stem)
     if name and name not in found:
