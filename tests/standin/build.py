@@ -13,7 +13,6 @@ import concurrent.futures
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -113,7 +112,7 @@ def _signatures(root):
                    for item in sorted(module.items()))
     path = os.path.join(root, "signatures-%s.txt" % _digest([text.encode()]))
     if not os.path.exists(path):
-        _write_atomic(path, text.encode())
+        kernel_build.write_atomic(path, text.encode())
     return path
 
 
@@ -175,11 +174,3 @@ def _compile(cc, arguments):
                                  "(apt-get install libffi-dev)")
     raise RuntimeError("building a stand-in failed:\n%s\n%s" % (" ".join(arguments),
                                                                  run.stderr.strip()))
-
-
-def _write_atomic(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = "%s.tmp-%d-%s" % (path, os.getpid(), socket.gethostname())
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

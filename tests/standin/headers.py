@@ -14,7 +14,6 @@ prototypes and a signature that drifts from the real one fails the build.
   serves them too.
 """
 import hashlib
-import importlib.util
 import json
 import os
 import socket
@@ -26,6 +25,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+
+from poseidon_caffe.backend.cuda.build import write_atomic
 
 from .errors import StandInUnavailable
 
@@ -42,7 +43,6 @@ FETCHED = {
     "nvidia-cuda-profiler-api==13.0.85": ("cudaProfiler.h",),
 }
 DRIVER_HEADERS = ("cuda.h", "cudaTypedefs.h", "cudaProfilerTypedefs.h")
-TOOLKIT_ROOTS = ("CUDA_HOME", "CUDA_PATH")
 TIMEOUT = 60
 
 _EOCD = b"PK\x05\x06"
@@ -55,16 +55,8 @@ _TAIL = 65536 + 22                  # an end record and the longest comment it m
 
 def cuda_include_dir():
     """The folder holding the DRIVER_HEADERS: the runtime wheel's, else a toolkit's."""
-    candidates = []
-    try:
-        spec = importlib.util.find_spec("nvidia.cu13")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None:
-        candidates += [os.path.join(p, "include") for p in spec.submodule_search_locations or ()]
-    roots = [os.environ[name] for name in TOOLKIT_ROOTS if os.environ.get(name)]
-    candidates += [os.path.join(root, "include") for root in roots + ["/usr/local/cuda"]]
-    for folder in candidates:
+    from .pycuda_build import include_candidates
+    for folder in include_candidates(wheel_first=True):
         if all(os.path.isfile(os.path.join(folder, h)) for h in DRIVER_HEADERS):
             return folder
     raise StandInUnavailable(
@@ -85,7 +77,7 @@ def extra_include_dir(cache_root):
             for requirement, url in wheel_urls(sorted(missing)).items():
                 with open_archive(url) as archive:
                     for member in missing[requirement]:
-                        _write_atomic(os.path.join(folder, member),
+                        write_atomic(os.path.join(folder, member),
                                       read_member(archive, INCLUDE + member))
         except (OSError, ValueError, urllib.error.URLError, socket.timeout) as exc:
             raise StandInUnavailable("cannot fetch cublas_api.h and the headers beside it (%s): %s"
@@ -242,11 +234,3 @@ def read_member(archive, name):
             raise ValueError("%s does not match its CRC-32" % name)
         return data
     raise ValueError("the archive has no member %s" % name)
-
-
-def _write_atomic(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = "%s.tmp-%d-%s" % (path, os.getpid(), socket.gethostname())
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

@@ -109,17 +109,23 @@ def build_into(sdist, site, include_dirs=None, lib_dir=None, jobs=None):
     return site
 
 
-def cuda_include_dir():
-    """A folder holding cuda.h and cudaProfiler.h: a toolkit's, else NVIDIA's cu13 wheels'."""
+def include_candidates(wheel_first=False):
+    """Folders that may hold CUDA's headers: a toolkit's (CUDA_HOME, CUDA_PATH,
+    /usr/local/cuda) and NVIDIA's cu13 wheels' (site-packages/nvidia/cu13/include)."""
     roots = [os.environ[name] for name in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(name)]
-    candidates = [os.path.join(root, "include") for root in roots + ["/usr/local/cuda"]]
+    toolkit = [os.path.join(root, "include") for root in roots + ["/usr/local/cuda"]]
     try:
         spec = importlib.util.find_spec("nvidia.cu13")
     except (ImportError, ValueError):
         spec = None
-    if spec is not None:
-        candidates += [os.path.join(p, "include") for p in spec.submodule_search_locations or ()]
-    for folder in candidates:
+    wheel = [os.path.join(p, "include") for p in (spec.submodule_search_locations or ())
+             ] if spec is not None else []
+    return wheel + toolkit if wheel_first else toolkit + wheel
+
+
+def cuda_include_dir():
+    """A folder holding cuda.h and cudaProfiler.h: a toolkit's, else NVIDIA's cu13 wheels'."""
+    for folder in include_candidates():
         if all(os.path.isfile(os.path.join(folder, h)) for h in PYCUDA_HEADERS):
             return folder
     raise StandInUnavailable("no CUDA headers to build pycuda against (%s): set CUDA_HOME "

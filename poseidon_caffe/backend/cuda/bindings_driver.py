@@ -12,14 +12,13 @@ The wheel's major version must not be newer than the CUDA the driver supports (c
 to install.
 """
 import ctypes
-import threading
 import weakref
 
 import numpy as np
 
 from . import choice
-from .driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
-from .images import module_image
+from .driver import FLOAT, INT, POINTER, DeviceInfo, DriverError, Function
+from .real_driver import RealDriver
 
 _CTYPES = {POINTER: ctypes.c_void_p, INT: ctypes.c_int, FLOAT: ctypes.c_float}
 
@@ -130,7 +129,7 @@ class BindingsStream:
         self.driver.call("cuStreamSynchronize", self.stream)
 
 
-class CudaBindingsDriver(Driver):
+class CudaBindingsDriver(RealDriver):
     kind = "cuda-bindings"
 
     @staticmethod
@@ -152,9 +151,7 @@ class CudaBindingsDriver(Driver):
         self.device = self.call("cuDeviceGet", int(device))
         self.context = self.call("cuDevicePrimaryCtxRetain", self.device)
         self.make_current()
-        self._lock = threading.Lock()
-        self._allocations = set()
-        self._blas = {}
+        self.binding = "cuda-bindings %d.%d" % binding_version()
         self._info = self._read_info(int(device))
 
     def call(self, name, *args):
@@ -187,19 +184,6 @@ class CudaBindingsDriver(Driver):
             concurrent_copy_and_execution=bool(get("GPU_OVERLAP")),
             kernel_execution_timeout=bool(get("KERNEL_EXEC_TIMEOUT")))
 
-    @property
-    def info(self):
-        return self._info
-
-    def library_lines(self):
-        return choice.real_driver_lines(self, "cuda-bindings %d.%d" % binding_version())
-
-    @property
-    def allocations(self):
-        """The live allocations' pointers (as a dict's keys, as the emulated driver gives)."""
-        with self._lock:
-            return dict.fromkeys(self._allocations)
-
     def mem_info(self):
         free, total = self.call("cuMemGetInfo")
         return int(free), int(total)
@@ -216,18 +200,12 @@ class CudaBindingsDriver(Driver):
     def close(self):
         if self.context is None:
             return
-        for handle in self._blas.values():
-            handle.close()
-        self._blas.clear()
-        with self._lock:
-            allocations, self._allocations = self._allocations, set()
-        for ptr in allocations:
-            self.cu.cuMemFree(ptr)
+        self._release_all()
         self.cu.cuDevicePrimaryCtxRelease(self.device)
         self.context = None
 
     # -- memory ----------------------------------------------------------------------------
-    def _alloc(self, nbytes):
+    def _device_alloc(self, nbytes):
         err, ptr = self.cu.cuMemAlloc(nbytes)
         if err == self.cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
             free, total = self.mem_info()
@@ -235,18 +213,9 @@ class CudaBindingsDriver(Driver):
                               % (nbytes, free, total))
         if err != self.cu.CUresult.CUDA_SUCCESS:
             raise DriverError("cuMemAlloc failed: %s" % _name(self.cu, err))
-        ptr = int(ptr)
-        with self._lock:
-            self._allocations.add(ptr)
-        return ptr
+        return int(ptr), None
 
-    def _free(self, ptr):
-        if self.context is None:        # closed: the memory went with it (a late finaliser)
-            return
-        with self._lock:
-            if ptr not in self._allocations:
-                raise DriverError("free of 0x%x, which is not an allocation's start" % ptr)
-            self._allocations.discard(ptr)
+    def _device_free(self, ptr, keeper):
         self.call("cuMemFree", ptr)
 
     def pinned_empty(self, shape, dtype):
@@ -296,9 +265,6 @@ class CudaBindingsDriver(Driver):
         return BindingsEvent(self)
 
     # -- modules and launches --------------------------------------------------------------
-    def module_image(self, source_path):
-        return module_image(source_path, self._info.compute_capability, self.driver_version)
-
     def load_module(self, image):
         # PTX is text the driver reads up to its NUL; a CUBIN is read by its ELF headers
         data = bytes(image) if image[:4] == b"\x7fELF" else bytes(image) + b"\0"
@@ -312,10 +278,3 @@ class CudaBindingsDriver(Driver):
         fn, types = function.handle
         self.call("cuLaunchKernel", fn, grid, 1, 1, block, 1, 1, 0, _raw(stream),
                   (tuple(args), types), 0)
-
-    def blas(self, stream=None):
-        key = None if stream is None else stream.handle
-        if key not in self._blas:
-            from .cublas import CublasHandle
-            self._blas[key] = CublasHandle(stream, self)
-        return self._blas[key]

@@ -84,7 +84,7 @@ def _key(*parts):
     return digest.hexdigest()[:24]
 
 
-def _write_atomic(path, data):
+def write_atomic(path, data):
     """Write ``data`` to a temporary beside ``path`` (named by pid and host), then rename it in."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = "%s.tmp-%d-%s" % (path, os.getpid(), socket.gethostname())
@@ -134,7 +134,7 @@ def image(source_path, arch, cubin=False, compiler=None):
         with open(path, "rb") as f:
             return f.read()
     code, _ = compile_image(source_path, arch, compiler, cubin)
-    _write_atomic(path, code)
+    write_atomic(path, code)
     return code
 
 

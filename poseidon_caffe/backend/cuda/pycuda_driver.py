@@ -21,8 +21,8 @@ import weakref
 import numpy as np
 
 from . import choice
-from .driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
-from .images import module_image
+from .driver import FLOAT, INT, POINTER, DeviceInfo, DriverError, Function
+from .real_driver import RealDriver
 
 _PYCUDA_FORMAT = {POINTER: "P", INT: "i", FLOAT: "f"}
 _NON_BLOCKING = 1                     # CU_STREAM_NON_BLOCKING
@@ -53,6 +53,11 @@ def _close_at_exit():
         driver.close()
     if drivers:
         _pop_this_thread(drivers[0].cuda)
+
+
+def _pycuda_package():
+    import pycuda
+    return pycuda
 
 
 def _pycuda():
@@ -127,7 +132,7 @@ def _raw(stream):
     return None if stream is None else stream.stream
 
 
-class PyCUDADriver(Driver):
+class PyCUDADriver(RealDriver):
     kind = "pycuda"
 
     @staticmethod
@@ -146,9 +151,7 @@ class PyCUDADriver(Driver):
             raise DriverError("CUDA device %d does not exist (%d found)" % (device, count))
         self.device = cuda.Device(int(device))
         self.context = self.device.retain_primary_context()
-        self._lock = threading.Lock()
-        self._allocations = {}       # pointer -> pycuda allocation (kept alive until freed)
-        self._blas = {}
+        self.binding = "pycuda %s" % getattr(_pycuda_package(), "VERSION_TEXT", "?")
         self.make_current()
         _open.add(self)
         self._info = self._read_info(int(device))
@@ -171,20 +174,6 @@ class PyCUDADriver(Driver):
             texture_alignment=get(a.TEXTURE_ALIGNMENT),
             concurrent_copy_and_execution=bool(get(a.GPU_OVERLAP)),
             kernel_execution_timeout=bool(get(a.KERNEL_EXEC_TIMEOUT)))
-
-    @property
-    def info(self):
-        return self._info
-
-    def library_lines(self):
-        import pycuda
-        return choice.real_driver_lines(self, "pycuda %s" % getattr(pycuda, "VERSION_TEXT", "?"))
-
-    @property
-    def allocations(self):
-        """The live allocations' pointers (as a dict's keys, as the emulated driver gives)."""
-        with self._lock:
-            return dict.fromkeys(self._allocations)
 
     def mem_info(self):
         return self.cuda.mem_get_info()
@@ -209,35 +198,20 @@ class PyCUDADriver(Driver):
         if self.context is None:
             return
         _open.discard(self)
-        for handle in self._blas.values():
-            handle.close()
-        self._blas.clear()
-        with self._lock:
-            allocations, self._allocations = self._allocations, {}
-        for allocation in allocations.values():
-            allocation.free()
+        self._release_all()
         self.context = None
 
     # -- memory ----------------------------------------------------------------------------
-    def _alloc(self, nbytes):
+    def _device_alloc(self, nbytes):
         try:
             allocation = self.cuda.mem_alloc(nbytes)
         except self.cuda.MemoryError as exc:
             free, total = self.mem_info()
             raise DriverError("out of device memory: %d bytes asked, %d of %d free (%s)"
                               % (nbytes, free, total, exc)) from None
-        ptr = int(allocation)
-        with self._lock:
-            self._allocations[ptr] = allocation
-        return ptr
+        return int(allocation), allocation        # pycuda frees with the object: keep it
 
-    def _free(self, ptr):
-        if self.context is None:        # closed: the memory went with it (a late finaliser)
-            return
-        with self._lock:
-            allocation = self._allocations.pop(ptr, None)
-        if allocation is None:
-            raise DriverError("free of 0x%x, which is not an allocation's start" % ptr)
+    def _device_free(self, ptr, allocation):
         allocation.free()
 
     def pinned_empty(self, shape, dtype):
@@ -281,9 +255,6 @@ class PyCUDADriver(Driver):
         return PyCUDAEvent(self)
 
     # -- modules and launches --------------------------------------------------------------
-    def module_image(self, source_path):
-        return module_image(source_path, self._info.compute_capability, self.driver_version)
-
     def load_module(self, image):
         try:
             return PyCUDAModule(self.cuda.module_from_buffer(image))
@@ -298,11 +269,3 @@ class PyCUDADriver(Driver):
             function.handle.prepared_call((grid, 1), (block, 1, 1), *args)
         else:
             function.handle.prepared_async_call((grid, 1), (block, 1, 1), stream.stream, *args)
-
-    def blas(self, stream=None):
-        key = None if stream is None else stream.handle
-        if key not in self._blas:
-            from .cublas import CublasHandle
-            self._blas[key] = CublasHandle(stream, self)
-        return self._blas[key]
-
