@@ -85,6 +85,16 @@ def test_several_gpus_outside_mpiexec_stay_an_error(no_mpi_env):
 
 
 # -- the launcher -------------------------------------------------------------------------------
+def test_without_an_nvidia_driver_the_launcher_starts_cpu_workers(monkeypatch):
+    from poseidon_caffe.backend.cuda import choice
+    monkeypatch.delenv("POSEIDON_CAFFE_GPU", raising=False)
+    monkeypatch.delenv(choice.DRIVER_ENV, raising=False)
+    monkeypatch.setattr(choice, "LIBCUDA", "libcuda-that-is-not-here.so.1")
+    assert not launcher.gpu_available()
+    monkeypatch.setenv(choice.DRIVER_ENV, "emulated")
+    assert launcher.gpu_available()
+
+
 def test_the_emulated_device_counts_as_a_gpu_for_the_launcher(monkeypatch):
     monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
     assert launcher.gpu_available()

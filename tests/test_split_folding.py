@@ -183,3 +183,74 @@ def test_a_user_layer_that_writes_no_bottom_diff_contributes_zero(user_module):
             for gf, gw in zip(grads_f[name], grads_w[name]):
                 _close(gf, gw)
         _close(dx_f, dx_w)
+
+
+# Conv -> Crop(big, conv) and Eltwise(conv, crop) -> EuclideanLoss: the convolution's output
+# is both Crop's shape reference and a summand. Caffe's Crop gives its reference no gradient,
+# so the weights' gradient is the loss's alone (checked by central differences).
+CROP_REFERENCE = """
+name: "crop_reference"
+layer { name: "in" type: "Input" top: "data" top: "big" top: "target"
+        input_param { shape { dim: 2 dim: 1 dim: 5 dim: 5 } shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+                      shape { dim: 2 dim: 3 dim: 5 dim: 5 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 3 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "crop" type: "Crop" bottom: "big" bottom: "conv" top: "crop"
+        crop_param { axis: 2 offset: 1 } }
+layer { name: "sum" type: "Eltwise" bottom: "conv" bottom: "crop" top: "sum" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "sum" bottom: "target" top: "loss" }
+"""
+
+
+def _crop_net(seed=0):
+    net = _net(CROP_REFERENCE)
+    rng = np.random.default_rng(seed)
+    for name in ("data", "big", "target"):
+        net.blobs[name].data[...] = rng.standard_normal(net.blobs[name].shape)
+    return net
+
+
+def _central_differences(net, blob, eps=1e-2):
+    grad = np.zeros(blob.data.shape, np.float64)
+    flat = blob.data.reshape(-1)
+    for k in range(flat.size):
+        keep = float(flat[k])
+        flat[k] = keep + eps
+        up = float(net.forward()["loss"])
+        flat[k] = keep - eps
+        down = float(net.forward()["loss"])
+        flat[k] = keep
+        grad.reshape(-1)[k] = (up - down) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_crop_gives_its_shape_reference_no_gradient(shared):
+    net = _crop_net()
+    if shared:
+        net.share_diffs()
+    assert net.bottom_need_backward[net.layer_names.index("crop")] == [False, False]
+    weights = net.params["conv"][0]
+    want = _central_differences(net, weights)
+    net.forward_backward()
+    np.testing.assert_allclose(weights.diff, want, rtol=1e-3, atol=1e-4)
+
+
+def test_a_crop_gives_its_shape_reference_no_gradient_on_the_device(monkeypatch):
+    from emulated_device import needs_compiler, use_test_driver  # noqa: F401
+    from poseidon_caffe import backend
+    if needs_compiler.args[0]:
+        pytest.skip(needs_compiler.kwargs["reason"])
+    want = _crop_net()
+    want.forward_backward()
+    use_test_driver(monkeypatch)
+    backend.set_mode_gpu()
+    try:
+        net = _crop_net()
+        net.params["conv"][0].data[...] = want.params["conv"][0].data
+        net.forward_backward()
+        np.testing.assert_allclose(net.params["conv"][0].diff, want.params["conv"][0].diff,
+                                   rtol=1e-5, atol=1e-6)
+    finally:
+        backend.set_mode_cpu()

@@ -100,6 +100,10 @@ class Layer:
     def allow_force_backward(self, bottom_index):
         return True
 
+    # bottoms whose gradient backward never writes (a shape reference): the net asks for
+    # none, so no split adds one and the producer reads Caffe's zeros
+    gradient_free_bottoms = ()
+
     def has_backward(self):
         return type(self).backward is not Layer.backward
 

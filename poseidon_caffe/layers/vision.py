@@ -570,6 +570,7 @@ class CropLayer(Layer):
     device_ready = True
     exact_bottoms = 2
     exact_tops = 1
+    gradient_free_bottoms = (1,)          # Caffe's Crop gives its shape reference none
 
     def allow_force_backward(self, bottom_index):
         return bottom_index == 0

@@ -65,6 +65,13 @@ class BackwardPlan:
                     self.bottom_need_backward[i][j] = (self.bottom_need_backward[i][j]
                                                        or layer.allow_force_backward(j))
                 layer.param_propagate_down = [True] * len(layer.blobs)
+        # a bottom the layer never writes a gradient for gets none asked (the layer's and its
+        # producer's need stay Caffe's): a Split folding it in or a shared diff would add
+        # another blob's gradient where Caffe's never-written diff holds zeros
+        for i, layer in enumerate(self.layers):
+            for j in layer.gradient_free_bottoms:
+                if j < len(self.bottom_need_backward[i]):
+                    self.bottom_need_backward[i][j] = False
 
     def _learnable_param_finish_layers(self):
         """For each layer, the learnable params whose gradient is complete once backward has
