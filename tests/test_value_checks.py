@@ -228,3 +228,18 @@ def test_normalization_constants_are_in_range(layer, expected):
     with pytest.raises(LayerError) as info:
         build(INPUT + layer)
     assert expected in str(info.value)
+
+
+def test_every_unknown_layer_type_is_named_in_the_one_error():
+    # ShuffleNet's two custom types, one of them used twice, and a typo of a known type
+    with pytest.raises(LayerError) as info:
+        build(INPUT + 'layer { name: "dw1" type: "ConvolutionDepthwise" bottom: "data" '
+                      'top: "a" }\n'
+                      'layer { name: "shuffle" type: "ShuffleChannel" bottom: "a" top: "b" }\n'
+                      'layer { name: "dw2" type: "ConvolutionDepthwise" bottom: "b" top: "c" }\n'
+                      'layer { name: "r" type: "Relu" bottom: "c" top: "d" }')
+    message = str(info.value)
+    assert message.startswith("Unknown layer types: 'ConvolutionDepthwise' (layers 'dw1', "
+                              "'dw2'); did you mean 'Convolution'?, 'ShuffleChannel' (layer "
+                              "'shuffle'), 'Relu' (layer 'r'); did you mean 'ReLU'")
+    assert "\n" not in message and message.count("Known types: ") == 1

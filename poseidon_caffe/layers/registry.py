@@ -26,13 +26,37 @@ def layer_class(type_name, layer_name=None):
         return _REGISTRY[type_name]
     except KeyError:
         pass
-    where = " (layer %r)" % layer_name if layer_name else ""
+    raise LayerError(_unknown_message([(type_name, [layer_name] if layer_name else [])]))
+
+
+def check_types(layer_params):
+    """Refuse a net with unknown layer types, naming every one in a single error (each with
+    the layers of that type and its close matches), as a user porting a model wants."""
+    unknown = {}
+    for lp in layer_params:
+        if lp.type not in _REGISTRY:
+            unknown.setdefault(lp.type, []).append(lp.name)
+    if unknown:
+        raise LayerError(_unknown_message(list(unknown.items())))
+
+
+def _unknown_message(unknown):
+    """'Unknown layer type: 'X' (layer 'x'); did you mean 'Y'? ... Known types: ...'"""
     # type names are CamelCase; a wrong case or a typo is the usual mistake
     by_lower = {name.lower(): name for name in _REGISTRY}
-    close = difflib.get_close_matches(type_name.lower(), list(by_lower), n=3, cutoff=0.75)
-    hint = ("; did you mean %s?" % " or ".join(repr(by_lower[c]) for c in close)) if close else ""
-    raise LayerError("Unknown layer type: %r%s%s. Known types: %s"
-                     % (type_name, where, hint, ", ".join(layer_type_list())))
+    parts = []
+    for type_name, layers in unknown:
+        where = (" (layer%s %s)" % ("s" if len(layers) > 1 else "",
+                                    ", ".join(repr(n) for n in layers))) if layers else ""
+        close = difflib.get_close_matches(type_name.lower(), list(by_lower), n=3, cutoff=0.75)
+        # a known type extended by a suffix (ConvolutionDepthwise) is its likely stand-in
+        close += sorted((n for n in by_lower if len(n) >= 4 and type_name.lower().startswith(n)
+                         and n not in close), key=len, reverse=True)[:1]
+        hint = ("; did you mean %s?" % " or ".join(repr(by_lower[c]) for c in close)
+                if close else "")
+        parts.append("%r%s%s" % (type_name, where, hint))
+    return "Unknown layer type%s: %s. Known types: %s" % (
+        "s" if len(parts) > 1 else "", ", ".join(parts), ", ".join(layer_type_list()))
 
 
 def create_layer(layer_param, phase=None):

@@ -10,7 +10,7 @@ blobs need is checked (``footprint``). Running, debug output, weights and pycaff
 in the other modules of this package, one idea each, as the mixins of ``Net``.
 """
 from .. import fillers, log, memory
-from ..layers import create_layer
+from ..layers import check_types, create_layer
 from ..layers.base import LayerError
 from ..proto import caffe_pb2
 from ..proto_values import describe_non_finite, non_finite_fields
@@ -124,6 +124,7 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
         # pycaffe's per-layer callbacks (Net.before_forward etc.): kind -> [fn(layer index)]
         self._layer_callbacks = {kind: [] for kind in LAYER_CALLBACK_KINDS}
 
+        check_types(self.param.layer)          # every unknown type named at once
         available = set()
         top_values = 0
         for layer_id, layer_param in enumerate(self.param.layer):
