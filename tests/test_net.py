@@ -455,3 +455,22 @@ def test_layer_timing_hook_sees_every_forward_and_needed_backward():
     seen.clear()
     net.forward_backward()
     assert seen == []
+
+
+def test_outputs_come_by_blob_name_and_inputs_by_layer_order(caplog):
+    # Caffe gathers the blobs left over in a std::set<string>: the outputs are sorted by
+    # name, whatever order the layers make them in; Input tops are inputs in layer order
+    text = """
+    layer { name: "in2" type: "Input" top: "zz_in" input_param { shape { dim: 1 dim: 2 } } }
+    layer { name: "in1" type: "Input" top: "aa_in" input_param { shape { dim: 1 dim: 2 } } }
+    layer { name: "z" type: "Power" bottom: "zz_in" top: "zeta" }
+    layer { name: "m" type: "Power" bottom: "aa_in" top: "Mu" }
+    layer { name: "a" type: "Power" bottom: "zz_in" top: "alpha" }
+    layer { name: "u" type: "Power" bottom: "aa_in" top: "_under" }
+    """
+    with caplog.at_level(logging.INFO, logger="poseidon_caffe"):
+        net = net_from_text(text, caffe_pb2.TEST)
+    assert net.inputs == ["zz_in", "aa_in"]
+    assert net.outputs == ["Mu", "_under", "alpha", "zeta"]       # bytewise: upper, _, lower
+    produced = re.findall(r"This network produces output (\S+)", caplog.text)
+    assert produced == ["Mu", "_under", "alpha", "zeta"]

@@ -199,8 +199,8 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
         if inserted and not getattr(self.layers[0].backend, "on_device", False):
             self._split_folding = SplitFolding(self, inserted) or None
         self._check_memory()
-        self.output_blob_indices = [self.blob_name_to_index[n] for n in sorted(
-            available, key=lambda n: self.blob_name_to_index[n])]
+        # Caffe collects the remaining blobs in a std::set: the outputs come by name
+        self.output_blob_indices = [self.blob_name_to_index[n] for n in sorted(available)]
         for index in self.output_blob_indices:
             log.info("This network produces output %s", self.blob_names[index])
         self._learnable_final_at = self._learnable_param_finish_layers()
