@@ -18,7 +18,7 @@ name.
 """
 from collections import Counter, OrderedDict
 
-from .proto import caffe_pb2
+from .proto import caffe_pb2, is_repeated
 
 __all__ = ["NetSpec", "Top", "Function", "layers", "params", "L", "P", "to_proto",
            "param_name_dict"]
@@ -70,7 +70,7 @@ def _assign(message, name, value, where):
     where = "%s.%s" % (where, name)
     is_message = field.message_type is not None
     is_enum = field.enum_type is not None
-    if field.is_repeated:
+    if is_repeated(field):
         items = value if isinstance(value, (list, tuple)) else [value]
         container = getattr(message, name)
         for item in items:

@@ -7,13 +7,9 @@ import math
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from .proto import is_repeated
+
 _FLOATS = (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
-
-
-def _is_repeated(field):
-    # newer protobuf runtimes offer is_repeated; older ones only the label
-    flag = getattr(field, "is_repeated", None)
-    return flag if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
 
 
 def non_finite_fields(message, skip=(), prefix=""):
@@ -24,7 +20,7 @@ def non_finite_fields(message, skip=(), prefix=""):
         if field.name in skip:
             continue
         path = prefix + field.name
-        repeated = _is_repeated(field)
+        repeated = is_repeated(field)
         if field.type in _FLOATS:
             values = value if repeated else [value]
             for i, v in enumerate(values):

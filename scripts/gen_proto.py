@@ -10,11 +10,18 @@ relative to this file, so it runs from any working directory.
 The check compares schemas, not text: the FileDescriptorProto embedded in the
 committed module against a fresh compile of caffe.proto.  A newer protoc that
 only changes the module's boilerplate therefore does not count as stale.
+
+The module is written without protoc's runtime-version gate: the code builds
+every class from the embedded descriptor through protobuf's builder, which every
+runtime from 4.25 on has, so the gate would only refuse the older runtimes that
+PyTorch, TensorFlow or ONNX keep (tests/test_protobuf_range.py runs the proto and
+io tests under protobuf 4.25 to show it).
 """
 
 import argparse
 import ast
 import os
+import re
 import sys
 import tempfile
 
@@ -40,6 +47,17 @@ def generate_module(proto_path, out_dir):
     """Compile `proto_path` into `out_dir`; return the path of the new module."""
     proto_name = _run_protoc(proto_path, ["--python_out=" + out_dir])
     return os.path.join(out_dir, os.path.splitext(proto_name)[0] + "_pb2.py")
+
+
+# protoc's "this code needs runtime >= its own version" call, and its import
+RUNTIME_GATE = re.compile(r"^from google\.protobuf import runtime_version as _runtime_version\n"
+                          r"|^_runtime_version\.ValidateProtobufRuntimeVersion\(\n(?:.*\n)*?\)\n",
+                          re.M)
+
+
+def without_runtime_gate(text):
+    """The generated module's text with protoc's runtime-version gate taken out."""
+    return RUNTIME_GATE.sub("", text)
 
 
 def compiled_descriptor(proto_path):
@@ -100,7 +118,7 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as tmp:
         with open(generate_module(args.proto, tmp), encoding="utf-8") as f:
-            text = f.read()
+            text = without_runtime_gate(f.read())
     tmp_module = args.module + ".tmp"
     with open(tmp_module, "w", encoding="utf-8") as f:
         f.write(text)

@@ -20,7 +20,7 @@ from poseidon_caffe.cli import ALL_FLAGS
 from poseidon_caffe.data import db as dbmod
 from poseidon_caffe.data.images import datum_image
 from poseidon_caffe.data.transform import load_mean_file
-from poseidon_caffe.proto import caffe_pb2
+from poseidon_caffe.proto import caffe_pb2, is_repeated
 from poseidon_caffe.solver import snapshot
 from poseidon_caffe.sync import launcher
 
@@ -338,7 +338,7 @@ def schema_text(draw, descriptor, depth=0):
         field = draw(st.sampled_from(fields))
         if field.name in used:
             continue
-        if not field.is_repeated:
+        if not is_repeated(field):
             used.add(field.name)    # a singular field given twice is only a parse error
         if field.type == F.TYPE_MESSAGE:
             if depth >= 3:

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import text_format
 
-from poseidon_caffe.proto import caffe_pb2
+from poseidon_caffe.proto import caffe_pb2, is_repeated
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 GEN_SCRIPT = os.path.join(REPO, "scripts", "gen_proto.py")
@@ -507,27 +507,27 @@ def _fill(message_desc, depth):
             if depth == 0:
                 continue
             text, check = _fill(fd.message_type, depth - 1)
-            copies = 2 if fd.is_repeated else 1
+            copies = 2 if is_repeated(fd) else 1
             parts.extend(["%s { %s }" % (fd.name, text)] * copies)
 
             def check_message(msg, fd=fd, check=check, copies=copies):
                 value = getattr(msg, fd.name)
-                items = list(value) if fd.is_repeated else [value]
+                items = list(value) if is_repeated(fd) else [value]
                 assert len(items) == copies, fd.full_name
                 for item in items:
                     check(item)
             checks.append(check_message)
             continue
         tokens, values = _sample_values(fd)
-        if not fd.is_repeated:
+        if not is_repeated(fd):
             tokens, values = tokens[:1], values[:1]
         parts.extend("%s: %s" % (fd.name, token) for token in tokens)
 
         def check_scalar(msg, fd=fd, values=values):
             got = getattr(msg, fd.name)
-            got = list(got) if fd.is_repeated else [got]
+            got = list(got) if is_repeated(fd) else [got]
             assert got == values, fd.full_name
-            if not fd.is_repeated:
+            if not is_repeated(fd):
                 assert msg.HasField(fd.name), fd.full_name
         checks.append(check_scalar)
 
@@ -658,3 +658,17 @@ def test_legacy_v1_net_and_solver_parse():
     assert solver.solver_type == caffe_pb2.SolverParameter.NESTEROV
     assert solver.type == "Adam" and list(solver.weights) == ["a.caffemodel", "b.caffemodel"]
     assert list(solver.stepvalue) == [1000, 2000] and not solver.layer_wise_reduce
+
+
+def test_the_committed_module_has_no_runtime_version_gate():
+    # the gate would refuse the protobuf 4.25-6.x that PyTorch, TensorFlow and ONNX keep;
+    # test_protobuf_range.py runs the proto and io tests under the lowest one
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
+    import gen_proto
+    with open(gen_proto.MODULE_PATH, encoding="utf-8") as f:
+        text = f.read()
+    assert "runtime_version" not in text and "AddSerializedFile" in text
+    gated = ("from google.protobuf import runtime_version as _runtime_version\n"
+             "_runtime_version.ValidateProtobufRuntimeVersion(\n    _runtime_version.Domain."
+             "PUBLIC,\n    7,\n    35,\n    1,\n    '',\n    'caffe.proto'\n)\n")
+    assert gen_proto.without_runtime_gate(gated + "rest\n") == "rest\n"

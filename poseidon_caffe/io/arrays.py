@@ -107,6 +107,15 @@ def _packed_floats(field_number, arr, dtype="<f4"):
     return buf
 
 
+def _merge(message, data):
+    """message.MergeFromString(data) for a bytearray: protobuf 5 and newer take it as it is,
+    4.x's upb only bytes (one copy there)."""
+    try:
+        message.MergeFromString(data)
+    except TypeError:
+        message.MergeFromString(bytes(data))
+
+
 def fill_blobproto(blob, arr, diff=None):
     """Fill an existing BlobProto (e.g. ``layer.blobs.add()``) from arrays, in place.
 
@@ -118,12 +127,12 @@ def fill_blobproto(blob, arr, diff=None):
     blob.shape.SetInParent()
     blob.shape.dim.extend(int(d) for d in arr.shape)
     # Packed wire bytes are merged in one call: no per-element Python work.
-    blob.MergeFromString(_packed_floats(_BLOB_FIELD["data"], arr))
+    _merge(blob, _packed_floats(_BLOB_FIELD["data"], arr))
     if diff is not None:
         diff = np.asarray(diff)
         if diff.size != arr.size:
             raise ValueError("diff has %d values but data has %d" % (diff.size, arr.size))
-        blob.MergeFromString(_packed_floats(_BLOB_FIELD["diff"], diff))
+        _merge(blob, _packed_floats(_BLOB_FIELD["diff"], diff))
     return blob
 
 
@@ -169,7 +178,7 @@ def array_to_datum(arr, label=None):
     if arr.dtype == np.uint8:
         datum.data = np.ascontiguousarray(arr).tobytes()
     else:
-        datum.MergeFromString(_packed_floats(_DATUM_FLOAT_DATA, arr))
+        _merge(datum, _packed_floats(_DATUM_FLOAT_DATA, arr))
     if label is not None:
         datum.label = int(label)
     return datum

@@ -12,7 +12,7 @@ from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
 from .. import upgrade
-from ..proto import caffe_pb2
+from ..proto import caffe_pb2, is_repeated
 from .errors import ProtoFileError
 from .files import _read_bytes, atomic_write
 from .wire import _message_chunks, _unknown_numbers, _wire_problem
@@ -183,9 +183,9 @@ def _undecodable_string(message, where=""):
     for fd, value in message.ListFields():
         if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
             continue
-        items = list(value) if fd.is_repeated else [value]
+        items = list(value) if is_repeated(fd) else [value]
         for i, item in enumerate(items):
-            name = "%s%s%s" % (where, fd.name, "[%d]" % i if fd.is_repeated else "")
+            name = "%s%s%s" % (where, fd.name, "[%d]" % i if is_repeated(fd) else "")
             if fd.type == fd.TYPE_STRING and isinstance(item, bytes):
                 return name
             if fd.type == fd.TYPE_MESSAGE:

@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..proto import caffe_pb2
+from ..proto import caffe_pb2, is_repeated
 from .arrays import _BLOB_FIELD, _checked_shape, blobproto_to_array
 from .errors import ProtoFileError
 from .files import _read_bytes, atomic_write
@@ -114,7 +114,7 @@ def _weights_layer_chunks(layer, arrays):
         if fd.number == blobs_number:
             continue
         target = low if fd.number < blobs_number else high
-        if fd.is_repeated:
+        if is_repeated(fd):
             getattr(target, fd.name).extend(value)
         elif fd.type == fd.TYPE_MESSAGE:
             getattr(target, fd.name).CopyFrom(value)
@@ -153,7 +153,7 @@ def write_net_weights(net_param, weights, path):
             if fd.name == "layer":
                 continue
             part = caffe_pb2.NetParameter()
-            if fd.is_repeated:
+            if is_repeated(fd):
                 getattr(part, fd.name).extend(value)
             elif fd.type == fd.TYPE_MESSAGE:
                 getattr(part, fd.name).CopyFrom(value)

@@ -6,6 +6,8 @@ key and length headers to frame bytes they assemble themselves, and serialize a 
 one top-level field at a time.
 """
 
+from ..proto import is_repeated
+
 _WIRE_VARINT, _WIRE_64BIT, _WIRE_LEN, _WIRE_START, _WIRE_END, _WIRE_32BIT = 0, 1, 2, 3, 4, 5
 
 
@@ -95,7 +97,7 @@ def _message_chunks(message):
         return
     cls = type(message)
     for fd, value in message.ListFields():
-        if fd.is_repeated and fd.type == fd.TYPE_MESSAGE:
+        if is_repeated(fd) and fd.type == fd.TYPE_MESSAGE:
             for item in value:
                 body = item.SerializeToString()
                 yield _len_header(fd.number, len(body))
@@ -103,7 +105,7 @@ def _message_chunks(message):
         else:
             single = cls()
             target = getattr(single, fd.name)
-            if fd.is_repeated:
+            if is_repeated(fd):
                 target.extend(value)
             elif fd.type == fd.TYPE_MESSAGE:
                 target.CopyFrom(value)
