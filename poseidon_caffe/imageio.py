@@ -2,9 +2,12 @@
 
 Images are H x W x C float32 arrays in [0, 1], RGB; a net wants C x H x W, often BGR, scaled to
 [0, 255] with a mean subtracted.  Transformer records those steps per net input and applies them
-(preprocess) or undoes them (deprocess).  Pillow reads and resizes the images.
+(preprocess) or undoes them (deprocess).  Pillow reads the images; they are resized as
+pycaffe resizes them (image_resize.py: scikit-image's resize, made with scipy.ndimage).
 """
 import numpy as np
+
+from .image_resize import resize_image
 
 __all__ = ["Transformer", "load_image", "resize_image", "oversample"]
 
@@ -33,29 +36,6 @@ def load_image(filename, color=True):
         if color:
             img_arr = np.tile(img_arr, (1, 1, 3))
     return np.ascontiguousarray(img_arr, dtype=np.float32)
-
-
-_RESAMPLE = {0: "NEAREST", 1: "BILINEAR", 2: "BILINEAR", 3: "BICUBIC"}
-
-
-def resize_image(im, new_dims, interp_order=1):
-    """Resize an H x W x K image to new_dims (height, width); interp_order 0 nearest,
-    1 bilinear, 3 bicubic.  A constant image stays exactly constant."""
-    im = np.asarray(im, dtype=np.float32)
-    height, width = int(new_dims[0]), int(new_dims[1])
-    if im.ndim == 2:
-        im = im[:, :, np.newaxis]
-    im_min, im_max = float(im.min()), float(im.max())
-    if im_max <= im_min:
-        return np.full((height, width, im.shape[-1]), im_min, dtype=np.float32)
-    Image = _pillow()
-    resample = getattr(Image.Resampling, _RESAMPLE.get(interp_order, "BILINEAR"))
-    out = np.empty((height, width, im.shape[-1]), dtype=np.float32)
-    # Pillow's 32-bit float mode resizes one plane at a time.
-    for k in range(im.shape[-1]):
-        plane = Image.fromarray(np.ascontiguousarray(im[:, :, k]), mode="F")
-        out[:, :, k] = np.asarray(plane.resize((width, height), resample=resample))
-    return out
 
 
 def oversample(images, crop_dims):
@@ -165,7 +145,8 @@ class Transformer:
         self.raw_scale[in_] = scale
 
     def set_mean(self, in_, mean):
-        """Per-channel mean (C,) or a full mean (C x H x W, or H x W for one channel)."""
+        """Per-channel mean (C,) or a full mean (C x H x W, or H x W for one channel); a full
+        mean of another height and width is resized to the input's, as pycaffe does."""
         self._check_input(in_)
         mean = np.asarray(mean, dtype=np.float32)
         if mean.ndim == 1:
@@ -177,10 +158,18 @@ class Transformer:
             shape = mean.shape if mean.ndim != 2 else (1,) + mean.shape
             if len(shape) != 3:
                 raise ValueError("mean must have 1, 2 or 3 axes, got shape %s" % (mean.shape,))
-            if tuple(shape) != tuple(self.inputs[in_][1:]):
-                raise ValueError("mean shape %s does not match input %s shape %s"
-                                 % (tuple(shape), in_, tuple(self.inputs[in_][1:])))
             mean = mean.reshape(shape)
+            in_shape = tuple(self.inputs[in_][1:])
+            if tuple(shape) != in_shape:
+                if shape[0] != in_shape[0]:
+                    raise ValueError("mean shape %s does not match input %s shape %s"
+                                     % (tuple(shape), in_, in_shape))
+                # pycaffe resizes a mean image of another size (ilsvrc_2012_mean.npy's
+                # 256 x 256 for a 227 x 227 net): scaled to [0, 1], resized, scaled back
+                low, high = mean.min(), mean.max()
+                normal = (mean - low) / (high - low) if high > low else mean - low
+                mean = resize_image(normal.transpose((1, 2, 0)), in_shape[1:]).transpose(
+                    (2, 0, 1)) * (high - low) + low
         self.mean[in_] = mean
 
     def set_input_scale(self, in_, scale):
