@@ -4,13 +4,17 @@
   named light ops, gemm through cuBLAS, LRN), with the plans of ``plans.py`` (convolution,
   pooling, im2col);
 - ``driver.py``: the interface (memory, copies, streams, events, modules, launches, BLAS) and
-  ``open_driver("cuda" | "emulated", device)``;
-- ``pycuda_driver.py`` (a GPU through pycuda, cuBLAS through ``cublas.py``) and ``emulated.py``
-  (host memory, the kernels built for the host, numpy BLAS in ``emulated_blas.py``);
+  ``open_driver("cuda-bindings" | "pycuda" | "emulated" | "cuda", device)``; ``choice.py``:
+  which driver the environment asks for, and why there is no GPU;
+- ``bindings_driver.py`` (a GPU through NVIDIA's cuda-bindings) and ``pycuda_driver.py``
+  (through pycuda), over what ``real_driver.py`` gives both (cuBLAS through ``cublas.py``,
+  kernel images chosen by ``images.py``, libraries found by ``libraries.py``); and
+  ``emulated.py`` (host memory, the kernels built for the host, numpy BLAS in
+  ``emulated_blas.py``);
 - ``kernels/*.cu``: the op set's kernels, one source for NVRTC and the host compiler
   (``build.py`` compiles and caches; ``kernels.py`` reads their parameter lists and launches);
 - ``synced.py``: Caffe's SyncedMemory over a driver.
 
-Importing this package imports neither pycuda nor any NVIDIA library.
+Importing this package imports neither pycuda, nor cuda-bindings, nor any NVIDIA library.
 """
 from .backend import CUDABackend, DeviceArray, DeviceMemoryError  # noqa: F401
