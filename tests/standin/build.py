@@ -25,7 +25,7 @@ from .errors import StandInUnavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("libcuda.c", "libcublas.c", "entry_points.h", "entry_points.py", "build.py")
-CFLAGS = ("-std=gnu11", "-O2", "-g0", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
+CFLAGS = ("-std=gnu11", "-O3", "-g0", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
           "-ffp-contract=off", "-Wl,--no-undefined")
 HOST_LIBS_ENV = "STANDIN_CUDA_HOST_LIBS"
 SIGNATURES_ENV = "STANDIN_CUDA_SIGNATURES"
