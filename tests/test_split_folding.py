@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
+from emulated_device import needs_compiler, use_test_driver
 from poseidon_caffe.net import Net, insert_splits
 from poseidon_caffe.proto import caffe_pb2
 
@@ -237,11 +238,9 @@ def test_a_crop_gives_its_shape_reference_no_gradient(shared):
     np.testing.assert_allclose(weights.diff, want, rtol=1e-3, atol=1e-4)
 
 
+@needs_compiler
 def test_a_crop_gives_its_shape_reference_no_gradient_on_the_device(monkeypatch):
-    from emulated_device import needs_compiler, use_test_driver  # noqa: F401
     from poseidon_caffe import backend
-    if needs_compiler.args[0]:
-        pytest.skip(needs_compiler.kwargs["reason"])
     want = _crop_net()
     want.forward_backward()
     use_test_driver(monkeypatch)

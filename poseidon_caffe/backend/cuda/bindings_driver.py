@@ -36,9 +36,7 @@ def binding_version():
 def _cuda():
     """cuda.bindings.driver, initialised; DriverError (one line) when there is no GPU driver,
     no binding, or a binding newer than the driver."""
-    missing = choice.nvidia_driver_missing()
-    if missing:
-        raise DriverError(missing)
+    choice.require_nvidia_driver()
     try:
         from cuda.bindings import driver as cu
     except ImportError as exc:

@@ -71,6 +71,15 @@ def nvidia_driver_missing():
     return None
 
 
+def require_nvidia_driver():
+    """Raise the driver interface's DriverError with nvidia_driver_missing()'s line, if any
+    (what a real driver checks before it imports its binding)."""
+    missing = nvidia_driver_missing()
+    if missing:
+        from .driver import DriverError
+        raise DriverError(missing)
+
+
 def no_device(driver_version):
     """The line for a driver that sees no device."""
     return "no GPU here: the NVIDIA driver (CUDA %s) sees no device; %s" % (
@@ -81,21 +90,3 @@ def version_text(version):
     """CUDA's integer version (13000) as "13.0"."""
     return "%d.%d" % (version // 1000, version % 1000 // 10)
 
-
-def real_driver_lines(driver, binding):
-    """device_query's lines saying what drives a real device: the binding, the CUDA driver,
-    the NVRTC and target the kernels are built with, and the cuBLAS library."""
-    from .images import describe
-    lines = [("Driver", "%s, NVIDIA driver for CUDA %s" % (binding,
-                                                           version_text(driver.driver_version)))]
-    try:
-        lines.append(("Kernels", describe(driver.info.compute_capability,
-                                          driver.driver_version)))
-    except Exception as exc:                        # noqa: BLE001 (said, not raised)
-        lines.append(("Kernels", "cannot be built: %s" % exc))
-    try:
-        blas = driver.blas()
-        lines.append(("cuBLAS", "%s (version %d)" % (blas.lib._name, blas.version())))
-    except Exception as exc:                        # noqa: BLE001
-        lines.append(("cuBLAS", "not available: %s" % exc))
-    return lines

@@ -1,5 +1,5 @@
-"""What a real driver loads for one kernel source: the compiler and target chosen by the device
-and the driver, then build.py's cached image.
+"""The NVRTC and target a real driver builds its kernels with, chosen by the device and the
+driver:
 
 - A CUBIN for the device's own architecture (sm_90 on an H100) when an NVRTC knows it: it
   loads as it is, with no compile at load time, and a CUBIN from a newer NVRTC of the same
@@ -9,9 +9,10 @@ and the driver, then build.py's cached image.
   13.0 driver), so that NVRTC is passed over.
 - An NVRTC of a newer CUDA major than the driver is never used.
 
-The NVRTCs tried are nvrtc.compilers(), newest major first.
+The NVRTCs tried are nvrtc.compilers(), newest major first; a real driver works the plan out
+once (RealDriver.image_plan) and builds every source with it (build.image, cached on disk).
 """
-from . import build, choice
+from . import choice
 from .driver import DriverError
 from .nvrtc import NVRTCError, compilers
 
@@ -45,17 +46,16 @@ def plan(capability, driver_version, available):
                                                "; ".join(reasons) or "none installed"))
 
 
-def describe(capability, driver_version):
-    """One line: the NVRTC and the target kernels are built with (device_query prints it)."""
-    compiler, arch, cubin = plan(capability, driver_version, compilers())
+def device_plan(capability, driver_version):
+    """plan() over the installed NVRTCs; DriverError when none is installed or fits."""
+    try:
+        return plan(capability, driver_version, compilers())
+    except NVRTCError as exc:
+        raise DriverError(str(exc)) from None
+
+
+def describe_plan(chosen):
+    """One line for device_query: the NVRTC and the target the kernels are built with."""
+    compiler, arch, cubin = chosen
     return "NVRTC %d.%d (%s), %s" % (compiler.version() + (
         compiler.path, "CUBIN for sm_%d" % arch if cubin else "PTX for compute_%d" % arch))
-
-
-def module_image(source_path, capability, driver_version):
-    """The image (CUBIN or PTX bytes) of one kernel source for this device, cached on disk."""
-    try:
-        compiler, arch, cubin = plan(capability, driver_version, compilers())
-        return build.image(source_path, arch, cubin, compiler)
-    except (NVRTCError, build.BuildError) as exc:
-        raise DriverError(str(exc)) from None

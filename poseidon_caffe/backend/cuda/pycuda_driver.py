@@ -63,9 +63,7 @@ def _pycuda_package():
 def _pycuda():
     """pycuda.driver, initialised; DriverError (one line) when there is no GPU driver or no
     pycuda."""
-    missing = choice.nvidia_driver_missing()
-    if missing:
-        raise DriverError(missing)
+    choice.require_nvidia_driver()
     try:
         import pycuda.driver as cuda
     except ImportError as exc:

@@ -8,9 +8,9 @@ the Driver interface.
 """
 import threading
 
-from . import choice
+from . import build, choice
 from .driver import Driver, DriverError
-from .images import module_image
+from .images import describe_plan, device_plan
 
 
 class RealDriver(Driver):
@@ -21,6 +21,7 @@ class RealDriver(Driver):
         self._lock = threading.Lock()
         self._allocations = {}          # pointer -> what keeps it alive (or None)
         self._blas = {}
+        self._plan = None               # (NVRTC, arch, cubin): the same for every source
         self.context = None
 
     @property
@@ -34,7 +35,20 @@ class RealDriver(Driver):
             return dict.fromkeys(self._allocations)
 
     def library_lines(self):
-        return choice.real_driver_lines(self, self.binding)
+        """device_query's lines: the binding and CUDA driver, the NVRTC and target the
+        kernels are built with, the cuBLAS library (a part that fails says so instead)."""
+        lines = [("Driver", "%s, NVIDIA driver for CUDA %s"
+                  % (self.binding, choice.version_text(self.driver_version)))]
+        try:
+            lines.append(("Kernels", describe_plan(self.image_plan())))
+        except DriverError as exc:
+            lines.append(("Kernels", "cannot be built: %s" % exc))
+        try:
+            blas = self.blas()
+            lines.append(("cuBLAS", "%s (version %d)" % (blas.lib._name, blas.version())))
+        except DriverError as exc:
+            lines.append(("cuBLAS", "not available: %s" % exc))
+        return lines
 
     # -- memory ----------------------------------------------------------------------------
     def _alloc(self, nbytes):
@@ -63,8 +77,18 @@ class RealDriver(Driver):
             self._device_free(ptr, keeper)
 
     # -- kernels and BLAS ------------------------------------------------------------------
+    def image_plan(self):
+        """images.device_plan for this device and driver, worked out on first use."""
+        if self._plan is None:
+            self._plan = device_plan(self._info.compute_capability, self.driver_version)
+        return self._plan
+
     def module_image(self, source_path):
-        return module_image(source_path, self._info.compute_capability, self.driver_version)
+        compiler, arch, cubin = self.image_plan()
+        try:
+            return build.image(source_path, arch, cubin, compiler)
+        except build.BuildError as exc:
+            raise DriverError(str(exc)) from None
 
     def blas(self, stream=None):
         key = None if stream is None else stream.handle
