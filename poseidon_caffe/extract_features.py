@@ -41,17 +41,20 @@ def _key(index):
     return "%0*d" % (KEY_DIGITS, index)
 
 
-def extract_features(weights, net_path, blob_names, db_paths, num_mini_batches):
+def extract_features(weights, net_path, blob_names, db_paths, num_mini_batches,
+                     db_type="lmdb"):
     """Forward ``num_mini_batches`` batches of the TEST-phase net ``net_path`` (weights from
-    ``weights``) and write each blob of ``blob_names`` into the new LMDB at the matching
-    path. Returns the number of items written per database."""
-    from .data.db import DataError, DatumWriter
+    ``weights``) and write each blob of ``blob_names`` into the new database (``db_type``
+    lmdb or leveldb) at the matching path. Returns the number of items written per
+    database."""
+    from .data.db import DataError, DatumWriter, backend_kind
     from .net import Net
     from .proto import caffe_pb2
     from .solver.snapshot import load_weights
     if len(blob_names) != len(db_paths):
         raise ExtractError("the number of blob names (%d) and dataset names (%d) must be equal"
                            % (len(blob_names), len(db_paths)))
+    backend_kind(db_type)
     if num_mini_batches < 0:
         raise ExtractError("num_mini_batches must be 0 or more, not %d" % num_mini_batches)
     for path in db_paths:
@@ -70,7 +73,7 @@ def extract_features(weights, net_path, blob_names, db_paths, num_mini_batches):
     try:
         for path in db_paths:
             log.info("Opening dataset %s", path)
-            writers.append(DatumWriter(path))
+            writers.append(DatumWriter(path, backend=db_type.lower()))
         log.info("Extracting Features")
         counts = [0] * len(blob_names)
         for _ in range(num_mini_batches):

@@ -49,6 +49,10 @@ def set_console_level(level):
 
 
 # stacklevel=2 makes the file:line in the prefix point at the caller, as glog's LOG(INFO) does.
+def debug(msg, *args):
+    logger.debug(msg, *args, stacklevel=2)
+
+
 def info(msg, *args):
     logger.info(msg, *args, stacklevel=2)
 

@@ -239,16 +239,6 @@ def test_rand_skip_starts_within_the_skip_range(tmp_path, images):
     assert starts <= set(range(5)) and len(starts) > 1
 
 
-def test_leveldb_backend_is_a_clear_error(tmp_path):
-    param = text_format.Parse('name: "train_data" type: "Data" top: "data" data_param { '
-                              'source: "some/leveldb" batch_size: 2 backend: LEVELDB }',
-                              caffe_pb2.LayerParameter())
-    layer = create_layer(param, caffe_pb2.TRAIN)
-    with pytest.raises(ValueError, match=r"LEVELDB.*not supported.*some/leveldb") as info:
-        layer.setup([], [Blob(), Blob()])
-    assert "train_data" in str(info.value)
-
-
 def test_missing_database_names_the_path(tmp_path):
     missing = str(tmp_path / "nowhere_lmdb")
     with pytest.raises(ValueError, match="nowhere_lmdb.*does not exist"):

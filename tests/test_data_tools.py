@@ -107,12 +107,12 @@ def test_list_naming_a_missing_image_is_reported_and_skipped(tmp_path, image_fol
     assert len(read_db(db)) == len(names)
 
 
-def test_bad_list_line_and_leveldb_backend_fail(tmp_path, image_folder):
+def test_bad_list_line_and_unknown_backend_fail(tmp_path, image_folder):
     root, listfile, names, arrays = image_folder
     bad = tmp_path / "bad.txt"
     bad.write_text("sub/img0.png\n")
     assert convert_imageset_main([root, str(bad), str(tmp_path / "a")]) == 1
-    assert convert_imageset_main(["-backend=leveldb", root, listfile,
+    assert convert_imageset_main(["-backend=rocksdb", root, listfile,
                                   str(tmp_path / "b")]) == 1
     assert convert_imageset_main([root, listfile]) == 1
 

@@ -1,151 +1,148 @@
-"""LMDB databases of Caffe Datum records: opening, reading in key order, writing in batches.
+"""Databases of Caffe Datum records, LMDB or LevelDB: opening, reading in key order, writing in
+batches.
 
-Records are read in LMDB's key order, which is the order Caffe's tools wrote them (zero-padded
-keys). A reader cycles through the database forever, wrapping around at the end, and keeps only
-the records of its shard (offset % size == rank), as Caffe's DataLayer::Skip does.
+Records are read in key order, which is the order Caffe's tools wrote them (zero-padded keys).
+A reader cycles through the database forever, wrapping around at the end, and keeps only the
+records of its shard (offset % size == rank), as Caffe's DataLayer::Skip does. The two kinds
+of store (``lmdb_store``, ``leveldb_store``) offer the same few calls; which one a path holds
+is read from the files there (``data.mdb``, or LevelDB's ``CURRENT``).
 """
 import os
-import threading
 
-import lmdb
 from google.protobuf.message import DecodeError
 
 from .. import log, staging
 from ..proto import caffe_pb2
+from . import leveldb_store, lmdb_store
+from .errors import DataError, key_text
 
-# Large enough for any dataset on a 64-bit machine; LMDB only reserves address space.
-MAP_SIZE = 1 << 40
+__all__ = ["DataError", "DatumDB", "ShardedRecordReader", "DatumWriter", "check_writable",
+           "parse_datum", "note_declared_backend"]
 
-
-class DataError(ValueError):
-    """A dataset file that is missing, of the wrong kind or inconsistent; the message names it."""
-
-
-def check_backend(backend, layer_desc, source):
-    """Only LMDB is supported; LEVELDB gets a clear error rather than a crash."""
-    if backend != caffe_pb2.DataParameter.LMDB:
-        name = caffe_pb2.DataParameter.DB.Name(backend)
-        raise DataError("%s: data_param.backend %s is not supported for source %r; only LMDB "
-                        "is (convert the database with convert_imageset -backend=lmdb)"
-                        % (layer_desc, name, source))
+# the names Caffe's tools take after -backend (and extract_features' db_type), by store
+BACKENDS = {"lmdb": "LMDB", "leveldb": "LevelDB"}
 
 
-def open_env(path, write=False):
-    """An LMDB environment at ``path``; read-only unless ``write``. Errors name the path."""
-    path = str(path)
-    if not write:
-        if not os.path.exists(path):
-            raise DataError("LMDB database %r does not exist" % path)
-        if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb")):
-            raise DataError("%r is not an LMDB database (a directory holding data.mdb)" % path)
-    try:
-        if write:
-            os.makedirs(path, exist_ok=True)
-            return lmdb.open(path, map_size=MAP_SIZE, subdir=True, readonly=False,
-                             meminit=False, map_async=True)
-        return lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True,
-                         max_readers=512)
-    except lmdb.Error as exc:
-        raise DataError("cannot open LMDB database %r: %s" % (path, exc)) from None
+def _store_module(kind):
+    return lmdb_store if kind == lmdb_store.KIND else leveldb_store
 
 
-def parse_datum(value, path, key):
+def backend_kind(name):
+    """The store a tool's ``-backend NAME`` asks for; anything else is an error naming it."""
+    kind = BACKENDS.get(str(name).lower())
+    if kind is None:
+        raise DataError("backend %r is not one of %s" % (name, ", ".join(BACKENDS)))
+    return kind
+
+
+def stored_kind(path):
+    """"LMDB" or "LevelDB" for a database directory, None where ``path`` holds neither."""
+    if lmdb_store.holds_database(path):
+        return lmdb_store.KIND
+    if leveldb_store.holds_database(path):
+        return leveldb_store.KIND
+    return None
+
+
+def note_declared_backend(data_param, database, where):
+    """A WARNING when a Data layer's ``backend`` names another kind than its source holds: the
+    source is read as what it is (Caffe's default, LEVELDB, is often left above an LMDB)."""
+    declared = caffe_pb2.DataParameter.DB.Name(data_param.backend)
+    if data_param.HasField("backend") and declared != database.kind.upper():
+        log.warning("%s: data_param.backend is %s but %s is an %s database; reading it as %s",
+                    where, declared, database.path, database.kind, database.kind)
+
+
+def parse_datum(value, path, key, kind="LMDB"):
     """A Datum from one record's bytes; anything else is an error naming the database and key."""
     datum = caffe_pb2.Datum()
     try:
         datum.ParseFromString(value)
     except DecodeError:
-        raise DataError("record %r of LMDB database %r is not a Caffe Datum"
-                        % (_key_text(key), path)) from None
+        raise DataError("record %r of %s database %r is not a Caffe Datum"
+                        % (key_text(key), kind, path)) from None
     if datum.encoded:
         if not datum.data:
-            raise DataError("record %r of LMDB database %r is an encoded Datum with no image "
-                            "bytes" % (_key_text(key), path))
+            raise DataError("record %r of %s database %r is an encoded Datum with no image "
+                            "bytes" % (key_text(key), kind, path))
         return datum
     size = datum.channels * datum.height * datum.width
     stored = len(datum.data) or len(datum.float_data)
     if min(datum.channels, datum.height, datum.width) <= 0 or stored != size:
-        raise DataError("record %r of LMDB database %r is not a Caffe Datum: channels x height "
+        raise DataError("record %r of %s database %r is not a Caffe Datum: channels x height "
                         "x width = %d x %d x %d but it holds %d values"
-                        % (_key_text(key), path, datum.channels, datum.height, datum.width,
-                           stored))
+                        % (key_text(key), kind, path, datum.channels, datum.height,
+                           datum.width, stored))
     return datum
 
 
-def _key_text(key):
-    try:
-        return key.decode("ascii")
-    except UnicodeDecodeError:
-        return repr(key)
-
-
-# LMDB allows one environment per database per process; readers of the same database (a train
-# and a test net on one source, two nets in one process) share it, closed with its last reader.
-_shared_envs = {}
-_shared_lock = threading.Lock()
-
-
-def _acquire_env(path):
-    key = os.path.realpath(path)
-    with _shared_lock:
-        entry = _shared_envs.get(key)
-        if entry is None:
-            entry = _shared_envs[key] = [open_env(path), 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def _release_env(path, env):
-    key = os.path.realpath(path)
-    with _shared_lock:
-        entry = _shared_envs.get(key)
-        if entry is None or entry[0] is not env:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _shared_envs[key]
-            env.close()
-
-
 class DatumDB:
-    """A read-only LMDB of Datum records (its environment shared with other readers)."""
+    """A read-only database of Datum records, of the kind its files show (or ``kind``)."""
 
-    def __init__(self, path):
+    def __init__(self, path, kind=None):
         self.path = str(path)
-        self.env = _acquire_env(self.path)
+        if not os.path.exists(self.path):
+            raise DataError("database %r does not exist" % self.path)
+        found = stored_kind(self.path)
+        if found is None:
+            raise DataError("%r is not an LMDB or LevelDB database (a directory holding "
+                            "data.mdb, or LevelDB's CURRENT)" % self.path)
+        if kind is not None and kind != found:
+            raise DataError("%r is an %s database, not %s" % (self.path, found, kind))
+        self.kind = found
+        self.store = _store_module(found).Store(self.path)
 
     def __len__(self):
-        return self.env.stat()["entries"]
+        return len(self.store)
 
     @property
     def closed(self):
-        return self.env is None
+        return self.store is None
+
+    @property
+    def env(self):
+        """The LMDB environment (LMDB only): tests look at it."""
+        return self.store.env
+
+    def parse(self, value, key):
+        return parse_datum(value, self.path, key, self.kind)
+
+    def check(self):
+        """Refuse a data file that changed under the reader in a way that would crash it."""
+        self.store.check()
 
     def first_datum(self):
-        """The first record, for shape inference; its own short transaction."""
-        with self.env.begin(write=False) as txn:
-            cursor = txn.cursor()
+        """The first record, for shape inference."""
+        cursor = self.store.cursor()
+        try:
             if not cursor.first():
-                raise DataError("LMDB database %r is empty" % self.path)
-            return parse_datum(cursor.value(), self.path, cursor.key())
+                raise DataError("%s database %r is empty" % (self.kind, self.path))
+            return self.parse(cursor.value(), cursor.key())
+        finally:
+            cursor.close()
 
     def iter_items(self):
         """(key, value bytes) of every record in key order, once."""
-        with self.env.begin(write=False, buffers=False) as txn:
-            for key, value in txn.cursor():
-                yield key, value
+        cursor = self.store.cursor()
+        try:
+            found = cursor.first()
+            while found:
+                yield cursor.key(), cursor.value()
+                found = cursor.next()
+        finally:
+            cursor.close()
 
     def close(self):
-        if self.env is not None:
-            _release_env(self.path, self.env)
-            self.env = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
 
 class ShardedRecordReader:
     """Endless reader of one shard of a DatumDB, wrapping around at its end.
 
     ``offset`` counts every record passed, as Caffe's DataLayer does; a record is kept when
-    offset % size == rank. The transaction lives in whichever thread reads first.
+    offset % size == rank. The cursor lives in whichever thread reads first.
     """
 
     def __init__(self, db, rank=0, size=1, skip=0):
@@ -153,15 +150,14 @@ class ShardedRecordReader:
         self.rank = rank
         self.size = size
         self.offset = 0
-        self._txn = None
         self._cursor = None
         self._initial_skip = skip
+        self._wrapped = 0
 
     def _start(self):
-        self._txn = self.db.env.begin(write=False, buffers=False)
-        self._cursor = self._txn.cursor()
+        self._cursor = self.db.store.cursor()
         if not self._cursor.first():
-            raise DataError("LMDB database %r is empty" % self.db.path)
+            raise DataError("%s database %r is empty" % (self.db.kind, self.db.path))
         if self._initial_skip:
             log.info("Skipping first %d data points.", self._initial_skip)
             for _ in range(self._initial_skip):
@@ -169,10 +165,17 @@ class ShardedRecordReader:
 
     def _advance(self, count=True):
         if not self._cursor.next():
-            log.info("Restarting data prefetching from start.")
+            # Caffe's line ends each pass; after the first, at DEBUG only: a small dataset
+            # read once a display block or more would fill the log with it
+            self._wrapped += 1
+            (log.info if self._wrapped == 1 else log.debug)(
+                "Restarting data prefetching from start.")
             self._cursor.first()
         if count:
             self.offset += 1
+
+    def check(self):
+        self.db.check()
 
     def next_datum(self):
         """The next Datum of this shard."""
@@ -180,7 +183,7 @@ class ShardedRecordReader:
             self._start()
         while self.offset % self.size != self.rank:
             self._advance()
-        datum = parse_datum(self._cursor.value(), self.db.path, self._cursor.key())
+        datum = self.db.parse(self._cursor.value(), self._cursor.key())
         self._advance()
         return datum
 
@@ -198,46 +201,45 @@ class ShardedRecordReader:
         self._initial_skip = int(state.get("skip", 0))
         if state.get("key") is None:
             return
-        self._txn = self.db.env.begin(write=False, buffers=False)
-        self._cursor = self._txn.cursor()
-        if not self._cursor.set_key(state["key"].encode("latin-1")):
-            raise DataError("cannot resume reading LMDB database %r: record %r is not in it "
-                            "(was the database rebuilt?)" % (self.db.path, state["key"]))
+        self._cursor = self.db.store.cursor()
+        if not self._cursor.seek(state["key"].encode("latin-1")):
+            raise DataError("cannot resume reading %s database %r: record %r is not in it "
+                            "(was the database rebuilt?)" % (self.db.kind, self.db.path,
+                                                            state["key"]))
 
     def close(self):
-        self._cursor = None
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
 
 
 class DatumWriter:
-    """Writes Datum records into an LMDB, committing every ``commit_every`` records.
+    """Writes Datum records into a new database, committing every ``commit_every`` records.
 
     The records go to a temporary database beside ``path`` (see ``poseidon_caffe.staging``),
     which becomes ``path`` only when the writer closes without error: a failed or interrupted
     run leaves no half-written database behind, and leaves an existing one as it was. An
-    existing database is an error unless ``replace``; replacing swaps in the new ``data.mdb``
-    in one rename, so the path always holds one whole database, old or new.
+    existing database is an error unless ``replace``. ``backend`` is a tool's -backend name.
     """
 
-    def __init__(self, path, commit_every=1000, replace=False):
+    def __init__(self, path, commit_every=1000, replace=False, backend="lmdb"):
         self.path = str(path)
         self.replace = replace
-        check_writable(self.path, replace)
+        self.kind = backend_kind(backend)
+        module = _store_module(self.kind)
+        check_writable(self.path, replace, backend)
         staging.remove_stale(self.path)
         self.staging_path = staging.temp_path(self.path)
         try:
-            self.env = open_env(self.staging_path, write=True)
+            self._store = module.Writer(self.path, self.staging_path)
         except OSError as exc:
             staging.discard(self.staging_path)
-            raise DataError("cannot write LMDB database %r: %s"
-                            % (self.path, exc.strerror or exc)) from None
+            raise DataError("cannot write %s database %r: %s"
+                            % (self.kind, self.path, exc.strerror or exc)) from None
         except BaseException:
             staging.discard(self.staging_path)
             raise
         self.commit_every = commit_every
-        self._txn = self.env.begin(write=True)
         self._pending = 0
         self.count = 0
 
@@ -245,50 +247,31 @@ class DatumWriter:
         if isinstance(key, str):
             key = key.encode("utf-8")
         value = datum if isinstance(datum, bytes) else datum.SerializeToString()
-        self._txn.put(key, value)
+        self._store.put(key, value)
         self._pending += 1
         self.count += 1
         if self._pending >= self.commit_every:
-            self._txn.commit()
-            self._txn = self.env.begin(write=True)
+            self._store.commit()
             self._pending = 0
 
     def close(self):
         """Commit and put the database in place at ``path``."""
-        if self.env is None:
+        if self._store is None:
             return
         try:
-            self._txn.commit()
-            self.env.sync(True)
-            self.env.close()
-            self.env = None
-            self._swap_in()
+            check_writable(self.path, self.replace, self.kind)  # nothing took the path meanwhile
+            self._store.finish()
+            self._store = None
         except BaseException:
             self.abort()
             raise
 
     def abort(self):
         """Drop everything written; ``path`` stays as it was."""
-        if self.env is not None:
-            self._txn.abort()
-            self.env.close()
-            self.env = None
+        if self._store is not None:
+            self._store.abort()
+            self._store = None
         staging.discard(self.staging_path)
-
-    def _swap_in(self):
-        check_writable(self.path, self.replace)     # nothing else took the path meanwhile
-        target = os.path.abspath(self.path)
-        data = os.path.join(target, "data.mdb")
-        if os.path.isdir(target):
-            # an existing (or empty) database directory: replace its data file in one rename;
-            # its lock file only coordinates readers and stays
-            os.replace(os.path.join(self.staging_path, "data.mdb"), data)
-            staging.discard(self.staging_path)
-        else:
-            os.rename(self.staging_path, target)
-            staging.release(self.staging_path)
-        staging.sync_directory(target)
-        staging.sync_directory(os.path.dirname(target))
 
     def __enter__(self):
         return self
@@ -301,15 +284,21 @@ class DatumWriter:
         return False
 
 
-def check_writable(path, replace=False):
+def check_writable(path, replace=False, backend="lmdb"):
     """Refuse, before any work, a database path that a writer must not overwrite: an existing
-    database (unless ``replace``), or anything there that is not a database at all."""
-    if os.path.isfile(os.path.join(path, "data.mdb")):
+    database (unless ``replace``, and then only one of the same kind), or anything there that
+    is not a database at all."""
+    kind = backend_kind(backend)
+    found = stored_kind(path) if os.path.isdir(path) else None
+    if found is not None:
         if not replace:
-            raise DataError("LMDB database %r already exists; remove it first" % path)
+            raise DataError("%s database %r already exists; remove it first" % (found, path))
+        if found != kind:
+            raise DataError("%r is an %s database; not replacing it with %s" % (path, found,
+                                                                               kind))
         return
     if os.path.isdir(path):
         if os.listdir(path) and set(os.listdir(path)) != {"lock.mdb"}:
-            raise DataError("%r exists and is not an LMDB database; not writing over it" % path)
+            raise DataError("%r exists and is not a database; not writing over it" % path)
     elif os.path.lexists(path):
-        raise DataError("%r exists and is not an LMDB database; not writing over it" % path)
+        raise DataError("%r exists and is not a database; not writing over it" % path)

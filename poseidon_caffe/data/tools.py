@@ -10,7 +10,7 @@ import numpy as np
 from .. import log
 from ..proto import caffe_pb2
 from . import partition_path
-from .db import DataError, DatumDB, DatumWriter, check_writable, parse_datum
+from .db import DataError, DatumDB, DatumWriter, check_writable
 from .images import datum_image, decode_image, encode_image, join_root, read_image
 
 COMMIT_EVERY = 1000
@@ -49,9 +49,11 @@ def _aliases(ext):
 
 
 def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize_width=0,
-                     resize_height=0, check_size=False, encoded=False, encode_type=""):
-    """Write the images ``list_file`` names (``path label`` lines) into a new LMDB, which
-    appears at ``db_name`` only once complete. Returns (records written, files skipped)."""
+                     resize_height=0, check_size=False, encoded=False, encode_type="",
+                     backend="lmdb"):
+    """Write the images ``list_file`` names (``path label`` lines) into a new database (LMDB,
+    or LevelDB for ``backend="leveldb"``), which appears at ``db_name`` only once complete.
+    Returns (records written, files skipped)."""
     from .lists import read_image_list
     lines = read_image_list(list_file, "convert_imageset")
     if shuffle:
@@ -65,7 +67,7 @@ def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize
         encoded = True
     written = skipped = 0
     first_shape = None
-    with DatumWriter(db_name, COMMIT_EVERY) as writer, _progress(len(lines), "convert") as bar:
+    with DatumWriter(db_name, COMMIT_EVERY, backend=backend) as writer, _progress(len(lines), "convert") as bar:
         for line_id, (name, label) in enumerate(lines):
             encoding = encode_type
             if encoded and not encoding:
@@ -103,22 +105,23 @@ def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize
 
 
 # -- compute_image_mean ------------------------------------------------------------------------
-def compute_image_mean(db_path):
-    """C x H x W float64 mean of every Datum in ``db_path`` (encoded ones decoded natively)."""
-    database = DatumDB(db_path)
+def compute_image_mean(db_path, kind=None):
+    """C x H x W float64 mean of every Datum in ``db_path`` (encoded ones decoded natively);
+    ``kind`` ("LMDB", "LevelDB"), when given, is what the database must be."""
+    database = DatumDB(db_path, kind)
     try:
         total = None
         count = 0
         with _progress(len(database), "mean") as bar:
             for key, value in database.iter_items():
-                image = datum_image(parse_datum(value, db_path, key),
+                image = datum_image(database.parse(value, key),
                                     name="record %r of %s" % (key, db_path))
                 if total is None:
                     total = np.zeros(image.shape, dtype=np.float64)
                 elif image.shape != total.shape:
-                    raise DataError("record %r of LMDB database %s is %s, but the first record "
+                    raise DataError("record %r of %s database %s is %s, but the first record "
                                     "is %s; a mean needs images of one size"
-                                    % (key.decode("ascii", "replace"), db_path,
+                                    % (key.decode("ascii", "replace"), database.kind, db_path,
                                        "x".join(map(str, image.shape)),
                                        "x".join(map(str, total.shape))))
                 total += image
@@ -127,7 +130,7 @@ def compute_image_mean(db_path):
                     log.info("Processed %d files.", count)
                 bar.update(count)
         if not count:
-            raise DataError("LMDB database %s is empty" % db_path)
+            raise DataError("%s database %s is empty" % (database.kind, db_path))
         log.info("Processed %d files.", count)
         return total / count
     finally:
@@ -148,16 +151,18 @@ def make_partitions(source, parts):
     The partitions appear only once all are complete; none may exist beforehand."""
     if parts < 1:
         raise DataError("the number of partitions must be at least 1, not %d" % parts)
-    for k in range(parts):
-        check_writable(partition_path(source, k))
     database = DatumDB(source)
+    backend = database.kind.lower()             # the partitions are of the source's kind
     counts = [0] * parts
     writers = []
     try:
         for k in range(parts):
-            writers.append(DatumWriter(partition_path(source, k), COMMIT_EVERY))
+            check_writable(partition_path(source, k), backend=backend)
+        for k in range(parts):
+            writers.append(DatumWriter(partition_path(source, k), COMMIT_EVERY,
+                                       backend=backend))
         for index, (key, value) in enumerate(database.iter_items()):
-            parse_datum(value, source, key)
+            database.parse(value, key)
             k = index % parts
             writers[k].put(key, value)
             counts[k] += 1

@@ -5,7 +5,7 @@ The work is in ``data/tools.py``.
 import sys
 
 from .. import log
-from ..data.db import DataError
+from ..data.db import DataError, backend_kind
 from ..data.tools import compute_image_mean, convert_imageset, make_partitions, mean_to_blobproto
 from . import flags as flagmod
 
@@ -13,7 +13,7 @@ from . import flags as flagmod
 CONVERT_FLAGS = [
     flagmod.Flag("gray", False, "When this option is on, treat images as grayscale ones"),
     flagmod.Flag("shuffle", False, "Randomly shuffle the order of images and their labels"),
-    flagmod.Flag("backend", "lmdb", "The backend {lmdb} for storing the result"),
+    flagmod.Flag("backend", "lmdb", "The backend {lmdb, leveldb} for storing the result"),
     flagmod.Flag("resize_width", 0, "Width images are resized to"),
     flagmod.Flag("resize_height", 0, "Height images are resized to"),
     flagmod.Flag("check_size", False, "When this option is on, check that all the datum have "
@@ -25,7 +25,7 @@ CONVERT_FLAGS = [
 ]
 
 CONVERT_USAGE = """Write the images named in LISTFILE (lines of "path label", paths relative to
-ROOTFOLDER) into a new LMDB of Datum records.
+ROOTFOLDER) into a new LMDB (or LevelDB, -backend leveldb) of Datum records.
 Usage:
     convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
 """
@@ -35,11 +35,6 @@ def _usage_error(usage, flags, message):
     sys.stderr.write("%s: %s\n%s\nFlags:\n%s\n" % ("poseidon-caffe", message, usage,
                                                    flagmod.usage(flags)))
     return 1
-
-
-def _check_backend(name):
-    if name.lower() != "lmdb":
-        raise DataError("backend %r is not supported; only lmdb is" % name)
 
 
 @flagmod.documented(CONVERT_USAGE, CONVERT_FLAGS)
@@ -52,7 +47,7 @@ def convert_imageset_main(argv):
         return _usage_error(CONVERT_USAGE, CONVERT_FLAGS, "convert_imageset needs ROOTFOLDER/ "
                             "LISTFILE DB_NAME")
     try:
-        _check_backend(values["backend"])
+        backend_kind(values["backend"])
         if (values["resize_width"] > 0) != (values["resize_height"] > 0):
             # Caffe resizes only when both are positive, and ignores one given alone
             log.warning("-resize_width and -resize_height take effect only together; "
@@ -61,7 +56,7 @@ def convert_imageset_main(argv):
             args[0], args[1], args[2], gray=values["gray"], shuffle=values["shuffle"],
             resize_width=values["resize_width"], resize_height=values["resize_height"],
             check_size=values["check_size"], encoded=values["encoded"],
-            encode_type=values["encode_type"])
+            encode_type=values["encode_type"], backend=values["backend"].lower())
     except DataError as exc:
         log.error("%s", exc)
         return 1
@@ -72,9 +67,10 @@ def convert_imageset_main(argv):
 
 
 # -- compute_image_mean ------------------------------------------------------------------------
-MEAN_FLAGS = [flagmod.Flag("backend", "lmdb", "The backend {lmdb} for the input database")]
-MEAN_USAGE = """Average every Datum of an LMDB into one mean image (a BlobProto), written to
-OUTPUT_FILE when given.
+MEAN_FLAGS = [flagmod.Flag("backend", "lmdb", "The backend {lmdb, leveldb} for the input "
+                           "database (the kind INPUT_DB holds is read either way)")]
+MEAN_USAGE = """Average every Datum of an LMDB or LevelDB into one mean image (a BlobProto),
+written to OUTPUT_FILE when given.
 Usage:
     compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]
 """
@@ -90,7 +86,7 @@ def compute_image_mean_main(argv):
         return _usage_error(MEAN_USAGE, MEAN_FLAGS, "compute_image_mean needs INPUT_DB "
                             "[OUTPUT_FILE]")
     try:
-        _check_backend(values["backend"])
+        backend_kind(values["backend"])
         mean = compute_image_mean(args[0])
         if len(args) == 2:
             from ..io import write_blobproto
@@ -106,7 +102,8 @@ def compute_image_mean_main(argv):
 
 # -- make_partitions ---------------------------------------------------------------------------
 PARTITION_FLAGS = []
-PARTITION_USAGE = """Split an LMDB into per-worker partitions SOURCE_0 ... SOURCE_{P-1}.
+PARTITION_USAGE = """Split an LMDB or LevelDB into per-worker partitions SOURCE_0 ... SOURCE_{P-1}
+(of the same kind).
 Record i goes to partition i % P, so worker r reading SOURCE_r sees the records it would read
 from SOURCE under Caffe's striding rule.
 Usage:

@@ -4,7 +4,7 @@ then ``extract_features.py`` does the work.
 import sys
 
 from .. import backend, gpu_mode, log
-from ..data.db import DataError
+from ..data.db import DataError, backend_kind
 from ..extract_features import ExtractError, extract_features
 from ..io import ProtoFileError
 from . import flags as flagmod
@@ -15,7 +15,7 @@ Usage: extract_features  pretrained_net_param  feature_extraction_proto_file
     extract_feature_blob_name1[,name2,...]  save_feature_dataset_name1[,name2,...]
     num_mini_batches  db_type  [CPU/GPU] [DEVICE_ID=0]
 Several blobs go out in one pass: list their names and as many dataset names, each list
-separated by ',' (no spaces). db_type is lmdb.
+separated by ',' (no spaces). db_type is lmdb or leveldb.
 """
 
 
@@ -46,15 +46,15 @@ def extract_features_main(argv):
         return 1
     weights, net_path, blobs, dbs, batches, db_type = argv[:6]
     try:
-        if db_type.lower() != "lmdb":
-            raise ExtractError("db_type %r is not supported; only lmdb is" % db_type)
         try:
             num_mini_batches = int(batches)
         except ValueError:
             raise ExtractError("num_mini_batches must be a whole number, not %r" % batches) \
                 from None
+        backend_kind(db_type)
         _select_mode(argv[6:])
-        extract_features(weights, net_path, blobs.split(","), dbs.split(","), num_mini_batches)
+        extract_features(weights, net_path, blobs.split(","), dbs.split(","), num_mini_batches,
+                         db_type)
     except (ExtractError, DataError, ProtoFileError, ValueError, RuntimeError, OSError) as exc:
         log.error("extract_features: %s", exc)
         return 1

@@ -1,4 +1,5 @@
-"""Data: batches of Datum records from an LMDB database, in key order, sharded by worker."""
+"""Data: batches of Datum records from an LMDB or LevelDB database, in key order, sharded by
+worker."""
 import numpy as np
 
 from ... import data as data_pkg
@@ -21,18 +22,20 @@ class _DatumBatchLoader:
         tp = self.transformer
         images = []
         labels = np.empty(self.batch_size, dtype=np.float32)
+        database = self.reader.db
+        self.reader.check()
         for i in range(self.batch_size):
             datum = self.reader.next_datum()
             images.append(datum_image(datum, tp.force_color, tp.force_gray,
-                                      "in LMDB database %s" % self.reader.db.path))
+                                      "in %s database %s" % (database.kind, database.path)))
             labels[i] = datum.label
         shapes = [image.shape for image in images]
         if not tp.can_batch(shapes):
             other = next(s for s in shapes if s != shapes[0])
             raise dbmod.DataError(
-                "%s: records of LMDB database %s differ in shape within one batch (%s and "
+                "%s: records of %s database %s differ in shape within one batch (%s and "
                 "%s); use batch_size 1, images of one size, or a crop_size"
-                % (self.where, self.reader.db.path, "x".join(map(str, shapes[0])),
+                % (self.where, database.kind, database.path, "x".join(map(str, shapes[0])),
                    "x".join(map(str, other))))
         return tp.transform_images(images, self.rng), labels
 
@@ -59,7 +62,6 @@ class DataLayer(PrefetchingDataLayer):
             raise self.error("data_param.source is not set")
         if dp.batch_size <= 0:
             raise self.error("data_param.batch_size must be positive, not %d" % dp.batch_size)
-        dbmod.check_backend(dp.backend, where, dp.source)
         rank, size, _ = self._shard()
         try:
             source, rank, size = data_pkg.select_source(dp.source, dp.shared_file_system,
@@ -77,10 +79,12 @@ class DataLayer(PrefetchingDataLayer):
             raise self.error(str(exc)) from None
         self._resources.closers.append(database.close)
         self.database = database
-        log.info("Opened lmdb %s", source)
+        dbmod.note_declared_backend(dp, database, where)
+        log.info("Opened %s %s", database.kind.lower(), source)
         first = database.first_datum()
         tp = self.transformer
-        sample = datum_image(first, tp.force_color, tp.force_gray, "in LMDB database " + source)
+        sample = datum_image(first, tp.force_color, tp.force_gray,
+                            "in %s database %s" % (database.kind, source))
         shape = (dp.batch_size,) + tp.output_shape(*sample.shape)
         rng = _child_rng()
         skip = int(rng.integers(0, dp.rand_skip)) if dp.rand_skip else 0

@@ -1,0 +1,218 @@
+"""LevelDB stores of records, as Caffe's ``backend: LEVELDB`` keeps them, through plyvel (the
+optional ``leveldb`` extra).
+
+LevelDB lets one process at a time open a database (its LOCK file), where LMDB lets many read.
+Ranks of one job on one host all read the same source, so a reader that finds the lock held
+opens a private view instead: a directory beside the database whose table files are hard links
+to the database's own (LevelDB never changes a table file once written) and whose small
+bookkeeping files (CURRENT, MANIFEST, log) are copies, since opening a LevelDB writes to them.
+The view is removed when its reader closes, and by the next reader when a killed one left it.
+"""
+import os
+import shutil
+import threading
+
+from .. import staging
+from .errors import DataError, key_text
+
+KIND = "LevelDB"
+# Caffe's db_leveldb.cpp opens its databases with these
+BLOCK_SIZE = 65536
+WRITE_BUFFER_SIZE = 268435456
+MAX_OPEN_FILES = 100
+
+INSTALL_HINT = ("reading and writing LevelDB needs plyvel: pip install 'poseidon-caffe[leveldb]' "
+                "(or convert the database with convert_imageset -backend lmdb)")
+
+
+def holds_database(path):
+    return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+def _plyvel():
+    try:
+        import plyvel
+    except ImportError:
+        raise DataError(INSTALL_HINT) from None
+    return plyvel
+
+
+def _reason(exc):
+    text = exc.args[0] if exc.args else exc
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+
+
+def _link_view(path, view):
+    """Fill ``view`` with links to the table files of ``path`` and copies of the rest."""
+    os.mkdir(view)
+    for name in os.listdir(path):
+        source = os.path.join(path, name)
+        if name in ("LOCK", "LOG", "LOG.old") or not os.path.isfile(source):
+            continue
+        if name.endswith((".ldb", ".sst")):
+            os.link(source, os.path.join(view, name))
+        else:
+            shutil.copy2(source, os.path.join(view, name))
+
+
+# LevelDB refuses a second open of one database even within a process: the readers of a
+# process (a train and a test net on one source) share one handle, closed with the last.
+_shared = {}
+_shared_lock = threading.Lock()
+
+
+def _open_shared(path):
+    plyvel = _plyvel()
+    staging.remove_stale(path)              # views killed readers left
+    try:
+        return plyvel.DB(path, create_if_missing=False, max_open_files=MAX_OPEN_FILES), None
+    except plyvel.IOError as exc:
+        if "lock" not in _reason(exc).lower():
+            raise DataError("cannot open LevelDB database %r: %s" % (path, _reason(exc))) \
+                from None
+        held = _reason(exc)
+    except plyvel.Error as exc:
+        raise DataError("cannot open LevelDB database %r: %s" % (path, _reason(exc))) from None
+    # another process holds the database: read a private view of it
+    view = staging.temp_path(path)
+    try:
+        _link_view(path, view)
+        return plyvel.DB(view, create_if_missing=False, max_open_files=MAX_OPEN_FILES), view
+    except (OSError, plyvel.Error) as exc:
+        staging.discard(view)
+        raise DataError("LevelDB database %r is open in another process (%s), and a private "
+                        "view of it beside it could not be made (%s); LevelDB lets one process "
+                        "open a database: use LMDB for several readers (convert_imageset "
+                        "-backend lmdb)" % (path, held, _reason(exc))) from None
+
+
+class Store:
+    """A LevelDB opened for reading (shared with the process's other readers of it)."""
+    kind = KIND
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._key = os.path.realpath(self.path)
+        with _shared_lock:
+            entry = _shared.get(self._key)
+            if entry is None:
+                db, view = _open_shared(self.path)
+                entry = _shared[self._key] = [db, view, 0]
+            entry[2] += 1
+        self.db = entry[0]
+
+    def __len__(self):
+        """LevelDB keeps no count: the keys are walked."""
+        with self.db.iterator(include_value=False) as keys:
+            return sum(1 for _ in keys)
+
+    def check(self):
+        """Nothing to check between reads: LevelDB reads files, it maps none."""
+
+    def cursor(self):
+        return Cursor(self)
+
+    def close(self):
+        if self.db is None:
+            return
+        with _shared_lock:
+            entry = _shared.get(self._key)
+            if entry is not None and entry[0] is self.db:
+                entry[2] -= 1
+                if entry[2] == 0:
+                    del _shared[self._key]
+                    self.db.close()
+                    if entry[1] is not None:
+                        staging.discard(entry[1])
+        self.db = None
+
+
+class Cursor:
+    """A position in one snapshot of the database, moved as lmdb_store's Cursor is."""
+
+    def __init__(self, store):
+        self.store = store
+        self._snapshot = store.db.snapshot()
+        self._it = self._snapshot.raw_iterator()
+
+    def _guard(self, step, *args):
+        try:
+            step(*args)
+            return self._it.valid()
+        except _plyvel().Error as exc:
+            raise DataError("LevelDB database %r is damaged: %s (rebuild it or copy it again)"
+                            % (self.store.path, _reason(exc))) from None
+
+    def first(self):
+        return self._guard(self._it.seek_to_first)
+
+    def next(self):
+        return self._guard(self._it.next)
+
+    def seek(self, key):
+        return self._guard(self._it.seek, key) and self._it.key() == key
+
+    def key(self):
+        return self._it.key()
+
+    def value(self):
+        try:
+            return self._it.value()
+        except _plyvel().Error as exc:
+            raise DataError("LevelDB database %r is damaged at record %r: %s"
+                            % (self.store.path, key_text(self._it.key()), _reason(exc))) \
+                from None
+
+    def close(self):
+        if self._it is not None:
+            self._it.close()
+            self._it = None
+            self._snapshot.close()
+            self._snapshot = None
+
+
+class Writer:
+    """A new LevelDB in a staging directory, renamed to ``path`` by ``finish``. Replacing an
+    existing database moves it aside first: two renames, the old one removed after."""
+
+    def __init__(self, path, staging_path):
+        plyvel = _plyvel()
+        self.path = path
+        self.staging_path = staging_path
+        try:
+            self.db = plyvel.DB(staging_path, create_if_missing=True, error_if_exists=True,
+                                block_size=BLOCK_SIZE, write_buffer_size=WRITE_BUFFER_SIZE,
+                                max_open_files=MAX_OPEN_FILES)
+        except plyvel.Error as exc:
+            raise DataError("cannot write LevelDB database %r: %s" % (path, _reason(exc))) \
+                from None
+        self._batch = self.db.write_batch()
+
+    def put(self, key, value):
+        self._batch.put(key, value)
+
+    def commit(self):
+        self._batch.write()
+        self._batch = self.db.write_batch()
+
+    def finish(self):
+        self._batch.write()
+        self._batch = None
+        self.db.close()
+        self.db = None
+        target = os.path.abspath(self.path)
+        old = None
+        if os.path.lexists(target):
+            old = staging.temp_path(target)
+            os.rename(target, old)
+        os.rename(self.staging_path, target)
+        staging.release(self.staging_path)
+        if old is not None:
+            staging.discard(old)
+        staging.sync_directory(os.path.dirname(target))
+
+    def abort(self):
+        if self.db is not None:
+            self._batch = None
+            self.db.close()
+            self.db = None
