@@ -169,7 +169,12 @@ def write_csv(output_filename, dict_list, delimiter=",", verbose=False):
 
 def save_csv_files(logfile_path, output_dir, train_dict_list, test_dict_list, delimiter=",",
                    verbose=False):
-    """Write ``<output_dir>/<log name>.train`` and ``.test`` (caffe.INFO -> caffe.INFO.train)."""
+    """Write ``<output_dir>/<log name>.train`` and ``.test`` (caffe.INFO -> caffe.INFO.train);
+    ``output_dir`` is made (with its parents) when there is a table to write."""
     name = os.path.basename(logfile_path)
+    if (train_dict_list or test_dict_list) and not os.path.isdir(output_dir):
+        if os.path.exists(output_dir):
+            raise LogParseError("output directory %s is not a directory" % output_dir)
+        os.makedirs(output_dir, exist_ok=True)
     write_csv(os.path.join(output_dir, name + ".train"), train_dict_list, delimiter, verbose)
     write_csv(os.path.join(output_dir, name + ".test"), test_dict_list, delimiter, verbose)

@@ -358,8 +358,8 @@ def _time_ours(net_name, iters, profile):
     return result
 
 
-def _rss_mb():
-    """Resident memory of this process now, MB (VmRSS)."""
+def _rss_mib():
+    """Resident memory of this process now, MiB (VmRSS, in KiB)."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):
@@ -367,7 +367,7 @@ def _rss_mb():
     return 0.0
 
 
-def _peak_rss_mb():
+def _peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -518,22 +518,22 @@ def _check(net_name, layers):
 
 
 def _worker(args):
-    base = _rss_mb()
+    base = _rss_mib()
     if args.engine == "check":
         result = _check(args.worker, json.loads(sys.stdin.read()))
     elif args.engine == "torch":
         import torch  # noqa: F401  (its libraries count as loaded, as numpy's do for ours)
         layers = json.loads(sys.stdin.read()) if args.worker in ("googlenet", "vgg16") else None
-        base = _rss_mb()
+        base = _rss_mib()
         result = _time_torch(args.worker, args.iters, layers)
     else:
         import numpy  # noqa: F401
         import scipy.fft  # noqa: F401
         import poseidon_caffe.net  # noqa: F401
-        base = _rss_mb()
+        base = _rss_mib()
         result = _time_ours(args.worker, args.iters, args.profile)
-    result["peak_mb"] = _peak_rss_mb()
-    result["base_mb"] = base
+    result["peak_mib"] = _peak_rss_mib()
+    result["base_mib"] = base
     print("RESULT " + json.dumps(result))
 
 
@@ -570,8 +570,8 @@ def _best(a, b):
     best = dict(min((a, b), key=lambda r: r["cpu_ms"] + r["ms"]))
     for key in ("ms", "cpu_ms", "mean_ms"):
         best[key] = min(a[key], b[key])
-    best["peak_mb"] = max(a["peak_mb"], b["peak_mb"])
-    best["base_mb"] = max(a["base_mb"], b["base_mb"])
+    best["peak_mib"] = max(a["peak_mib"], b["peak_mib"])
+    best["base_mib"] = max(a["base_mib"], b["base_mib"])
     return best
 
 
@@ -618,7 +618,7 @@ def main(argv=None):
                            for k in ("ours_loss", "torch_loss"))))
         return
     print("ms per training iteration, best of N (1 thread: ratio of process CPU times; more: "
-          "of wall times); peak RSS in MB (in brackets: above the libraries' own)")
+          "of wall times); peak RSS in MiB (in brackets: above the libraries' own)")
     print("load: the highest 1-minute load average seen during the row, on %d cores"
           % (os.cpu_count() or 1))
     print("%-13s %2s %3s %16s %16s %6s %13s %13s %5s %9s" % (
@@ -647,7 +647,7 @@ def main(argv=None):
                 return "%.1f / %.1f" % (r["ms"], r["cpu_ms"]) if r else "-"
 
             def rss(r):
-                return "%.0f (%.0f)" % (r["peak_mb"], r["peak_mb"] - r["base_mb"]) if r else "-"
+                return "%.0f (%.0f)" % (r["peak_mib"], r["peak_mib"] - r["base_mib"]) if r else "-"
             print("%-13s %2d %3d %16s %16s %6s %13s %13s %5.2f %9s" % (
                 net, threads, iters, times(ours), times(theirs), ratio, rss(ours), rss(theirs),
                 load, "%s/%s" % ref))

@@ -112,14 +112,15 @@ def main():
             proc.join()
             results[result[0]] = result
         file_size = os.path.getsize(path)
-    print("weights: %d floats in %d blobs = %.1f MB; file %.1f MB"
-          % (count, 2 * len(ALEXNET_SHAPES), size / 1e6, file_size / 1e6))
+    from poseidon_caffe.memory import format_bytes
+    print("weights: %d floats in %d blobs = %s; file %s"
+          % (count, 2 * len(ALEXNET_SHAPES), format_bytes(size), format_bytes(file_size)))
     _, t_save, m_save = results["save"]
     _, t_load, m_load, same, t_proto = results["load"]
-    print("save: %.2f s, peak extra memory %.0f MB (%.2fx the weights)"
-          % (t_save, m_save / 1e6, m_save / size))
-    print("load: %.2f s, peak extra memory %.0f MB (%.2fx the weights, incl. the returned "
-          "arrays), bit-equal: %s" % (t_load, m_load / 1e6, m_load / size, same))
+    print("save: %.2f s, peak extra memory %s (%.2fx the weights)"
+          % (t_save, format_bytes(m_save), m_save / size))
+    print("load: %.2f s, peak extra memory %s (%.2fx the weights, incl. the returned "
+          "arrays), bit-equal: %s" % (t_load, format_bytes(m_load), m_load / size, same))
     print("save+load: %.2f s  (read_net_binary + blobproto_to_array instead: %.2f s)"
           % (t_save + t_load, t_proto))
 

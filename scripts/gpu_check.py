@@ -70,8 +70,9 @@ def prepare(wheelhouse, python):
             raise SystemExit("--prepare: %s failed:\n%s" % (" ".join(command[3:]),
                                                              result.stderr.strip()[-2000:]))
     size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(wheelhouse, "*")))
-    print("wheelhouse %s: %d files, %.1f MB" % (wheelhouse, len(os.listdir(wheelhouse)),
-                                                 size / 1e6))
+    # binary units, named so, as the package's memory.format_bytes writes them
+    print("wheelhouse %s: %d files, %.1f MiB" % (wheelhouse, len(os.listdir(wheelhouse)),
+                                                  size / float(1 << 20)))
     return 0
 
 

@@ -146,6 +146,7 @@ def measure(hosts, bandwidth, mode, dwbp, iters, tmp, net_text=NET):
 # what its layer times show, and the calibration measures the communication's costs in the
 # compute they displace: one core, in the model's terms, per host
 LAB_CORES_PER_NODE = 1.0
+MIB = float(1 << 20)      # byte sizes are binary and named so, as the simulator's report
 
 
 def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False,
@@ -188,7 +189,7 @@ def predict(ranks, hosts, bandwidth, mode, dwbp, net_text=NET, calibrated=False,
 
 HEADER = ("%5s %9s %-9s %5s %9s %9s %7s %9s %7s %10s %7s %9s %7s %8s %8s" % (
     "hosts", "bandwidth", "mode", "dwbp", "measured", "predicted", "error", "in-train",
-    "error", "calibrated", "error", "host-cpu", "error", "compute", "MB/host"))
+    "error", "calibrated", "error", "host-cpu", "error", "compute", "MiB/host"))
 
 
 def compare(hosts, bandwidth, mode, dwbp, ranks):
@@ -219,8 +220,8 @@ def compare(hosts, bandwidth, mode, dwbp, ranks):
            "mpi_link_mb_s": min(r["link_rate"] for r in ranks) / 1e6,
            "one_way_latency_ms": 1e3 * max(r["one_way_latency"] for r in ranks),
            "compute_ms": p.compute_s * 1e3,
-           "planner_mb_per_host": p.host_bytes / 1e6,
-           "engine_mb_per_host": ranks[0]["bytes"] / 1e6,
+           "planner_mib_per_host": p.host_bytes / MIB,
+           "engine_mib_per_host": ranks[0]["bytes"] / MIB,
            "engine_comm_ms": 1e3 * max(r["comm_seconds"] for r in ranks),
            "engine_comm_cpu_ms": 1e3 * max(r["comm_cpu_seconds"] for r in ranks),
            "engine_wait_ms": 1e3 * max(r["wait_seconds"] for r in ranks),
@@ -232,7 +233,7 @@ def compare(hosts, bandwidth, mode, dwbp, ranks):
           % (hosts, bandwidth, mode, "on" if dwbp else "off",
              measured * 1e3, p.iter_s * 1e3, 100 * error, t.iter_s * 1e3,
              100 * error_t, c.iter_s * 1e3, 100 * error_c, h.iter_s * 1e3,
-             100 * error_h, p.compute_s * 1e3, p.host_bytes / 1e6))
+             100 * error_h, p.compute_s * 1e3, p.host_bytes / MIB))
     print("      host CPU measured: polling %.3f of a core, %.3f ms a round, %.2f ns a byte "
           "(compute alone drifted %s); predicted compute %.1f ms, in training %.1f ms"
           % (costs["cpu_polling"], costs["cpu_per_round"] * 1e3, costs["cpu_per_byte"] * 1e9,
@@ -284,7 +285,7 @@ def main():
                         ranks, wire = measure(hosts, bandwidth, mode, dwbp, a.iters, tmp)
                         row = compare(hosts, bandwidth, mode, dwbp, ranks)
                         row["load_average"] = os.getloadavg()[0]
-                        row["wire_mb_per_host"] = wire / 1e6
+                        row["wire_mib_per_host"] = wire / MIB
                         rows.append(row)
                         if a.json:
                             with open(a.json, "w") as f:

@@ -212,3 +212,40 @@ def test_debug_info_logs_on_display_iterations_only():
     summaries = [l for l in lines if "[Backward] All net params (data, diff)" in l]
     assert len(summaries) == 4                      # iterations 0, 2, 4 and 6 of 8
     assert any("[Forward] Layer ip, top blob ip data:" in l for l in lines)
+
+
+# -- byte sizes: one way everywhere -----------------------------------------------------------
+# a number formatted straight into a decimal-looking unit, a unit ladder of its own, or a
+# column named in MB: each writes sizes some other way than memory.format_bytes's MiB/KiB
+_OWN_SIZE_FORMAT = re.compile(r"%[-+ #0-9.]*[dfgi] ?[KMG]B\b|^[KMG]B$|\b[KMG]B/host\b")
+
+
+def _size_formats(path):
+    import tokenize
+    found = []
+    with open(path, "rb") as f:
+        for token in tokenize.tokenize(f.readline):
+            if token.type == tokenize.STRING:
+                text = token.string.strip("rRbBuUfF").strip("\"'")
+                if _OWN_SIZE_FORMAT.search(text):
+                    found.append("%s:%d: %s" % (path, token.start[0], token.string))
+    return found
+
+
+def test_byte_sizes_are_formatted_one_way_in_the_package_and_scripts():
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for top in ("poseidon_caffe", "scripts"):
+        for folder, dirs, files in os.walk(os.path.join(root, top)):
+            dirs[:] = [d for d in dirs if d != "proto"]
+            found += [hit for name in sorted(files) if name.endswith(".py")
+                      for hit in _size_formats(os.path.join(folder, name))]
+    assert not found, "byte sizes written without memory.format_bytes:\n" + "\n".join(found)
+
+
+def test_format_bytes_names_binary_units_so():
+    from poseidon_caffe.memory import format_bytes
+    # 3 x 2**20 + 2**19 bytes is 3.5 MiB (3.67 MB in decimal units)
+    assert format_bytes(3 * (1 << 20) + (1 << 19)) == "3.5 MiB"
+    assert format_bytes(13824) == "13.5 KiB" and format_bytes(1023) == "1023 B"

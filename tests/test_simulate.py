@@ -98,6 +98,16 @@ def test_headers_and_updates_by_hand():
         pytest.approx(0.220 + 0.030)
 
 
+def test_the_report_gives_bytes_per_host_in_mib_named_so():
+    from poseidon_caffe.simulator import report
+    p = run(dwbp=True, mode="sfb")                 # 32,000 bytes per host, as above
+    row, = report.rows([p], p)
+    assert row["mib_per_host"] == pytest.approx(32000 / 1048576.0)
+    head, line = report.table([row]).splitlines()
+    assert head.split()[-1] == "MiB/host" and line.split()[-1] == "0.0"
+    assert "MB" not in head
+
+
 def test_auto_takes_the_planners_choice():
     # factors are far cheaper than the matrices here
     assert set(run(mode="auto").plan.values()) == {"sfb"}
@@ -430,7 +440,7 @@ def test_the_command_prints_a_row_per_node_count_and_writes_json_and_plot(tiny, 
     assert simulate_main(["-model", tiny, "-nodes", "1,2,4", "-bandwidth", "100kbit",
                           "-compute", csv_path, "-json", out_json, "-plot", out_png]) == 0
     text = capsys.readouterr().out
-    table = text.splitlines()[1:]
+    table = text.splitlines()[2:]                   # after the inputs and the compute line
     assert table[0].split()[:5] == ["nodes", "gpus", "iter_ms", "images/s", "speedup"]
     assert [line.split()[0] for line in table[1:]] == ["1", "2", "4"]
     doc = json.load(open(out_json))
@@ -448,6 +458,78 @@ def test_measured_compute_times_the_net_here(tiny, capsys):
     assert simulate_main(["-model", tiny, "-nodes", "1,2", "-compute", "measured",
                           "-iterations", "2"]) == 0
     assert "measured" in capsys.readouterr().out
+
+
+def test_the_output_says_where_the_compute_times_came_from(tiny, tmp_path, capsys):
+    rows = [("data", 0, 0), ("ip1", 1, 2), ("relu", 0, 0), ("ip2", 1, 2), ("loss", 0, 0)]
+    csv_path, _ = write_forms(tmp_path, rows)
+    said = {}
+    for compute_flag in ("measured", csv_path, "total=6"):
+        out_json = str(tmp_path / "rows.json")
+        assert simulate_main(["-model", tiny, "-nodes", "1,2", "-compute", compute_flag,
+                              "-iterations", "1", "-json", out_json]) == 0
+        head = capsys.readouterr().out.splitlines()[:2]
+        # times taken on this CPU are not a GPU's: the header speaks of workers
+        assert "GPU(s)" not in head[0] and "per GPU" not in head[0], head
+        assert head[0].startswith("tiny: batch 4 per worker, 1 worker(s) per node")
+        assert head[1].startswith("compute: ")
+        said[compute_flag] = head[1]
+        assert json.load(open(out_json))["inputs"]["compute_source"] in head[1]
+    assert "measured on this CPU" in said["measured"] and "not a GPU" in said["measured"]
+    assert said[csv_path] == "compute: 6.0 ms per worker and iteration, read from " + csv_path
+    assert "given as total=6 ms" in said["total=6"]
+
+
+def run_measured_on_a_terminal(tiny):
+    """``simulate -compute measured`` with stderr on a pseudo-terminal: what it drew there."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("POSEIDON_NO_PROGRESS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.Popen([sys.executable, "-m", "poseidon_caffe.cli", "simulate", "-model",
+                             tiny, "-nodes", "1,2", "-iterations", "2"], stdout=subprocess.PIPE,
+                            stderr=slave, env=env)
+    os.close(slave)
+    drawn = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 120)
+            assert ready, "no output for 120 s"
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:                 # the child closed the terminal
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(master)
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=120) == 0, drawn
+    return drawn.decode(), out
+
+
+def test_measuring_says_so_and_shows_progress_on_a_terminal(tiny):
+    drawn, out = run_measured_on_a_terminal(tiny)
+    assert "timing the 5 layers of %s at batch 4 on this CPU" % tiny in drawn
+    # 5 layers' forward and backward, 1 untimed + 2 timed passes: 30 steps, the last drawn
+    assert "Timing on this CPU [" in drawn
+    assert "30/30 layer steps" in drawn
+    assert drawn.endswith("\r\x1b[K")     # the bar is wiped before the table is read
+    assert "measured on this CPU" in out
+
+
+def test_measuring_off_a_terminal_is_one_line_and_no_bar(tiny):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-m", "poseidon_caffe.cli", "simulate", "-model",
+                           tiny, "-nodes", "1,2", "-iterations", "1"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "timing the 5 layers" in lines[0], done.stderr
+    assert "\x1b" not in done.stderr
 
 
 def one_error_line(argv, caplog):

@@ -72,19 +72,32 @@ def dry_run(cmd, env=None):
     return shlex.split(proc.stdout.strip().splitlines()[-1])
 
 
+def example_in(tmp_path, example):
+    """The example's run_local.py in a tree of its own under tmp_path: the script takes its
+    folder's grandparent as the job's root, so its outputs go there and not into a checkout
+    that a user's real runs have written to."""
+    tree = tmp_path / "tree"
+    (tree / "examples" / example).mkdir(parents=True)
+    script = tree / "examples" / example / "run_local.py"
+    shutil.copyfile(os.path.join(ROOT, "examples", example, "run_local.py"), script)
+    return str(tree), str(script)
+
+
 @pytest.mark.parametrize("example", ["googlenet", "alexnet", "mnist"])
 def test_run_local_dry_run(tmp_path, example):
     path = hostfile(tmp_path, "0 127.0.0.1 9999\n1 localhost 9999\n")
-    args = dry_run([PY, os.path.join(ROOT, "examples", example, "run_local.py"), path,
-                    "--dry-run"])
+    tree, script = example_in(tmp_path, example)
+    env = {"PYTHONPATH": ROOT}
+    args = dry_run([PY, script, path, "--dry-run"], env=env)
     assert args[1:3] == ["-hosts", "127.0.0.1:1,localhost:1"]
     assert args.count(":") == 1
     dataset = "mnist" if example == "mnist" else "imagenet"
     solver = {"mnist": "examples/mnist/lenet_solver.prototxt"}.get(
         example, "examples/%s/solver.prototxt" % example)
     assert "-solver=%s" % solver in args
-    assert "-output_dir=%s" % os.path.join(ROOT, "output", "caffe.%s.S0.M2.T1" % dataset) in args
-    assert not os.path.exists(os.path.join(ROOT, "output", "caffe.%s.S0.M2.T1" % dataset))
+    out = os.path.join(tree, "output", "caffe.%s.S0.M2.T1" % dataset)
+    assert "-output_dir=%s" % out in args
+    assert not os.path.exists(os.path.join(tree, "output"))     # a dry run makes nothing
     # Poseidon's defaults for the example: svb, and the Bösen knobs passed on to be logged
     svb, rows = {"mnist": ("false", 1), "alexnet": ("true", 256), "googlenet": ("true", 32)}[example]
     assert args.count("-svb=%s" % svb) == 2
@@ -92,9 +105,9 @@ def test_run_local_dry_run(tmp_path, example):
     assert args.count("-consistency_model=SSPPush") == 2
     assert [a for a in args if a.startswith("-client_id=")] == ["-client_id=0", "-client_id=1"]
     # Poseidon's per-host form: client 0 leads with hydra's manual launcher
-    lead = dry_run([PY, os.path.join(ROOT, "examples", example, "run_local.py"), "0", path,
-                    "--dry-run"])
+    lead = dry_run([PY, script, "0", path, "--dry-run"], env=env)
     assert lead[:3] == [args[0], "-launcher", "manual"] and lead[3:] == args[1:]
+    assert not os.path.exists(os.path.join(tree, "output"))
 
 
 @pytest.mark.parametrize("example, svb", [("googlenet", "true"), ("alexnet", "false")])

@@ -169,3 +169,30 @@ def test_parameter_server_pieces_cover_each_shards_rows_in_order(count, rows, sh
     pieces_of = {s: len(r) for s, r in by_shard.items()}
     if count == 9216 * 4096:
         assert pieces_of == {0: 74, 1: 74}
+
+
+def planned_lines(items, mode, K, shape):
+    import logging
+    from poseidon_caffe import log
+    lines = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log.logger.addHandler(handler)
+    try:
+        planner.make_plan(items, mode, lambda item: K, shape)
+    finally:
+        log.logger.removeHandler(handler)
+    return lines
+
+
+def test_the_plans_byte_sizes_are_written_in_binary_units_named_so():
+    # ps over 2 hosts and 2 shards moves 2 x 4 bytes x M x N x (P + S - 2) / S per host:
+    # fc7's 4096 x 4096 floats -> 134,217,728 bytes = 128 MiB exactly; a 64 x 27
+    # convolution's -> 13,824 bytes = 13.5 KiB
+    lines = planned_lines([FakeItem("fc7", 4096, 4096, False)], "ps", 32, (2, 2, 1))
+    assert "Sync plan: predicted 128.0 MiB off-host per host per iteration (2 hosts, 2 " \
+           "shards, 1 devices per host)" in lines, lines
+    assert any(line.startswith("Sync plan: fc7 (") and "ps 128.0 MiB" in line for line in lines)
+    lines = planned_lines([FakeItem("conv", 64, 27, False)], "ps", 32, (2, 2, 1))
+    assert any("predicted 13.5 KiB off-host" in line for line in lines), lines
+    assert not any(unit in line for line in lines for unit in (" KB", " MB", " GB"))

@@ -181,3 +181,22 @@ def test_not_a_training_log_is_one_clear_line(tmp_path):
         assert len(errors) == 1 and "\n" not in errors[0]
         assert message in errors[0] and name in errors[0]
     assert not list(tmp_path.glob("*.train"))
+
+
+def test_an_output_dir_that_does_not_exist_is_made(tmp_path):
+    path = caffe_log(tmp_path)
+    out = tmp_path / "plots" / "run1"                   # neither folder exists yet
+    proc = cli(tmp_path, "parse_log", str(path), str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "caffe.INFO.train").read_bytes().decode() == CAFFE_TRAIN
+    assert (out / "caffe.INFO.test").read_bytes().decode() == CAFFE_TEST
+
+
+def test_an_output_dir_that_is_a_file_is_one_clear_line(tmp_path):
+    path = caffe_log(tmp_path)
+    (tmp_path / "taken").write_text("keep me\n")
+    code, errors = errors_of(parse_log_main, [str(path), str(tmp_path / "taken")])
+    assert code == 1
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert "taken is not a directory" in errors[0]
+    assert (tmp_path / "taken").read_text() == "keep me\n"

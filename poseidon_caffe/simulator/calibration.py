@@ -30,8 +30,8 @@ import time
 from ..sync.dwbp import BUSY_PAUSE
 
 TAG = 31337
-SMALL_VALUES = 256            # 1 KB of float32: a round of messages whose bytes cost nothing
-LARGE_VALUES = 1 << 18        # 1 MB: one whose bytes dominate
+SMALL_VALUES = 256            # 1 KiB of float32: a round of messages whose bytes cost nothing
+LARGE_VALUES = 1 << 18        # 1 MiB: one whose bytes dominate
 
 
 def _wait(requests):

@@ -259,7 +259,7 @@ def match_layers(rows, batch, model, path, note=""):
                               % (path, len(missing), model.name or model.source, _some(missing)))
     forward = [v or 0.0 for v in forward]
     backward = [v or 0.0 for v in backward]
-    times = LayerTimes(forward, backward, source=path, note=note)
+    times = LayerTimes(forward, backward, source="read from %s" % path, note=note)
     if batch is not None and batch != model.batch:
         times = times.scaled(model.batch / float(batch))
         times.note = "; ".join(part for part in (note, "times taken at batch %d, scaled to the "
@@ -290,19 +290,32 @@ def fill_inputs(net):
             top.data[...] = 0 if label else rng.standard_normal(top.shape)
 
 
-def measure(net, iterations=10, warmup=1):
-    """LayerTimes of ``net`` on this machine: the timing ``time`` does, mean of
+def measure(net, iterations=10, warmup=1, on_step=None):
+    """LayerTimes of ``net`` on this machine's CPU: the timing ``time`` does, mean of
     ``iterations`` passes after ``warmup`` untimed ones. The net's input tops get random
-    data (labels 0) so that every layer runs as in training."""
+    data (labels 0) so that every layer runs as in training. ``on_step(done, total)`` is
+    called after each layer's forward and each layer's backward of every pass (a large net
+    takes minutes here)."""
     from ..net.timing import time_layers
     fill_inputs(net)
-    for _ in range(max(warmup, 0)):
-        net.forward_prefilled()
-        net.backward_from_to()
-    times = time_layers(net, iterations)
+    warmup = max(warmup, 0)
+    total = 2 * len(net.layers) * (warmup + iterations)
+    done = [0]
+
+    def step():
+        done[0] += 1
+        on_step(done[0], total)
+    on_layer = step if on_step is not None else None
+    if on_step is not None:
+        on_step(0, total)
+    if warmup:
+        time_layers(net, warmup, on_layer=on_layer)
+    times = time_layers(net, iterations, on_layer=on_layer)
     per = 1e3 / max(iterations, 1)
     return LayerTimes([v * per for v in times["forward"]], [v * per for v in times["backward"]],
-                      source="measured here, %d iterations" % iterations)
+                      source="measured on this CPU (mean of %d pass%s after %d untimed): each "
+                      "worker is taken to be as fast as this CPU, not a GPU"
+                      % (iterations, "" if iterations == 1 else "es", warmup))
 
 
 # -- one per-iteration figure spread over the layers ---------------------------------------------
@@ -341,7 +354,8 @@ def spread_total(net, total_ms, source):
         raise SimulationError("%s: the net does no work to share %g ms over" % (source, total_ms))
     scale = total_ms / whole
     return LayerTimes([w * scale for w in forward], [w * scale for w in backward],
-                      source="%g ms per iteration spread by multiply-adds" % total_ms)
+                      source="given as total=%g ms per iteration, spread over the layers by "
+                      "multiply-adds" % total_ms)
 
 
 def measure_update_rate(values=1 << 22, repeats=3):

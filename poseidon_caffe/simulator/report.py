@@ -7,8 +7,9 @@ from .model import SimulationError
 
 COLUMNS = (("nodes", "%5d"), ("gpus", "%5d"), ("iter_ms", "%10.1f"), ("images_per_s", "%10.1f"),
            ("speedup", "%8.2f"), ("compute_ms", "%10.1f"), ("comm_ms", "%9.1f"),
-           ("hidden", "%7.2f"), ("mb_per_host", "%11.1f"))
-HEADERS = {"images_per_s": "images/s", "mb_per_host": "MB/host"}
+           ("hidden", "%7.2f"), ("mib_per_host", "%11.1f"))
+HEADERS = {"images_per_s": "images/s", "mib_per_host": "MiB/host"}
+MIB = float(1 << 20)      # byte sizes are binary and named so everywhere (memory.format_bytes)
 
 
 def rows(predictions, baseline):
@@ -24,7 +25,7 @@ def rows(predictions, baseline):
             "iter_ms": p.iter_s * 1e3, "images_per_s": p.images_per_s,
             "speedup": p.images_per_s / baseline.images_per_s,
             "compute_ms": p.compute_s * 1e3, "comm_ms": p.comm_s * 1e3,
-            "hidden": p.hidden_share, "mb_per_host": p.host_bytes / 1e6,
+            "hidden": p.hidden_share, "mib_per_host": p.host_bytes / MIB,
             "plan": strategies,
         })
     return out

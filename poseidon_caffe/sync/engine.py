@@ -10,13 +10,14 @@ import time
 import numpy as np
 
 from .. import log
+from ..memory import format_bytes
 from ..solver import updates
 from . import strategy as registry
 from .strategy import Strategy
 from .counters import ByteCounters
 from .device import DeviceStage, on_device
 from .dwbp import Scheduler, SyncError, make_buckets
-from .planner import human_bytes, make_plan
+from .planner import make_plan
 from .transport import OFFLOAD_SIZE, Channel, Transport
 
 CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
@@ -343,16 +344,16 @@ class SyncEngine:
             total_pred += pred
             total_meas += meas
             log.info("    Sync %s %s: %s off-host per iteration (predicted %s), %s on-host",
-                     bucket.strategy, bucket.name, human_bytes(meas), human_bytes(pred),
-                     human_bytes(local))
+                     bucket.strategy, bucket.name, format_bytes(meas), format_bytes(pred),
+                     format_bytes(local))
         log.info("    Sync total: %s off-host per iteration (predicted %s per host)",
-                 human_bytes(total_meas), human_bytes(total_pred))
+                 format_bytes(total_meas), format_bytes(total_pred))
         moved = None if (window or self.stage is None) else self.stage.moved()
         if moved:
             n = moved["iterations"]
             log.info("    Device: per iteration %s in (%g copies), %s out (%g copies), %g host "
-                     "waits", human_bytes(moved["htod_bytes"] / n), moved["htod_calls"] / n,
-                     human_bytes(moved["dtoh_bytes"] / n), moved["dtoh_calls"] / n,
+                     "waits", format_bytes(moved["htod_bytes"] / n), moved["htod_calls"] / n,
+                     format_bytes(moved["dtoh_bytes"] / n), moved["dtoh_calls"] / n,
                      moved["host_syncs"] / n)
         if window:
             self.counters.reset_window()

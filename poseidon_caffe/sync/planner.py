@@ -21,6 +21,7 @@ training (the server holds the weights) and ``-ps_update=worker`` (the workers e
 values, which are not rank-K): there svb is ignored, with a note in the log.
 """
 from .. import log
+from ..memory import format_bytes
 from . import strategy as registry
 
 UPDATES = ("server", "worker")
@@ -144,22 +145,15 @@ def make_plan(items, mode, K_per_worker, topology_shape, staleness=0, svb=None, 
         if announce:
             cost = prices(item, K, P, S, dedicated)
             log.info("Sync plan: %s (M=%d N=%d K=%d P=%d S=%d): %s -> %s", item.name, M, N, K,
-                     P, S, ", ".join("%s %s" % (n, human_bytes(c)) for n, c in sorted(cost.items())),
-                     name)
+                     P, S, ", ".join("%s %s" % (n, format_bytes(c))
+                                     for n, c in sorted(cost.items())), name)
     if announce:
         log.info("Sync plan: predicted %s off-host per host per iteration (%d hosts, %d shards, "
-                 "%d devices per host)", human_bytes(sum(predicted.values())), P, S, per_host)
+                 "%d devices per host)", format_bytes(sum(predicted.values())), P, S, per_host)
         if dedicated:
             log.info("Sync plan: predicted %s per dedicated server node per iteration",
-                     human_bytes(server_load))
+                     format_bytes(server_load))
     return plan, predicted
-
-
-def human_bytes(n):
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
-        n /= 1024.0
 
 
 def exchanged_params(net):

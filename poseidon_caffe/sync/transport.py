@@ -17,13 +17,15 @@ exchanges in flight together use different channels, so that every communicator 
 collectives in the same order on every rank.
 """
 import concurrent.futures
+import queue
+import threading
 import time
 
 # mpi4py is imported where it is called: the planner and the simulator read this module's
 # small classes, and a single-process run loads no MPI
 
 
-OFFLOAD_SIZE = 1 << 18     # values (1 MB of float32) from which numeric work goes to a thread
+OFFLOAD_SIZE = 1 << 18     # values (1 MiB of float32) from which numeric work goes to a thread
 
 
 class SyncTimeout(RuntimeError):

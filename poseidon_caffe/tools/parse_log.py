@@ -17,7 +17,7 @@ PARSE_USAGE = """Parse a Caffe training log into two CSV files of training and t
 Usage:
     parse_log [FLAGS] LOGFILE [OUTPUT_DIR]
 Writes OUTPUT_DIR/LOGFILE.train and OUTPUT_DIR/LOGFILE.test (OUTPUT_DIR defaults to the log's
-own directory).
+own directory, and is made when it does not exist).
 """
 
 
@@ -39,8 +39,6 @@ def parse_log_main(argv):
     log_path = args[0]
     output_dir = args[1] if len(args) == 2 else (os.path.dirname(os.path.abspath(log_path)))
     try:
-        if not os.path.isdir(output_dir):
-            raise LogParseError("output directory %s does not exist" % output_dir)
         train, test = parse_log(log_path)
         if not train and not test:
             raise LogParseError("%s holds no 'Train net output' or 'Test net output' lines"

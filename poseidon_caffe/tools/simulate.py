@@ -1,6 +1,7 @@
 """``poseidon-caffe simulate -model NET -nodes 1,2,4,8 -bandwidth 10gbit ...``: predicted
 iteration time, throughput and speedup of distributed training on clusters of any size
 (``simulator/``)."""
+import contextlib
 import logging
 import sys
 
@@ -78,17 +79,42 @@ def _nodes(text):
     return sorted(set(nodes))
 
 
+@contextlib.contextmanager
+def _quiet():
+    """The nets' set-up lines are not the answer: only warnings and errors reach the console
+    while a net is built."""
+    log.set_console_level(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.set_console_level(logging.NOTSET)
+
+
+def _measure(values, model, net_path, data_shape):
+    """Times the TRAIN net on this CPU, saying so first and drawing progress on a terminal:
+    a large net at its full batch takes minutes."""
+    from .. import simulator
+    from ..progress import ProgressBar
+    from ..simulator.model import build_net
+    iterations = values["iterations"]
+    if iterations < 1:
+        raise flagmod.FlagError("-iterations=%d: time at least one pass" % iterations)
+    with _quiet():
+        net, _ = build_net(net_path, data_shape, allocate=True, batch=values["batch"] or None)
+    log.info("simulate: timing the %d layers of %s at batch %d on this CPU, 1 untimed pass "
+             "and %d timed (-compute=FILE or -compute=total=MS takes the times from elsewhere)",
+             len(net.layers), net_path, model.batch, iterations)
+    steps = 2 * len(net.layers) * (1 + iterations)
+    with ProgressBar(steps, "Timing on this CPU") as bar:
+        return simulator.measure(net, iterations, warmup=1,
+                                 on_step=lambda done, total: bar.update(done, "layer steps"))
+
+
 def _times(values, model, net_path, data_shape):
     from .. import simulator
     spec = values["compute"]
     if spec == "measured":
-        from ..simulator.model import build_net
-        if values["iterations"] < 1:
-            raise flagmod.FlagError("-iterations=%d: time at least one pass"
-                                    % values["iterations"])
-        net, _ = build_net(net_path, data_shape, allocate=True,
-                           batch=values["batch"] or None)
-        return simulator.measure(net, values["iterations"])
+        return _measure(values, model, net_path, data_shape)
     if spec.startswith("total="):
         from ..simulator.model import build_net
         try:
@@ -98,7 +124,8 @@ def _times(values, model, net_path, data_shape):
         if not total > 0:
             raise flagmod.FlagError("-compute=%s: total= takes one iteration's milliseconds "
                                     "(> 0)" % spec)
-        net, _ = build_net(net_path, data_shape, batch=values["batch"] or None)
+        with _quiet():
+            net, _ = build_net(net_path, data_shape, batch=values["batch"] or None)
         return simulator.spread_total(net, total, net_path)
     return simulator.read_compute_file(spec, model)
 
@@ -131,7 +158,8 @@ def simulate_rows(values):
                                 % values["cpu_per_byte"])
     data_shape = net_models.parse_data_shape(values["data_shape"]) if values["data_shape"] \
         else None
-    model, _ = simulator.load(values["model"], data_shape, values["batch"] or None)
+    with _quiet():
+        model, _ = simulator.load(values["model"], data_shape, values["batch"] or None)
     times = _times(values, model, values["model"], data_shape)
     update_rate = values["update_rate"]
     if update_rate < 0:
@@ -150,12 +178,13 @@ def simulate_rows(values):
               "gpus_per_node": values["gpus_per_node"], "bandwidth": values["bandwidth"],
               "latency": values["latency"], "local_bandwidth": values["local_bandwidth"],
               "compute": values["compute"], "compute_ms_per_iteration": times.total_ms,
+              "compute_source": times.source,
               "sync": values["sync"], "svb": values["svb"], "dwbp": values["dwbp"],
               "comm_channels": values["comm_channels"], "overhead": values["overhead"],
               "update_rate": update_rate, "wire_efficiency": values["wire_efficiency"],
               "cores_per_node": cores, "cpu_per_byte": values["cpu_per_byte"],
               "cpu_per_round": values["cpu_per_round"], "cpu_polling": values["cpu_polling"],
-              "speedup_over": "one node of %d GPU(s)" % values["gpus_per_node"]}
+              "speedup_over": "one node of %d worker(s)" % values["gpus_per_node"]}
     if times.note:
         inputs["compute_note"] = times.note
     return report.rows(predictions, baseline), inputs
@@ -172,19 +201,16 @@ def simulate_main(argv):
         if args:
             raise flagmod.FlagError("simulate takes only flags; unexpected argument(s): %s"
                                     % " ".join(args))
-        # the nets' set-up lines are not the answer: only warnings and errors reach the console
-        log.set_console_level(logging.WARNING)
-        try:
-            rows, inputs = simulate_rows(values)
-        finally:
-            log.set_console_level(logging.NOTSET)
-        sys.stdout.write("%s (batch %d per GPU), %s each way, latency %s, %d GPU(s) per node, "
-                         "-sync=%s, dwbp %s; compute %s (%.1f ms per iteration); speedup over "
-                         "%s\n" % (inputs["net"] or inputs["model"], inputs["batch_per_gpu"],
-                                   inputs["bandwidth"], inputs["latency"],
-                                   inputs["gpus_per_node"], inputs["sync"],
-                                   "on" if inputs["dwbp"] else "off", inputs["compute"],
-                                   inputs["compute_ms_per_iteration"], inputs["speedup_over"]))
+        rows, inputs = simulate_rows(values)
+        # a worker is what the compute times were taken on: this CPU, a GPU, or a guess
+        sys.stdout.write("%s: batch %d per worker, %d worker(s) per node, %s each way, latency "
+                         "%s, -sync=%s, dwbp %s; speedup over %s\n"
+                         % (inputs["net"] or inputs["model"], inputs["batch_per_gpu"],
+                            inputs["gpus_per_node"], inputs["bandwidth"], inputs["latency"],
+                            inputs["sync"], "on" if inputs["dwbp"] else "off",
+                            inputs["speedup_over"]))
+        sys.stdout.write("compute: %.1f ms per worker and iteration, %s\n"
+                         % (inputs["compute_ms_per_iteration"], inputs["compute_source"]))
         if "compute_note" in inputs:
             sys.stdout.write("note: %s\n" % inputs["compute_note"])
         sys.stdout.write(report.table(rows) + "\n")

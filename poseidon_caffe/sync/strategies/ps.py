@@ -35,7 +35,7 @@ from ..transport import OFFLOAD_SIZE, Until
 
 CONTROL_TAG = 1
 SNAPSHOT, STOP = "snapshot", "stop"
-PIECE_VALUES = 1 << 18     # the most values (1 MB) a push or pull message carries
+PIECE_VALUES = 1 << 18     # the most values (1 MiB) a push or pull message carries
 PIECE_TAGS = 1 << 12       # tags per blob: piece j of blob i is tagged i * PIECE_TAGS + j
 
 
