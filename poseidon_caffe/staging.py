@@ -3,11 +3,13 @@
 Every file or database the project writes goes first to a hidden temporary beside its target,
 named ``.<target name>.p<pid>-<tag>-<host>.tmp``, and is renamed over the target only once it
 is complete. A writer killed on the way leaves its temporary behind; the next write to the same
-target removes it (``remove_stale``). A temporary counts as stale when the writer it names can
-no longer be writing it: on this host, its process has ended (or its process id now belongs to
-a process started after the temporary was last written, or to this very process, which knows
-its own live temporaries); from another host, or in the older unnamed form, when nothing has
-written to it for ``FOREIGN_STALE_AFTER`` seconds. A concurrent writer's temporary is kept.
+target removes it (``remove_stale``), and a writer of a family of files (every iteration's
+snapshot) removes those of the whole family (``remove_stale_where``). A temporary counts as
+stale when the writer it names can no longer be writing it: on this host, its process has ended
+(or its process id now belongs to a process started after the temporary was last written, or to
+this very process, which knows its own live temporaries); from another host, or in the older
+unnamed form, when nothing has written to it for ``FOREIGN_STALE_AFTER`` seconds. A concurrent
+writer's temporary is kept.
 
 Only the standard library is used: ``io`` and ``data`` both build on this module.
 """
@@ -132,7 +134,11 @@ def stale_temporaries(target):
     """The temporaries beside ``target`` that killed writers left (see the module's rules)."""
     target = os.path.abspath(os.fspath(target))
     directory, name = os.path.split(target)
-    prefix = "." + name + "."
+    return _stale_in(directory, lambda target_name: target_name == name)
+
+
+def _stale_in(directory, wanted):
+    """The stale temporaries in ``directory`` whose target's name ``wanted(name)`` accepts."""
     found = []
     try:
         entries = list(os.scandir(directory))
@@ -140,13 +146,13 @@ def stale_temporaries(target):
         return found
     now = time.time()
     for entry in entries:
-        if not entry.name.startswith(prefix):
+        if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
             continue
-        middle = entry.name[len(prefix):]
-        if not middle.endswith(".tmp"):
+        # .<target>.<middle>.tmp: the middle has no dot (the host's dots are replaced)
+        target_name, _, middle = entry.name[1:-len(".tmp")].rpartition(".")
+        if not target_name or not (_OURS.match(middle) or _LEGACY.match(middle)):
             continue
-        middle = middle[:-len(".tmp")]
-        if "." in middle or not (_OURS.match(middle) or _LEGACY.match(middle)):
+        if not wanted(target_name):
             continue                    # another target's file (``a.b`` beside ``a``)
         try:
             stale = is_stale(entry.path, middle, now)
@@ -160,6 +166,16 @@ def stale_temporaries(target):
 def remove_stale(target):
     """Remove the temporaries of ``target`` that killed writers left; returns their paths."""
     removed = stale_temporaries(target)
+    for path in removed:
+        discard(path)
+    return removed
+
+
+def remove_stale_where(directory, wanted):
+    """Remove the temporaries in ``directory`` that killed writers left for any target whose
+    name ``wanted(name)`` accepts (a family of files: every iteration's snapshot files, not
+    only the one written now); returns their paths."""
+    removed = _stale_in(os.fspath(directory) or ".", wanted)
     for path in removed:
         discard(path)
     return removed

@@ -8,10 +8,15 @@ HDF5: ``.caffemodel.h5`` (groups ``data/<layer>/<j>``, and ``diff/...`` with sna
 Caffe keeps no random state in a snapshot; to make a resumed run bit-identical to an
 uninterrupted one, a side file ``<prefix>_iter_N.rngstate`` (JSON) holds the random generator
 state and the position of every layer that reports one (``get_resume_state()`` /
-``set_resume_state(state)``, e.g. a data layer's cursor). Caffe ignores the extra file.
+``set_resume_state(state)``, e.g. a data layer's cursor). Caffe ignores the extra file. The
+solver state is written last: it is what a resume names, so one on disk has its set beside it.
+A solver state without its side file is Caffe's when no snapshot of its prefix has one (Caffe
+writes none); when others do, this project wrote it and the set is incomplete
+(``written_with_side_files``).
 """
 import json
 import os
+import re
 
 import numpy as np
 
@@ -251,6 +256,33 @@ def read_rngstate(state_path):
                             % (path, exc.strerror or exc)) from None
     _check_rngstate(payload, path)
     return payload
+
+
+def written_with_side_files(state_path):
+    """Whether the run that wrote solver state ``state_path`` wrote random-state side files:
+    its iteration has one (its own or a rank's), or another snapshot of its prefix has one.
+    This project writes one with every solver state and Caffe never does, so a solver state
+    with none anywhere around it is taken as Caffe's."""
+    directory, name = os.path.split(os.path.abspath(state_path))
+    stem = os.path.basename(rngstate_filename(name))[:-len(".rngstate")]
+    numbered = re.match(r"^(.*)_iter_\d+$", stem)
+    if numbered:
+        side = re.compile(r"^%s_iter_\d+(\.rank\d+)?\.rngstate$" % re.escape(numbered.group(1)))
+    else:
+        side = re.compile(r"^%s(\.rank\d+)?\.rngstate$" % re.escape(stem))
+    try:
+        return any(side.match(entry) for entry in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def remove_stale_temporaries(prefix):
+    """Remove the temporaries that killed writers left of any snapshot file of ``prefix``
+    (every iteration's, every rank's; see ``staging``); returns their paths."""
+    prefix = os.fspath(prefix)
+    family = re.compile(r"^%s_iter_\d+\." % re.escape(os.path.basename(prefix)))
+    return staging.remove_stale_where(os.path.dirname(prefix) or ".",
+                                      lambda name: family.match(name) is not None)
 
 
 def _check_rngstate(payload, path):

@@ -7,6 +7,7 @@ learning rate, clip, then per parameter ``update_param`` (normalise, regularise,
 update value with the rule of the solver's type, apply it). A subclass names its rule
 (``type``), checks its fields and says how many history arrays it keeps.
 """
+import contextlib
 import math
 import os
 import time
@@ -21,6 +22,7 @@ from .. import solver_group
 from ..memory import format_bytes
 from ..progress import ProgressBar
 from ..proto import caffe_pb2
+from . import prefix_lock
 from . import signals
 from . import snapshot as snap
 from . import updates
@@ -256,11 +258,15 @@ class Solver:
                 and (p.HasField("snapshot_prefix") or self.solver_file)):
             # the snapshot at the end must be writable before the training it would keep
             self._probe_snapshot_prefix()
-        self.step(self.param.max_iter - self.iter)
-        snapshot_here = p.snapshot and self.iter % p.snapshot == 0
-        if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
-                and self.last_snapshot_iter != self.iter and solver_group.root_solver()):
-            self.snapshot()
+        # a second job on this prefix is refused now, before it trains, not at its first write
+        writes = ((p.snapshot or p.snapshot_after_train) and self.iter < p.max_iter
+                  and (p.HasField("snapshot_prefix") or self.solver_file))
+        with self.job.claim_snapshot_prefix(self) if writes else contextlib.nullcontext():
+            self.step(self.param.max_iter - self.iter)
+            snapshot_here = p.snapshot and self.iter % p.snapshot == 0
+            if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
+                    and self.last_snapshot_iter != self.iter and solver_group.root_solver()):
+                self.snapshot()
         if self.requested_early_exit:
             log.info("Optimization stopped early.")
             return
@@ -608,21 +614,57 @@ class Solver:
         """A snapshot of this iteration, as the job takes it; returns the solver state path."""
         return self.job.snapshot(self)
 
+    @contextlib.contextmanager
+    def hold_snapshot_prefix(self):
+        """Hold the snapshot prefix's lock for the block (``prefix_lock``): another live job
+        on the same prefix is refused, naming its host and pid (PrefixInUse)."""
+        key = prefix_lock.claim(self.snapshot_prefix())
+        try:
+            yield
+        finally:
+            prefix_lock.release(key)
+
     def write_snapshot(self):
-        """Write ``<prefix>_iter_N`` model and solver state; returns the solver state path."""
+        """Write ``<prefix>_iter_N``: the model, the random-state side file, and the solver
+        state last, so that a solver state on disk always has its whole set beside it (a
+        resume names the solver state); returns the solver state path."""
         self._check_params_finite()
         fmt_ = self.param.snapshot_format
         model, state = self.snapshot_filenames()
         kind = "HDF5 file" if fmt_ == snap.HDF5 else "binary proto file"
-        log.info("Snapshotting to %s %s", kind, model)
-        snap.write_model(self.net, model, fmt_, self.param.snapshot_diff)
-        log.info("Snapshotting solver state to %s %s", kind, state)
-        snap.write_state(state, self.iter, model, self.current_step,
-                         [blob.backend.to_host(h) for blob, h in
-                          zip(self.net.learnable_params * self.history_sets, self.history)], fmt_)
-        snap.write_rngstate(state, self.layer_resume_states())
+        with self.hold_snapshot_prefix():
+            # what writers killed on the way left of any iteration's files
+            snap.remove_stale_temporaries(self.snapshot_prefix())
+            writing = model
+            try:
+                log.info("Snapshotting to %s %s", kind, model)
+                snap.write_model(self.net, model, fmt_, self.param.snapshot_diff)
+                writing = snap.rngstate_filename(state)
+                snap.write_rngstate(state, self.layer_resume_states())
+                log.info("Snapshotting solver state to %s %s", kind, state)
+                writing = state
+                history = [blob.backend.to_host(h) for blob, h in
+                           zip(self.net.learnable_params * self.history_sets, self.history)]
+                snap.write_state(state, self.iter, model, self.current_step, history, fmt_)
+            except (OSError, pio.ProtoFileError) as exc:
+                raise self._snapshot_not_written(writing, exc) from None
         self.record_snapshot(state)
         return state
+
+    def _snapshot_not_written(self, path, exc):
+        """The one-line error of a snapshot write that failed (a full disk, a lost mount):
+        the file, the iteration and the set to resume from."""
+        reason = getattr(exc, "strerror", None) or str(exc)
+        if isinstance(exc, pio.ProtoFileError) or path in reason:
+            reason = str(exc)           # it names the file already
+        else:
+            reason = "cannot write %s: %s" % (path, reason)
+        where = ("the last complete snapshot set to resume from is %s" % self.last_snapshot
+                 if self.last_snapshot else "no complete snapshot set was written in this run")
+        error = snap.SnapshotError("Iteration %d: the snapshot was not written (%s); %s"
+                                   % (self.iter, reason, where))
+        error.filename = path
+        return error
 
     def restore(self, state_file):
         """Resume from a ``.solverstate`` (or ``.solverstate.h5``) as Caffe's Solver::Restore."""
@@ -646,7 +688,14 @@ class Solver:
         self.iter = it
         self.current_step = current_step
         extra = snap.read_rngstate(state_file)
-        if extra is None:
+        if extra is None and snap.written_with_side_files(state_file):
+            # a set of this project's that lost its side file: not a Caffe snapshot
+            log.warning("Snapshot set %s is incomplete: %s is missing, so the random generator "
+                        "and the data layers' record positions of iteration %d are not restored "
+                        "(the data is read again from its start, the random draws differ): the "
+                        "resumed run will not repeat an uninterrupted one",
+                        state_file, snap.rngstate_filename(state_file), it)
+        elif extra is None:
             log.info("No %s beside %s: the random stream continues from its current state",
                      os.path.basename(snap.rngstate_filename(state_file)), state_file)
         else:

@@ -14,6 +14,7 @@ rank becomes the same action on every rank at the same iteration).
 It reads the solver, the net and the layers only through their public methods (the list is in
 docs/DEVELOPING.md).
 """
+import contextlib
 import json
 import logging
 import os
@@ -255,6 +256,16 @@ class DistributedRunner:
         from ..solver import snapshot as snap
         rank = self.topology.rank
         extra = snap.read_rngstate(state_file if rank == 0 else self._rank_state_path(state_file))
+        if rank == 0 and snap.written_with_side_files(state_file):
+            # rank 0's own side file the solver's restore has checked; the other ranks' here
+            missing = [snap.rngstate_filename(self._rank_state_path(state_file, r))
+                       for r in range(1, self.topology.size)]
+            missing = [path for path in missing if not os.path.exists(path)]
+            if missing:
+                log.warning("Snapshot set %s is incomplete: %s missing, so those ranks' random "
+                            "generators and data positions are not restored: the resumed run "
+                            "will not repeat an uninterrupted one", state_file,
+                            " and ".join(missing) + (" are" if len(missing) > 1 else " is"))
         if extra is not None:
             rng.set_state(extra["rng"])
             self.solver.set_layer_resume_states(extra.get("layers", {}))
@@ -282,11 +293,12 @@ class DistributedRunner:
             params[i % len(params)].backend.upload(array, target)
         log.info("Rank %d: restored its own solver history", self.topology.rank)
 
-    def _rank_state_path(self, state_path):
+    def _rank_state_path(self, state_path, rank=None):
+        rank = self.topology.rank if rank is None else rank
         for ext in (".solverstate.h5", ".solverstate"):
             if state_path.endswith(ext):
-                return "%s.rank%d%s" % (state_path[:-len(ext)], self.topology.rank, ext)
-        return "%s.rank%d" % (state_path, self.topology.rank)
+                return "%s.rank%d%s" % (state_path[:-len(ext)], rank, ext)
+        return "%s.rank%d" % (state_path, rank)
 
     def _comm_failed(self, exc, where):
         from .failure import fail
@@ -408,6 +420,13 @@ class DistributedRunner:
             solver.record_snapshot(state)
         self._barrier("waiting for rank 0's snapshot of iteration %d" % solver.iter)
         return state
+
+    def claim_snapshot_prefix(self, solver=None):
+        """Rank 0 writes the job's snapshot sets, so it alone holds the prefix's lock for
+        the run (the job hook; see ``solver.job.LocalJob``)."""
+        if self.topology.rank == 0:
+            return self.solver.hold_snapshot_prefix()
+        return contextlib.nullcontext()
 
     def _barrier(self, what):
         world, transport = self.topology.world, self.engine.transport
