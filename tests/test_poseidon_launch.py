@@ -218,6 +218,38 @@ def test_a_client_without_its_leader_names_the_address(job, monkeypatch):
         join.run_client(1, hosts, ["mpiexec"])
 
 
+def processes_naming(text):
+    """The processes of this machine whose command line contains ``text``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                line = f.read().decode(errors="replace")
+            with open("/proc/%s/stat" % pid) as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if text in line and not zombie:
+            found.append(line.replace("\0", " "))
+    return found
+
+
+@pytest.mark.mpi
+def test_a_client_that_never_joins_is_named_and_the_leader_ends(job):
+    script = job / "run_local.py"
+    script.write_text(RUN_LOCAL % (ROOT, str(job / "solver.prototxt"), str(job)))
+    port = launcher.read_localserver(str(job / "hosts"))[0][2]
+    # a bound for a hang, not a speed figure: the leader gives up after 3 s
+    leader = subprocess.run([PY, str(script), "0", str(job / "hosts")], capture_output=True,
+                            text=True, timeout=60, cwd=job,
+                            env=dict(ENV, POSEIDON_JOIN_TIMEOUT="3"))
+    assert leader.returncode == 1
+    assert leader.stderr == ("clients 1 (localhost) did not join within 3 s (they connect to "
+                             "client 0 at 127.0.0.1:%d)\n" % port)
+    # mpiexec, waiting for the proxy that never connected, is ended with nothing of it left
+    assert processes_naming(str(job / "solver.prototxt")) == []
+
+
 def test_a_proxy_command_is_checked_before_it_runs():
     assert os.path.basename(join.local_proxy(["/x/hydra_pmi_proxy", "--proxy-id", "1",
                                               "--usize", "-1"])[0]) == "hydra_pmi_proxy"

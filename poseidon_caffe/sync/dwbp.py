@@ -41,6 +41,9 @@ from .transport import Wait
 
 BUSY_PAUSE = 5e-4      # longest sleep between tests while an exchange is in flight
 IDLE_PAUSE = 5e-3      # ... while none is (this rank's parameter-server shard is still served)
+# the compute thread's waits end this much after the communication thread's deadline: that
+# thread's timeout names the ranks it waited for, so it should be the one reported
+NAMING_GRACE = 2.0
 
 
 class SyncError(RuntimeError):
@@ -193,7 +196,8 @@ class Scheduler:
         self._wait(lambda: self.done_tasks == self.queued_tasks, what)
 
     def _wait(self, condition, what):
-        deadline = time.monotonic() + self.engine.transport.timeout
+        timeout = self.engine.transport.timeout
+        deadline = time.monotonic() + timeout + min(timeout, NAMING_GRACE)
         with self.cond:
             while True:
                 if self.error is not None:

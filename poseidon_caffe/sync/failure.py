@@ -1,5 +1,9 @@
 """A rank that raises ends the whole job at once, with an error naming the rank, its host and
-the cause; never a hang. (A rank that is killed outright is reported by ``supervise``.)"""
+the cause; never a hang. (A rank that is killed outright is reported by ``supervise``.)
+
+The first failure on a rank is its report and ends the job with MPI_Abort. What fails after it
+on other threads follows from it and is not reported again, and the rank does not leave before
+the abort: its MPI_Finalize would wait for every peer, the one that stopped answering too."""
 import atexit
 import os
 import sys
@@ -9,7 +13,11 @@ import traceback
 
 from .. import log
 
-_state = {"installed": False, "topology": None, "open": False}
+_state = {"installed": False, "topology": None, "open": False, "ending": None}
+_ending_lock = threading.Lock()
+# how long a thread that finds the job already being ended waits for that abort before it
+# aborts itself (the failing thread needs half a second to have its line forwarded)
+ABORT_WAIT = 5.0
 
 
 def describe():
@@ -42,8 +50,11 @@ def end_job_on_error(exc, where="training"):
 
 
 def fail(exc, where="training"):
-    """Log the failure, then abort every rank of the job."""
+    """Log the failure, then abort every rank of the job; a failure after the first one on
+    this rank only waits for that one's abort."""
     _state["open"] = False          # this line says why: the exit check has nothing to add
+    if not _claim_ending():
+        _await_abort()
     try:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         log.error("%s failed in %s: %s: %s", describe(), where, type(exc).__name__, exc)
@@ -87,12 +98,36 @@ def job_finished():
     _state["open"] = False
 
 
+def _claim_ending():
+    """Whether the calling thread is the first to end the job from this rank."""
+    with _ending_lock:
+        if _state["ending"] is not None:
+            return False
+        _state["ending"] = threading.current_thread()
+        return True
+
+
+def _await_abort():
+    """Another thread of this rank is ending the job: wait for its MPI_Abort, which ends this
+    process; should it never come, abort from here."""
+    time.sleep(ABORT_WAIT)
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Abort(1)
+
+
 def _exit_check():
+    ending = _state["ending"]
+    if ending is not None and ending is not threading.current_thread():
+        # the main thread leaving while another one ends the job (a failure seen on both
+        # threads): leaving first would reach MPI_Finalize, which waits for every peer
+        _await_abort()
     # a rank leaving mid-job (an error handled by returning a status) would strand its peers
     if _state["open"]:
         from mpi4py import MPI
         if MPI.COMM_WORLD.Get_size() == 1:
             return                 # a one-rank job strands nobody: its error line says it all
+        if not _claim_ending():
+            _await_abort()
         sys.stderr.write("*** %s exited before the job finished (its log above says why); "
                          "ending the job\n" % describe())
         sys.stderr.flush()

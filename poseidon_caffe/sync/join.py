@@ -34,6 +34,7 @@ from .. import log
 from .timeouts import JOIN_TIMEOUT_VARIABLE, seconds_from_env
 
 PROXY = "hydra_pmi_proxy"
+STOP_GRACE = 1.0      # seconds a process being ended has to go by itself before SIGKILL
 
 
 class JoinError(RuntimeError):
@@ -116,7 +117,7 @@ def lead(hosts, mpiexec_args, stream=None):
     stream.write(" ".join(args) + "\n")
     stream.flush()
     job = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, bufsize=1)
-    proxies = []
+    proxies, local = [], None
     try:
         for line in job.stdout:
             if line.startswith("HYDRA_LAUNCH:"):
@@ -130,8 +131,10 @@ def lead(hosts, mpiexec_args, stream=None):
                             % (len(proxies), len(set(ip for _, ip, _ in hosts))))
         forward = threading.Thread(target=_forward, args=(job.stdout, stream), daemon=True)
         forward.start()
-        local = subprocess.Popen(proxies[owners[lead_id]]) if lead_id in owners else None
         clients = _hand_out(server, hosts, owners, proxies, timeout, job)
+        # this host's ranks start once every client has joined: a join that fails then has
+        # none to tear down, and its one line is the report
+        local = subprocess.Popen(proxies[owners[lead_id]]) if lead_id in owners else None
         status = _watch(job, clients, dict((cid, ip) for cid, ip, _ in hosts))
         if local is not None:
             local.wait()
@@ -144,12 +147,25 @@ def lead(hosts, mpiexec_args, stream=None):
                 pass
         return status
     except BaseException:
-        if job.poll() is None:
-            job.terminate()
-            job.wait()
+        _end(job)              # mpiexec first: it tears down the proxies that connected
+        _end(local)
         raise
     finally:
         server.close()
+
+
+def _end(process, grace=STOP_GRACE):
+    """Stop ``process`` if it still runs: SIGTERM, then SIGKILL after ``grace`` seconds.
+    mpiexec with the manual launcher waits without limit for proxies that never connected,
+    and a SIGTERM alone does not end that wait."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _watch(job, clients, address):
@@ -174,8 +190,7 @@ def _watch(job, clients, address):
                     why = json.loads(data.splitlines()[0]).get("failed", why)
                 except ValueError:
                     pass
-            job.terminate()
-            job.wait()
+            _end(job)
             raise JoinError("client %d (%s) %s" % (cid, address[cid], why))
 
 

@@ -51,6 +51,43 @@ class Until:
         self.peers = peers
 
 
+class WorkerThread:
+    """One thread that runs the functions handed to it in order; ``submit(fn)`` -> a Future.
+
+    Not a ThreadPoolExecutor: the interpreter's exit shuts those down while daemon threads
+    still run, so a communication thread finishing an exchange as the main thread leaves with
+    an error (a NaN loss) would fail on its own and add a second, misleading report."""
+
+    def __init__(self, name):
+        self.queue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn):
+        future = concurrent.futures.Future()
+        self.queue.put((future, fn))
+        return future
+
+    def shutdown(self):
+        self.queue.put(None)
+        self.thread.join()
+
+    def _run(self):
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            future, fn = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as exc:  # the exchange that waits for it raises it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
 class Channel:
     """The lane of one exchange at a time: ``local``, its own duplicate of the communicator of
     this host's devices (None with one device), for the exchange's on-host collectives.
@@ -96,7 +133,7 @@ class Transport:
         """Run ``fn()`` on the worker thread (one at a time, in the order submitted); the
         future of its result. Its end wakes the communication thread."""
         if self.worker is None:
-            self.worker = concurrent.futures.ThreadPoolExecutor(1, "sync-work")
+            self.worker = WorkerThread("sync-work")
         future = self.worker.submit(fn)
         if self.wake is not None:
             future.add_done_callback(lambda done: self.wake())
