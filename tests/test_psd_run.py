@@ -238,7 +238,8 @@ def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tm
     assert proc.returncode == 0, proc.stderr
     ssh = ("ssh -i %s -l ubuntu -o BatchMode=yes -o ConnectTimeout=5 "
            "-o StrictHostKeyChecking=accept-new" % pem)
-    check = "'cd %s && . /opt/poseidon/venv/bin/activate'" % tmp_path
+    check = shlex.quote("cd %s && . /opt/poseidon/venv/bin/activate && %s"
+                        % (tmp_path, psd_run._VIRTUALENV_READY))
     proxy = "'. /opt/poseidon/venv/bin/activate && exec hydra_pmi_proxy <proxy arguments>'"
     expected = [
         "# check every node over ssh (one command per node)",
@@ -396,7 +397,7 @@ def test_a_run_writes_poseidon_run_log_and_one_log_per_rank(tmp_path):
     assert re.search(r"job ended with exit status 0 after [\d.]+ s; logs in %s"
                      % re.escape(str(logs)), run_log)
     # each node was checked, then each got its proxy through the remote shell
-    proxies = [c for c in calls.read_text().splitlines() if "hydra_pmi_proxy" in c]
+    proxies = [c for c in calls.read_text().splitlines() if " -x " in c]
     assert sorted(re.search(r" -x (\S+) ", c).group(1) for c in proxies) == ["nodeA", "nodeB"]
 
     # a second run to the same output folder would overwrite those logs: refused
@@ -492,7 +493,8 @@ def test_two_workers_and_a_server_on_namespaced_nodes_train_as_one_worker(tmp_pa
     # every ssh call carried the key and the user; the proxies ran on the nodes' namespaces
     lines = calls.read_text().splitlines()
     assert all(l.startswith("-i %s -l root -o BatchMode=yes" % keys["pem_file"]) for l in lines)
-    proxies = sorted(re.search(r" -x (\S+) ", l).group(1) for l in lines if "hydra_pmi_proxy" in l)
+    proxies = sorted(re.search(r" -x (\S+) ", l).group(1) for l in lines
+                     if " -x " in l)
     assert proxies == ["10.213.7.11", "10.213.7.12"]     # worker 1 and the server share a proxy
     assert (out / "machinefile").read_text() == "10.213.7.11:1\n10.213.7.12:2\n"
     rank0 = (out / "rank0.log").read_text()

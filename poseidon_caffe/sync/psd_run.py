@@ -15,8 +15,15 @@ virtualenv are there); a node that fails is named in one line. The job is MPICH'
 with its ssh launcher pointed at a generated ``remote_shell`` that logs in with the key and
 user and activates the virtualenv before starting hydra's proxy. ``poseidon_run.log`` (appended)
 records every run where it was started; the run's folder ``poseidon_log_<timestamp>`` (or
-OUTPUT_FOLDER) holds ``rank<r>.log`` (what rank r printed, collected on this machine), the
-ranks' own logs for a ``poseidon-caffe train`` command, the machinefile and the remote shell.
+OUTPUT_FOLDER) holds ``rank<r>.log`` (what rank r printed to its console, collected on this
+machine), ``caffe.rank<r>.log`` (rank r's own training log, for a ``poseidon-caffe train``
+command), the machinefile and the remote shell.
+
+The job ends as the ranks' job would end under run_local.py: SIGINT and SIGTERM sent to
+poseidon-run reach every rank, SIGHUP becomes a snapshot, the exit status is the job's. A rank
+killed outright is named on the console (rank, role, node, host, signal) and the job is ended
+from here within seconds (mpiexec over ssh would leave the other ranks waiting on it); what a
+job that ended abnormally left on a node (ranks, MPICH's /dev/shm files) is removed.
 
 Where no sshd runs (tests, containers), the environment variable ``POSEIDON_RUN_SSH`` names the
 program used in place of ``ssh``; it receives exactly the arguments ssh would.
@@ -26,11 +33,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+from .launcher import FORWARDED_SIGNALS
 
 CONFIG_KEYS = ("virtualenv", "username", "pem_file", "master_node", "worker_nodes",
                "server_nodes")
@@ -235,11 +245,20 @@ def _activate(config):
     return ". %s" % shlex.quote(config.virtualenv + "/bin/activate")
 
 
+# what the job needs of a virtualenv, each missing piece said in one line on the node
+_VIRTUALENV_READY = (
+    "{ command -v hydra_pmi_proxy >/dev/null || { echo \"$VIRTUAL_ENV has no hydra_pmi_proxy "
+    "(MPICH): install the project there (pip install poseidon-caffe)\" >&2; exit 1; }; } && "
+    "{ python -c 'import poseidon_caffe, mpi4py' 2>/dev/null || { echo \"$VIRTUAL_ENV's python "
+    "cannot import poseidon_caffe and mpi4py: install the project there\" >&2; exit 1; }; }")
+
+
 def check_command(config, node, cwd, program=None):
-    """The ssh command that proves a node is ready: login, working directory, virtualenv."""
+    """The ssh command that proves a node is ready: login, working directory, and a virtualenv
+    that holds the project and MPICH's proxy."""
     remote = "cd %s" % shlex.quote(cwd)
     if config.virtualenv:
-        remote += " && " + _activate(config)
+        remote += " && " + _activate(config) + " && " + _VIRTUALENV_READY
     return ssh_base(config, program) + [node, remote]
 
 
@@ -295,8 +314,9 @@ def mpiexec_path():
     return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
-def job_command(config, argv, log_dir, cwd, mpiexec="mpiexec", python=None):
-    """The mpiexec argument list of the whole job."""
+def job_command(config, argv, log_dir, cwd, mpiexec="mpiexec", python=None, tag=None):
+    """The mpiexec argument list of the whole job; ``tag`` goes into every rank's environment
+    (JOB_TAG_ENV), by which the cleanup after a failed job finds what is left of it."""
     python = python or (config.virtualenv + "/bin/python" if config.virtualenv
                         else sys.executable)
     args = [mpiexec, "-launcher", "ssh",
@@ -311,6 +331,8 @@ def job_command(config, argv, log_dir, cwd, mpiexec="mpiexec", python=None):
         # mpiexec hands its own environment to every rank: put the virtualenv first there too
         args += ["-genv", "VIRTUAL_ENV", config.virtualenv,
                  "-genv", "PATH", "%s/bin:%s" % (config.virtualenv, os.environ.get("PATH", ""))]
+    if tag:
+        args += ["-genv", JOB_TAG_ENV, tag]
     args += ["-n", str(len(config.workers) + len(config.servers)),
              python, "-m", "poseidon_caffe.tools.supervise", "--"]
     return args + rank_command(config, argv, log_dir)
@@ -326,6 +348,20 @@ def _roles(config, node):
 def _last_line(text):
     lines = [l.strip() for l in text.splitlines() if l.strip()]
     return lines[-1] if lines else "no message"
+
+
+def _ssh_failure(err):
+    """What ssh's own failure says, from the node's side: refused login, changed host key (with
+    ssh's hint to remove the old one) or no connection."""
+    last = _last_line(err)
+    if "Permission denied" in err:
+        return "answered but refused the login: %s (is the key's public half in the user's " \
+               "~/.ssh/authorized_keys there?)" % last
+    if "IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
+        hint = [l.strip() for l in err.splitlines() if "ssh-keygen" in l]
+        return "answered with a host key that differs from the one known here: %s%s" % (
+            last, " (if the node was reinstalled: %s)" % hint[0] if hint else "")
+    return "is unreachable: %s" % last
 
 
 def check_nodes(config, cwd, program=None):
@@ -351,8 +387,7 @@ def check_nodes(config, cwd, program=None):
                             % (node, _roles(config, node), CHECK_TIMEOUT_S))
             continue
         if proc.returncode == 255:      # ssh's own failure: no connection or no login
-            problems.append("node %s (%s) is unreachable: %s"
-                            % (node, _roles(config, node), _last_line(err)))
+            problems.append("node %s (%s) %s" % (node, _roles(config, node), _ssh_failure(err)))
         elif proc.returncode != 0:
             problems.append("node %s (%s) is reachable but not ready: %s"
                             % (node, _roles(config, node), _last_line(err)))
@@ -411,10 +446,11 @@ class RunLog:
         self.errors = errors or sys.stderr
         self.file = open(path, "a") if path else None
 
-    def __call__(self, message, error=False):
-        console = self.errors if error else self.stream
-        console.write("poseidon-run: %s\n" % message)
-        console.flush()
+    def __call__(self, message, error=False, console=True):
+        if console:
+            out = self.errors if error else self.stream
+            out.write("poseidon-run: %s\n" % message)
+            out.flush()
         if self.file:
             self.file.write("%s %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), message))
             self.file.flush()
@@ -424,33 +460,191 @@ class RunLog:
             self.file.close()
 
 
-def _follow(path, stream, done):
-    """Copy what rank 0 writes to the console as it comes, until ``done`` is set."""
-    offset = 0
-    while True:
-        finished = done.is_set()
+# supervise's line for a rank killed outright, and any rank's line as it ends the job
+_KILLED = re.compile(r"\*\*\* rank (\d+) on host (\S+) \(pid \d+\) was killed by signal (\d+) "
+                     r"\((\w+)\)")
+_ENDING = re.compile(r"\*\*\* rank (\d+) on host (\S+) .*; ending the job$")
+# mpiexec over ssh does not end a job one of whose ranks was killed (its proxy goes, the other
+# ranks wait on the dead one until their sync timeout or for ever): poseidon-run ends it
+KILLED_GRACE_S = 1.0
+# a rank that reports its own failure ends the job with MPI_Abort within failure.ABORT_WAIT
+# (5 s) and half a second: only when that abort never lands does poseidon-run end the job
+ABORT_GRACE_S = 8.0
+# ssh's own logins for the cleanup after a job that ended abnormally
+CLEANUP_TIMEOUT_S = 20
+JOB_TAG_ENV = "POSEIDON_RUN_JOB"
+
+
+class Cause:
+    """The first rank seen dying or ending the job: who, where, why, and the exit status."""
+
+    def __init__(self, rank, node, role, line, status, grace):
+        self.rank, self.node, self.role, self.line = rank, node, role, line
+        self.status = status
+        self.deadline = time.monotonic() + grace
+
+    def describe(self):
+        what = self.line.lstrip("* ")
+        if what.endswith("; ending the job"):
+            what = what[:-len("; ending the job")]
+        return "rank %d (%s on node %s): %s" % (self.rank, self.role, self.node, what)
+
+
+def rank_places(config):
+    """[(node, role)] of every rank, in rank order (workers, then the dedicated servers)."""
+    return ([(node, "worker %d" % i) for i, node in enumerate(config.workers)]
+            + [(node, "server %d" % i) for i, node in enumerate(config.servers)])
+
+
+class JobWatch:
+    """Follows every rank's log as mpiexec writes it: rank 0's goes to the console as it comes,
+    and the first line that says a rank died or is ending the job becomes the job's cause."""
+
+    def __init__(self, log_dir, places, stream, log):
+        self.paths = [os.path.join(log_dir, "rank%d.log" % r) for r in range(len(places))]
+        self.places = places
+        self.stream = stream
+        self.log = log
+        self.cause = None
+        self.expected = set()          # signals this job was sent on purpose
+        self.done = threading.Event()
+        self._offsets = [0] * len(places)
+        self._partial = [b""] * len(places)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self.done.set()
+        self._thread.join()
+
+    def _run(self):
+        while True:
+            finished = self.done.is_set()
+            for rank in range(len(self.paths)):
+                self._read(rank)
+            if finished:
+                return
+            self.done.wait(0.1)
+
+    def _read(self, rank):
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
+            with open(self.paths[rank], "rb") as f:
+                f.seek(self._offsets[rank])
                 chunk = f.read()
         except OSError:
-            chunk = b""
-        if chunk:
-            offset += len(chunk)
-            stream.write(chunk.decode("utf-8", "replace"))
-            stream.flush()
-        if finished:
             return
-        done.wait(0.2)
+        if not chunk:
+            return
+        self._offsets[rank] += len(chunk)
+        if rank == 0:
+            self.stream.write(chunk.decode("utf-8", "replace"))
+            self.stream.flush()
+        lines = (self._partial[rank] + chunk).split(b"\n")
+        self._partial[rank] = lines.pop()
+        for line in lines:
+            self._check(rank, line.decode("utf-8", "replace").rstrip())
+
+    def _check(self, rank, line):
+        killed = _KILLED.search(line)
+        ending = killed or _ENDING.search(line)
+        if not ending:
+            return
+        node, role = self.places[rank]
+        if killed:
+            signum = int(killed.group(3))
+            if signum in self.expected:
+                return              # the signal this job was sent: each rank's own answer
+            cause = Cause(rank, node, role, line, 128 + signum, KILLED_GRACE_S)
+        else:
+            cause = Cause(rank, node, role, line, 1, ABORT_GRACE_S)
+        if self.cause is None:
+            self.cause = cause
+            self.log(cause.describe(), error=True)
+        elif rank != 0:
+            # rank 0's lines are on the console already; another rank's is named here
+            self.log("then rank %d (%s on node %s): %s"
+                     % (rank, role, node, line.lstrip("* ")), error=True)
 
 
-def _pipe_to_log(pipe, log):
+def cleanup_script(tag, since):
+    """sh that, on a node, kills what is left of the job tagged ``tag`` (ranks whose launcher
+    is gone) and removes MPICH's shared-memory files made since ``since`` (epoch seconds) that
+    no process maps any more (a killed rank never unlinks them)."""
+    return ("me=$$; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$me\" ] && continue; "
+            "tr '\\0' '\\n' < $d/environ 2>/dev/null | grep -qxF %s && kill -9 $p 2>/dev/null; "
+            "done; sleep 0.2; "
+            "find /dev/shm -maxdepth 1 -name 'mpich_shm_*' -user \"$(id -u)\" -newermt @%d "
+            "2>/dev/null | while read -r f; do "
+            "cat /proc/[0-9]*/maps 2>/dev/null | grep -qF \"$f\" || rm -f \"$f\"; done; true"
+            % (shlex.quote("%s=%s" % (JOB_TAG_ENV, tag)), int(since) - 1))
+
+
+def clean_up_nodes(config, tag, since, log):
+    """Run ``cleanup_script`` here and on every node at once (this machine may hold ranks of
+    its own: mpiexec starts the master's without ssh)."""
+    script = cleanup_script(tag, since)
+    env = {k: v for k, v in os.environ.items() if k != JOB_TAG_ENV}
+    started = [("this machine", subprocess.Popen(["sh", "-c", script], env=env,
+                                                 stdin=subprocess.DEVNULL,
+                                                 stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.PIPE, text=True))]
+    for node in config.nodes:
+        try:
+            started.append((node, subprocess.Popen(
+                ssh_base(config) + [node, script], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+        except OSError:
+            continue
+    deadline = time.monotonic() + CLEANUP_TIMEOUT_S
+    for where, proc in started:
+        try:
+            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            log("could not clean up on %s: no answer within %d s" % (where, CLEANUP_TIMEOUT_S),
+                error=True)
+            continue
+        if proc.returncode:
+            log("could not clean up on %s: %s" % (where, _last_line(err)), error=True)
+
+
+def _pipe_to_log(pipe, log, quiet):
     for line in pipe:
-        log("mpiexec: %s" % line.rstrip("\n"))
+        # once poseidon-run is ending the job itself, hydra's complaints about the proxies it
+        # lost go to poseidon_run.log only
+        log("mpiexec: %s" % line.rstrip("\n"), console=not quiet.is_set())
+
+
+def _send(proc, signum):
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_group(proc):
+    """mpiexec, its ssh clients and the master's own proxy: one process group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_job(config, argv, log_dir, cwd, log, stream):
-    """Write the machinefile and remote shell, run mpiexec; returns its exit status."""
+    """Write the machinefile and remote shell, run mpiexec; returns the job's exit status.
+
+    mpiexec runs in a session of its own, so that a Ctrl-C reaches it once, through here.
+    SIGINT and SIGTERM sent to poseidon-run are passed on (mpiexec passes them to every rank);
+    SIGHUP goes on as SIGUSR1, which the ranks take as a snapshot request (mpiexec itself would
+    die of a SIGHUP); a second SIGINT or SIGTERM ends the job at once. A rank killed outright,
+    or one that says it is ending the job without the job ending, is named on the console
+    (rank, role, node, host, signal) and the job is ended from here; its status is then the
+    job's. After a job that did not end cleanly nothing of it is left on any node: no rank and
+    none of MPICH's shared-memory files."""
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, "machinefile"), "w") as f:
         f.write(machinefile_text(config))
@@ -459,29 +653,87 @@ def run_job(config, argv, log_dir, cwd, log, stream):
         f.write(remote_shell_text(config))
     os.chmod(shell, 0o700)
     mpiexec = mpiexec_path()
-    command = job_command(config, argv, log_dir, cwd, mpiexec)
+    tag = "%s:%d:%s" % (socket.gethostname(), os.getpid(), log_dir)
+    command = job_command(config, argv, log_dir, cwd, mpiexec, tag=tag)
     log("run: %s" % shlex.join(command))
+    places = rank_places(config)
+    watch = JobWatch(log_dir, places, stream, log)
+    state = {"proc": None, "early": [], "signals": 0, "ending": None}
+    quiet = threading.Event()
+
+    def end_job(why):
+        if state["ending"] is None:
+            state["ending"] = why
+            quiet.set()
+            log("ending the job: %s" % why, error=True)
+            _kill_group(state["proc"])
+
+    def on_signal(signum, frame):
+        proc = state["proc"]
+        if proc is None:
+            state["early"].append(signum)
+            return
+        forwarded = FORWARDED_SIGNALS[signum]
+        if forwarded == signal.SIGUSR1:
+            watch.expected.add(signal.SIGUSR1)
+            _send(proc, forwarded)
+            return
+        state["signals"] += 1
+        state["first"] = state.get("first") or signum
+        watch.expected.add(forwarded)
+        if state["signals"] == 1:
+            log("%s: passed on to every rank" % signal.Signals(signum).name)
+            _send(proc, forwarded)
+        else:
+            end_job("%s a second time" % signal.Signals(signum).name)
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
+    since = time.time()
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    except OSError as exc:
-        raise ConfigError("cannot start %s: %s" % (mpiexec, exc.strerror)) from None
-    done = threading.Event()
-    follower = threading.Thread(target=_follow, args=(os.path.join(log_dir, "rank0.log"),
-                                                      stream, done), daemon=True)
-    follower.start()
-    try:
-        _pipe_to_log(proc.stdout, log)
-        code = proc.wait()
-    except KeyboardInterrupt:
-        # mpiexec shares the terminal's signal and ends the ranks; wait for it to finish
-        log("interrupted: waiting for mpiexec to end the ranks")
-        code = proc.wait()
-    done.set()
-    follower.join()
-    log("job ended with exit status %d after %.1f s; logs in %s"
-        % (code, time.monotonic() - start, log_dir))
+        try:
+            proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise ConfigError("cannot start %s: %s" % (mpiexec, exc.strerror)) from None
+        state["proc"] = proc
+        for signum in state["early"]:
+            on_signal(signum, None)
+        reader = threading.Thread(target=_pipe_to_log, args=(proc.stdout, log, quiet),
+                                  daemon=True)
+        reader.start()
+        watch.start()
+        try:
+            while proc.poll() is None:
+                cause = watch.cause
+                if cause is not None and time.monotonic() > cause.deadline:
+                    end_job("rank %d (%s on node %s) is gone and mpiexec did not end the job"
+                            % (cause.rank, cause.role, cause.node))
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:          # poseidon-run itself is going: take the job along
+                _kill_group(proc)
+            code = proc.wait()
+            reader.join(5)
+            watch.stop()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    code = 128 - code if code < 0 else code
+    cause = watch.cause
+    if cause is not None and (state["ending"] is not None or code != 0):
+        code = cause.status
+    elif state["ending"] is not None:
+        code = 128 + state["first"]          # ended here on a second SIGINT or SIGTERM
+    if code != 0:
+        clean_up_nodes(config, tag, since, log)
+    ended = "job ended with exit status %d after %.1f s" % (code, time.monotonic() - start)
+    if cause is not None:
+        ended += ": %s" % cause.describe()
+    log("%s; logs in %s" % (ended, log_dir), error=code != 0 and cause is not None)
     return code
 
 
