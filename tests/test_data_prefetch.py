@@ -70,8 +70,9 @@ def test_same_batches_with_and_without_prefetch(source):
 
 def test_close_mid_epoch_leaves_no_thread_and_closes_the_environment(source):
     layer, top = make(source, 4)
-    assert layer.prefetcher.thread.is_alive()
+    assert layer.prefetcher is None and not prefetch_threads()    # reading starts at forward
     layer.forward([], top)
+    assert layer.prefetcher.thread.is_alive()
     env = layer.database.env
     layer.close()
     assert not prefetch_threads()

@@ -270,10 +270,14 @@ def test_error_solver_given_as_net_and_net_as_solver(tmp_path):
 
 def test_error_text_file_given_as_binary(tmp_path):
     path = write(tmp_path / "net.prototxt", NET_TEXT)
-    for reader in (io.read_net_binary, io.read_net_weights):
-        with pytest.raises(io.ProtoFileError, match=r"net\.prototxt: is a text file, expected a "
-                                                    r"binary \.caffemodel"):
-            reader(path)
+    with pytest.raises(io.ProtoFileError, match=r"net\.prototxt: is a text file, expected a "
+                                                r"binary \.caffemodel"):
+        io.read_net_binary(path)
+    # the weights reader says what the file is and what takes it
+    with pytest.raises(io.ProtoFileError, match=r"net\.prototxt: is a net definition \(text "
+                                                r"prototxt\), not a \.caffemodel of weights; "
+                                                r"-model takes it$"):
+        io.read_net_weights(path)
 
 
 def test_error_truncated_binary(tmp_path):

@@ -131,3 +131,26 @@ def test_training_on_a_truncated_database_exits_with_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith(("E", "F"))]
     assert len(errors) == 1 and "mnist_train_lmdb' is truncated" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_bad_record_mid_training_ends_it_with_a_snapshot_of_the_work_so_far(tmp_path):
+    from jobs import write_lenet_job
+    from poseidon_caffe.io import read_net_weights
+    train = write_digits(tmp_path / "train_lmdb", 400)
+    env = lmdb.open(train, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.put(b"%08d" % 300, b"\x07not a datum")
+    env.close()
+    test = write_digits(tmp_path / "test_lmdb", 20)
+    solver = write_lenet_job(tmp_path, "lenet", 64, train, test, max_iter=40)
+    proc = subprocess.run([PY, "-m", "poseidon_caffe.cli", "train", "-solver=%s" % solver],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(("E", "F"))]
+    assert len(errors) == 1 and "record '00000300' of LMDB database" in errors[0], proc.stderr
+    # records 0..299 make iterations 0..3 (batch 64); the fifth batch reaches record 300
+    assert "Iteration 4: the data could not be read; snapshotting the work so far" in proc.stderr
+    _, weights = read_net_weights(str(tmp_path / "lenet_iter_4.caffemodel"))
+    assert set(weights) >= {"conv1", "conv2", "ip1", "ip2"}
+    assert os.path.exists(tmp_path / "lenet_iter_4.solverstate")

@@ -4,9 +4,10 @@ This is the face users import (pycaffe's ``caffe.io``); the work is done by one 
 
   errors.py       ProtoFileError, the one-line error naming the file
   wire.py         the protobuf wire format, scanned and framed directly
-  files.py        whole-file reads; atomic writes (through poseidon_caffe.staging)
+  files.py        whole-file reads and maps; atomic writes (through poseidon_caffe.staging)
   proto_files.py  text and binary proto files read (checked, legacy formats upgraded) and written
   weights.py      the fast .caffemodel path: float payloads as raw bytes, no protobuf runtime
+  file_kinds.py   which other Caffe file a wrong file is (a solver state given as weights)
   arrays.py       arrays <-> BlobProto / Datum (pycaffe's helpers)
   encoded.py      PNG/JPEG Datum images decoded as Caffe decodes them
 

@@ -1,10 +1,16 @@
 """Whole files in and out: reads that fail with one line naming the file, atomic writes.
 
+A large binary file is mapped rather than read (``_map_bytes``), so a reader that stops at the
+first field that makes no sense has touched only the pages before it, and a device or pipe
+(``/dev/zero``) is refused instead of read without end.
+
 A write goes to a temporary file in the target's directory (``poseidon_caffe.staging``), is
 fsynced, then renamed over the target, so a crash never leaves a truncated model where a good
 one was.
 """
+import mmap
 import os
+import stat
 
 from .. import staging
 from .errors import ProtoFileError
@@ -54,3 +60,32 @@ def _read_bytes(path, what):
         raise ProtoFileError("%s: is a directory (expected %s)" % (path, what)) from None
     except OSError as e:
         raise ProtoFileError("%s: cannot read %s: %s" % (path, what, e.strerror or e)) from None
+
+
+_SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def _map_bytes(path, what):
+    """The bytes of the regular file ``path``, mapped read-only (b"" when empty): pages are
+    read when touched and are the kernel's to drop again. Special files are refused."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode        # before opening: opening a pipe waits for a writer
+    except FileNotFoundError:
+        raise ProtoFileError("%s: no such file (expected %s)" % (path, what)) from None
+    except OSError as e:
+        raise ProtoFileError("%s: cannot read %s: %s" % (path, what, e.strerror or e)) from None
+    if stat.S_ISDIR(mode):
+        raise ProtoFileError("%s: is a directory (expected %s)" % (path, what))
+    for test, name in _SPECIAL_FILES:
+        if test(mode):
+            raise ProtoFileError("%s: is %s, not a file (expected %s)" % (path, name, what))
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:
+        raise ProtoFileError("%s: cannot read %s: %s"
+                             % (path, what, getattr(e, "strerror", None) or e)) from None

@@ -3,7 +3,9 @@
 Float payloads never go through the protobuf runtime's repeated-field containers (which cost
 ~10x a memcpy): read_net_weights cuts them out of the file's bytes with the wire scanner and
 parses only what is left; write_net_weights frames the arrays' own memory as packed fields.
-AlexNet-size save + load takes about a second (scripts/bench_io.py).
+AlexNet-size save + load takes about a second (scripts/bench_io.py). The file is mapped, not
+read whole: a file that is not a caffemodel stops at its first senseless field, and a net that
+loads weights (``copy=False``) copies only its own layers' values out of the mapping.
 """
 import os
 from collections import OrderedDict
@@ -13,7 +15,8 @@ import numpy as np
 from ..proto import caffe_pb2, is_repeated
 from .arrays import _BLOB_FIELD, _checked_shape, blobproto_to_array
 from .errors import ProtoFileError
-from .files import _read_bytes, atomic_write
+from .file_kinds import describe_caffe_file
+from .files import _map_bytes, atomic_write
 from .proto_files import _looks_like_text, _parse_binary, _upgrade_net
 from .wire import _WIRE_LEN, _len_header, _scan_fields, _wire_problem
 
@@ -41,7 +44,8 @@ def _strip_blob(buf, start, end):
             payload_number = number
         else:
             kept.append(buf[key:e])
-    values = np.concatenate(parts) if parts else None
+    # one piece stays a view of the file: its size is checked before anything is copied
+    values = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else None
     return b"".join(kept), values
 
 
@@ -57,15 +61,29 @@ def _strip_layer(buf, start, end, blobs_field):
     return b"".join(kept), arrays
 
 
-def read_net_weights(path):
+def read_net_weights(path, copy=True):
     """(NetParameter, {layer name: [float arrays]}) from a .caffemodel, fast.
 
     The NetParameter is upgraded like read_net_binary's, but its blobs keep only their shapes
     (and diffs); the values come back as arrays of those shapes, float32 (float64 for
-    double_data).  This is the path for loading weights into a net.
+    double_data).  This is the path for loading weights into a net.  With ``copy=False`` the
+    arrays are read-only views of the mapped file, for a caller that copies what it uses.
+    A file of another known kind (a solver state, a mean image, a prototxt, HDF5) is named as
+    such, with what takes it.
     """
     path = os.fspath(path)
-    data = _read_bytes(path, "a binary .caffemodel")
+    data = _map_bytes(path, "a binary .caffemodel")
+    try:
+        return _read_net_weights(data, path, copy)
+    except ProtoFileError:
+        kind = describe_caffe_file(data)
+        if kind is None:
+            raise
+        raise ProtoFileError("%s: is %s, not a .caffemodel of weights; %s"
+                             % (path, kind[0], kind[1])) from None
+
+
+def _read_net_weights(data, path, copy):
     if _looks_like_text(data):
         _parse_binary(data, caffe_pb2.NetParameter(), path, ".caffemodel")  # raises
     problem = _wire_problem(data)
@@ -84,7 +102,6 @@ def read_net_weights(path):
     except (EOFError, ValueError) as e:
         raise ProtoFileError("%s: cannot read binary .caffemodel: corrupt layer: %s"
                              % (path, e)) from None
-    del data
     net = _parse_binary(b"".join(stripped), caffe_pb2.NetParameter(), path, ".caffemodel")
     weights = OrderedDict()
     for number, layer_list in ((2, net.layers), (100, net.layer)):
@@ -100,6 +117,8 @@ def read_net_weights(path):
                 if arr.size != count:
                     raise ProtoFileError("%s: a blob holds %d values but its shape %s needs %d"
                                          % (where, arr.size, list(shape), count))
+                if copy and not arr.flags.writeable:
+                    arr = arr.copy()
                 values.append(arr.reshape(shape))
             weights[layer.name] = values
     _upgrade_net(net, path)

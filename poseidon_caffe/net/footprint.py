@@ -1,5 +1,6 @@
-"""Memory footprint: the bytes a net's blobs, diffs and workspaces need, counted before
-anything is allocated, and the check that stops a net that cannot fit."""
+"""Memory footprint: the bytes a net's blobs, diffs, workspaces and data layers' batches in
+flight need, counted before anything is allocated or read, and the check that stops a net that
+cannot fit."""
 from collections import OrderedDict
 
 from .. import log, memory
@@ -11,11 +12,12 @@ class MemoryFootprint:
     """Part of ``Net``: the memory its blobs need."""
 
     def memory_estimate(self):
-        """Bytes the net's blobs need once running: {"data", "diff", "workspace", "total",
-        "layers": {layer name: bytes}}. Each storage counts once (in-place tops, shared data,
-        shared parameters), under the layer that makes it; a blob gets a diff where backward
+        """Bytes the net's blobs need once running: {"data", "diff", "workspace", "prefetch",
+        "total", "layers": {layer name: bytes}}. Each storage counts once (in-place tops, shared
+        data, shared parameters), under the layer that makes it; a blob gets a diff where backward
         writes one; parameters have diffs in a TRAIN net; workspaces are those the layers'
-        plans report (im2col columns and padded inputs)."""
+        plans report (im2col columns and padded inputs); prefetch is the batches a data
+        layer's reader holds (``prefetch_bytes()``)."""
         needs_diff = set()
         for i in range(len(self.layers)):
             if self.layer_need_backward[i]:
@@ -23,7 +25,7 @@ class MemoryFootprint:
             needs_diff.update(bid for j, bid in enumerate(self.bottom_ids[i])
                               if self.bottom_need_backward[i][j])
         per_layer = OrderedDict((name, 0) for name in self.layer_names)
-        totals = {"data": 0, "diff": 0, "workspace": 0}
+        totals = {"data": 0, "diff": 0, "workspace": 0, "prefetch": 0}
         counted = set()
 
         def count(layer_name, blob, with_diff):
@@ -49,6 +51,11 @@ class MemoryFootprint:
                 nbytes = int(workspace())
                 totals["workspace"] += nbytes
                 per_layer[name] += nbytes
+            batches = getattr(self.layers[i], "prefetch_bytes", None)
+            if batches is not None:
+                nbytes = int(batches())
+                totals["prefetch"] += nbytes
+                per_layer[name] += nbytes
             scratch = getattr(self.layers[i], "shared_workspace_bytes", None)
             if scratch is not None and int(scratch()) > scratch_of[0]:
                 scratch_of = (int(scratch()), name)
@@ -61,16 +68,19 @@ class MemoryFootprint:
         shared = getattr(self, "_diff_pool", None)
         if shared is not None:
             totals["diff"] += shared.nbytes
-        totals["total"] = totals["data"] + totals["diff"] + totals["workspace"]
+        totals["total"] = (totals["data"] + totals["diff"] + totals["workspace"]
+                           + totals["prefetch"])
         totals["layers"] = per_layer
         return totals
 
     def memory_summary(self, estimate=None):
         """One line: the total, its parts and the largest layer."""
         est = estimate or self.memory_estimate()
-        line = "%s (data %s, diff %s, workspaces %s)" % (
-            memory.format_bytes(est["total"]), memory.format_bytes(est["data"]),
-            memory.format_bytes(est["diff"]), memory.format_bytes(est["workspace"]))
+        parts = [("data", "data"), ("diff", "diff"), ("workspaces", "workspace")]
+        if est.get("prefetch"):                   # only nets with data layers have it
+            parts.append(("prefetch", "prefetch"))
+        line = "%s (%s)" % (memory.format_bytes(est["total"]), ", ".join(
+            "%s %s" % (word, memory.format_bytes(est[key])) for word, key in parts))
         if est["layers"]:
             name, nbytes = max(est["layers"].items(), key=lambda item: item[1])
             line += "; largest: layer %s, %s" % (name, memory.format_bytes(nbytes))

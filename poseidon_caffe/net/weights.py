@@ -18,7 +18,8 @@ class Weights:
         if isinstance(source, str):
             source_name = source
             where = "%s: " % source            # a file names itself in its errors
-            source, arrays = read_net_weights(source)
+            # views of the mapped file: only this net's layers are copied out of it
+            source, arrays = read_net_weights(source, copy=False)
         else:
             source_name = "the given NetParameter"
             where = ""

@@ -3,8 +3,8 @@
 The training loop asks its job at a few fixed points: once an iteration's gradients are
 complete (``after_gradients``: exchange them and update), at every iteration boundary
 (``requested_action``: stop, snapshot or go on), between test batches (``pending_requests``),
-for each test pass (``test``), for each snapshot (``snapshot``) and around a run
-(``claim_snapshot_prefix``). A single process is a job of one: ``LocalJob`` answers every
+for each test pass (``test``), for each snapshot (``snapshot``), around a run
+(``claim_snapshot_prefix``) and when a data error ends it (``snapshot_after_failure``). A single process is a job of one: ``LocalJob`` answers every
 question from the solver itself. The distributed runner (``poseidon_caffe.sync``) gives the
 solver an object with the same methods through ``Solver.set_job``, so the loop never changes
 shape and nothing is replaced from outside.
@@ -42,6 +42,10 @@ class LocalJob:
     def snapshot(self, solver):
         """Write the snapshot of this iteration; returns the solver state path."""
         return solver.write_snapshot()
+
+    def snapshot_after_failure(self, solver):
+        """A data error ends the run: keep the work so far in a snapshot."""
+        solver.snapshot_before_failing()
 
     def claim_snapshot_prefix(self, solver):
         """A context holding the snapshot prefix for a run (``Solver.hold_snapshot_prefix``)

@@ -19,7 +19,8 @@ from .. import io as pio
 from .. import log
 from .. import rng
 from .. import solver_group
-from ..memory import format_bytes
+from ..data.errors import DataError
+from ..memory import available_memory, format_bytes
 from ..progress import ProgressBar
 from ..proto import caffe_pb2
 from . import prefix_lock
@@ -99,10 +100,12 @@ class Solver:
         if param.random_seed >= 0:
             # as Caffe: each solver of a multi-solver job draws its own stream
             rng.set_random_seed(param.random_seed + solver_group.solver_rank())
+        available = available_memory()        # before the nets take their share
         self.net = self._init_train_net()
         self.test_nets = self._init_test_nets()
         log.info("Solver scaffolding done.")
         self.check_param()
+        self._check_memory(*available)
         self.history = []
         try:
             for _ in range(self.history_sets):
@@ -112,6 +115,30 @@ class Solver:
             size = sum(blob.nbytes for blob in self.net.learnable_params) * self.history_sets
             raise SolverError("out of memory for the %s solver's history (%s beside the net's "
                               "blobs)" % (self.type, format_bytes(size))) from None
+
+    def _check_memory(self, limit, has):
+        """Each net was checked alone as it was built; together with the test nets (whose
+        blobs stay allocated between tests, their trained layers' weights shared) and the
+        update history, they must fit as well. Nothing large is allocated yet: blobs are
+        made at first use and data layers start reading at the first batch."""
+        if limit is None:
+            return
+        trained = set(self.net.layer_names)
+        parts = [("train net", self.net.memory_needed)]
+        for i, net in enumerate(self.test_nets):
+            shared = sum(blob.nbytes for name, layer in zip(net.layer_names, net.layers)
+                         if name in trained for blob in layer.blobs)
+            parts.append(("test net #%d" % i, net.memory_needed - shared))
+        parts.append(("history", self.history_sets
+                      * sum(blob.nbytes for blob in self.net.learnable_params)))
+        total = sum(nbytes for _, nbytes in parts)
+        if total <= limit:
+            return
+        where = "%s: " % self.solver_file if self.solver_file else ""
+        raise SolverError("%sthe nets and the %s solver's history need %s together (%s); %s"
+                          % (where, self.type, format_bytes(total), ", ".join(
+                              "%s %s" % (name, format_bytes(nbytes)) for name, nbytes in parts),
+                             has))
 
     def check_param(self):
         """Rule-specific checks of the solver fields (Caffe's CHECKs in each solver's PreSolve)."""
@@ -262,7 +289,13 @@ class Solver:
         writes = ((p.snapshot or p.snapshot_after_train) and self.iter < p.max_iter
                   and (p.HasField("snapshot_prefix") or self.solver_file))
         with self.job.claim_snapshot_prefix(self) if writes else contextlib.nullcontext():
-            self.step(self.param.max_iter - self.iter)
+            try:
+                self.step(self.param.max_iter - self.iter)
+            except DataError:
+                # the weights are those of a whole iteration still: keep the work so far
+                if writes:
+                    self.job.snapshot_after_failure(self)
+                raise
             snapshot_here = p.snapshot and self.iter % p.snapshot == 0
             if ((p.snapshot_after_train or self.requested_early_exit) and not snapshot_here
                     and self.last_snapshot_iter != self.iter and solver_group.root_solver()):
@@ -613,6 +646,19 @@ class Solver:
     def snapshot(self):
         """A snapshot of this iteration, as the job takes it; returns the solver state path."""
         return self.job.snapshot(self)
+
+    def snapshot_before_failing(self):
+        """The snapshot of a run that a data error ends (``LocalJob.snapshot_after_failure``),
+        unless this iteration's is written; one that cannot be written is a warning, the
+        data error stays the report."""
+        if self.last_snapshot_iter == self.iter or not solver_group.root_solver():
+            return
+        log.info("Iteration %d: the data could not be read; snapshotting the work so far",
+                 self.iter)
+        try:
+            self.snapshot()
+        except (snap.SnapshotError, OSError, SolverError) as exc:
+            log.warning("the snapshot of the work so far was not written: %s", exc)
 
     @contextlib.contextmanager
     def hold_snapshot_prefix(self):

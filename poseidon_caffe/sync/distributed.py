@@ -421,6 +421,10 @@ class DistributedRunner:
         self._barrier("waiting for rank 0's snapshot of iteration %d" % solver.iter)
         return state
 
+    def snapshot_after_failure(self, solver=None):
+        """Nothing: a snapshot takes every rank, and the others are not at this point; the
+        failing rank ends the job (``failure.py``), and the last snapshot set stands."""
+
     def claim_snapshot_prefix(self, solver=None):
         """Rank 0 writes the job's snapshot sets, so it alone holds the prefix's lock for
         the run (the job hook; see ``solver.job.LocalJob``)."""

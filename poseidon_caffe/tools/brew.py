@@ -198,6 +198,14 @@ def _log_rank_device():
                  " (the emulated device)" if gpu.emulated else "")
 
 
+def _iterations(values):
+    """-iterations for test and time: a count of batches, at least one."""
+    if values["iterations"] < 1:
+        raise CommandError("-iterations must be a positive number of iterations, not %d"
+                           % values["iterations"])
+    return values["iterations"]
+
+
 def _phase(values, default):
     from ..proto import caffe_pb2
     text = values["phase"]
@@ -278,7 +286,7 @@ def _joins_by_hostfile(values):
     clients."""
     if not values["hostfile"] or world_size() > 1:
         return False
-    from ..sync.launcher import read_localserver
+    from ..launch.hosts import read_localserver
     return len(read_localserver(values["hostfile"])) > 1
 
 
@@ -393,10 +401,10 @@ def test(values):
         raise CommandError("Need a model definition to score (-model=net.prototxt).")
     if not values["weights"]:
         raise CommandError("Need model weights to score (-weights=model.caffemodel).")
+    iterations = _iterations(values)
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], caffe_pb2.TEST, level=values["level"], stages=_stages(values))
     load_weights_files(net, values["weights"].split(","))
-    iterations = values["iterations"]
     log.info("Running for %d iterations.", iterations)
     scores, names, weights = [], [], []
     loss = 0.0
@@ -430,6 +438,7 @@ def time_model(values):
     if not values["model"]:
         raise CommandError("Need a model definition to time (-model=net.prototxt).")
     phase = _phase(values, caffe_pb2.TRAIN)
+    iterations = _iterations(values)
     _select_device(_gpus(values["gpu"]))
     net = Net(values["model"], phase, level=values["level"], stages=_stages(values))
     if values["weights"]:
@@ -437,7 +446,6 @@ def time_model(values):
         from ..solver.snapshot import load_weights_files
         load_weights_files(net, values["weights"].split(","))
     net.share_diffs()                  # as train runs it
-    iterations = values["iterations"]
     from .. import backend
     # a device runs its work queued: every time read waits for it first (Caffe's events)
     clock_device = getattr(backend.get_backend(), "synchronize", None)

@@ -2,10 +2,12 @@
 
 A subclass builds a loader object that makes whole batches (read, decode, transform); the base
 runs it through a Prefetcher with data_param.prefetch batches in flight (0: load in forward, no
-thread). The loader owns its own random generator, seeded from the process generator at setup,
-so a seeded run gives the same batches with or without prefetch. The thread and the files are
-released by ``close()``, when the layer is collected, or at interpreter exit, whichever comes
-first.
+thread). The thread starts when the first batch is asked for, not at setup: nothing is read
+before the nets are known to fit in memory, and ``prefetch_bytes()`` tells the net's memory
+check what the batches in flight will take. The loader owns its own random generator, seeded
+from the process generator at setup, so a seeded run gives the same batches with or without
+prefetch. The thread and the files are released by ``close()``, when the layer is collected,
+or at interpreter exit, whichever comes first.
 
 On a device the batches travel as Caffe's do: the prefetch thread pushes each one through a
 ring of pinned host and device buffers on its own stream (the backend's ``batch_ring``), and
@@ -49,14 +51,17 @@ class _Resources:
         self.prefetcher = None
         self.ring = None
         self.closers = []
+        self.closed = False
 
     def stop_prefetch(self):
         if self.ring is not None:
             self.ring.close()             # wakes a push waiting for a slot
         if self.prefetcher is not None:
             self.prefetcher.stop()
+        self.ring = self.prefetcher = None
 
     def close(self):
+        self.closed = True
         self.stop_prefetch()
         for closer in self.closers:
             closer()
@@ -80,8 +85,26 @@ class PrefetchingDataLayer(Layer):
         self._loader, shape = self._make_loader()
         self._shape = shape
         self._consumed_state = self._loader.state()
-        self._start_prefetch()
         log.info("output data size: %s", ",".join(str(s) for s in shape))
+
+    def prefetch_bytes(self):
+        """Host bytes of the batches in flight once reading starts: those queued
+        (data_param.prefetch), the one being loaded and the one being copied into the tops;
+        float32 data and labels."""
+        values = int(np.prod(self._shape, dtype=object))
+        if self.output_labels:
+            values += self._shape[0]
+        depth = self.param.data_param.prefetch
+        batches = depth + 2 if depth else 1          # without a thread: the one forward loads
+        return batches * values * 4
+
+    def _batches(self):
+        """The prefetcher, started at the first batch asked for."""
+        if self._resources.prefetcher is None:
+            if self._resources.closed:
+                raise RuntimeError("%s layer %r was closed" % (self.type, self.name))
+            self._start_prefetch()
+        return self._resources.prefetcher
 
     def _start_prefetch(self):
         loader = self._loader      # the thread holds the loader, never the layer
@@ -109,6 +132,7 @@ class PrefetchingDataLayer(Layer):
 
     @property
     def prefetcher(self):
+        """The running prefetcher (None before the first batch is asked for)."""
         return self._resources.prefetcher
 
     def reshape(self, bottom, top):
@@ -117,7 +141,7 @@ class PrefetchingDataLayer(Layer):
             top[1].reshape((self._shape[0],))
 
     def forward(self, bottom, top):
-        data, labels, self._consumed_state = self._resources.prefetcher.next()
+        data, labels, self._consumed_state = self._batches().next()
         ring = self._resources.ring
         if ring is not None:
             # the batch is on the device already: one device-to-device copy per top
@@ -139,7 +163,7 @@ class PrefetchingDataLayer(Layer):
         forward would have given is loaded as usual (records read, random draws made) and
         dropped; the tops are left as they are. A sharded test pass calls this for the batches
         other workers test, so each worker's stream stays where one tester's would be."""
-        slot, _, self._consumed_state = self._resources.prefetcher.next()
+        slot, _, self._consumed_state = self._batches().next()
         if self._resources.ring is not None:
             self._resources.ring.release(slot)
 
@@ -157,7 +181,6 @@ class PrefetchingDataLayer(Layer):
         self._resources.stop_prefetch()
         self._loader.restore(state)
         self._consumed_state = self._loader.state()
-        self._start_prefetch()
 
     def _shard(self):
         """(rank, size, partitioned) for this layer: TEST nets read everything, as in Caffe."""
