@@ -3,6 +3,7 @@ defaults (and Poseidon's and this project's flags for distributed training).
 """
 import importlib
 import os
+import signal
 import time
 import types
 
@@ -308,7 +309,12 @@ def _prepare_distributed(values):
     options = types.SimpleNamespace(**values)
     topology = sync.prepare(options)
     if getattr(topology, "is_server", False):
-        # a dedicated parameter-server rank builds no net: it serves until the workers finish
+        # a dedicated parameter-server rank builds no net: it serves until the workers finish.
+        # A Ctrl-C or a snapshot request reaches every rank of the job; the workers act on it
+        # and tell the servers, so here it is ignored (starting MPI may have put a handler in
+        # place that would end the rank, and the job with it)
+        for name in ("SIGINT", "SIGHUP", "SIGUSR1"):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
         sync.serve(options)
         return True
     return False
@@ -361,6 +367,7 @@ def train(values):
     # workers decide when the job stops
     with SignalHandler(sigint, sighup) as handler:
         if _prepare_distributed(values):
+            handler.ignore_after_exit()     # a server rank, done: a late signal changes nothing
             return 0
         handler.reassert()          # starting MPI may have put other handlers in place
         if _is_distributed(values):
