@@ -21,7 +21,8 @@ class Event:
 
 
 class Engine:
-    """What the scheduler asks of an engine: exchanges that record when they start."""
+    """What the scheduler is given: a transport, channels, and exchanges that record when
+    they start."""
 
     def __init__(self):
         self.transport = types.SimpleNamespace(timeout=30.0, progress=lambda extra=(): False)
@@ -38,6 +39,10 @@ class Engine:
     def on_comm_failure(self, exc):
         raise exc
 
+    def scheduler(self, channels):
+        return Scheduler(self.exchange, self.transport, self.channels[:channels],
+                         self.on_comm_failure)
+
 
 def wait_until(condition, seconds=5.0):
     deadline = time.monotonic() + seconds
@@ -48,7 +53,7 @@ def wait_until(condition, seconds=5.0):
 
 def test_an_exchange_waits_for_its_copy_event_and_keeps_the_order():
     engine = Engine()
-    scheduler = Scheduler(engine, dwbp=True, channels=2)
+    scheduler = engine.scheduler(2)
     item = types.SimpleNamespace(name="w", count=1)
     first = Bucket(0, "ps", [item])
     second = Bucket(1, "ps", [types.SimpleNamespace(name="v", count=1)])
@@ -70,7 +75,7 @@ def test_an_exchange_waits_for_its_copy_event_and_keeps_the_order():
 
 def test_an_exchange_without_an_event_starts_at_once():
     engine = Engine()
-    scheduler = Scheduler(engine, dwbp=True, channels=1)
+    scheduler = engine.scheduler(1)
     try:
         scheduler.submit(Bucket(0, "ps", [types.SimpleNamespace(name="w", count=1)]), 0, [None])
         assert wait_until(lambda: engine.started == ["w"])

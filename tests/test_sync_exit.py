@@ -4,18 +4,18 @@ report gains a second, misleading cause."""
 import subprocess
 import sys
 
-# the communication thread hands numeric work to the transport's worker in a loop while the
+# the communication thread hands numeric work to the offload's worker in a loop while the
 # main thread leaves; an exit hook gives it time to run into whatever the exit stopped
 LEAVING = r'''
-import atexit, threading, time, types
-from poseidon_caffe.sync.transport import Transport
-transport = Transport(types.SimpleNamespace(local=None), counters=None)
+import atexit, threading, time
+from poseidon_caffe.sync.offload import Offload
+offload = Offload()
 failures, rounds = [], []
 
 def communication():
     while True:
         try:
-            rounds.append(transport.submit(lambda: 1).result())
+            rounds.append(offload.submit(lambda: 1).result())
         except Exception as exc:
             failures.append("%s: %s" % (type(exc).__name__, exc))
             return

@@ -13,7 +13,7 @@ from google.protobuf import text_format
 
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import get_solver
-from poseidon_caffe.sync.strategies.ps import PIECE_VALUES
+from poseidon_caffe.sync.shard_store import PIECE_VALUES
 
 pytestmark = pytest.mark.mpi          # every test here runs mpiexec
 
@@ -68,8 +68,8 @@ from mpi4py import MPI
 sys.path.insert(0, sys.argv[1])
 import test_sync_invariant as t
 from poseidon_caffe import sync
-from poseidon_caffe.sync.strategies import ps
-ps.PIECE_VALUES = int(sys.argv[6])
+from poseidon_caffe.sync import shard_store
+shard_store.PIECE_VALUES = int(sys.argv[6])
 comm = MPI.COMM_WORLD
 batch, rph, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 modes = [(m, d == "1") for m, d in (x.split(":") for x in sys.argv[5].split(","))]

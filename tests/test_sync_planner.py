@@ -148,7 +148,7 @@ def test_worker_update_rule_exchanges_update_values_not_factors():
     (10, 1, 2, 4),                      # a single row cannot be cut
 ])
 def test_parameter_server_pieces_cover_each_shards_rows_in_order(count, rows, shards, piece):
-    from poseidon_caffe.sync.strategies.ps import PIECE_TAGS, row_layout
+    from poseidon_caffe.sync.shard_store import PIECE_TAGS, row_layout
     parts = row_layout(3, count, rows, shards, piece)
     per_row = count // rows
     assert len(parts) <= PIECE_TAGS

@@ -19,6 +19,9 @@ whichever thread touched them). Per iteration:
 All device work runs on the compute thread; the communication thread reads and writes pinned
 host memory only and asks the copy events whether they are done.
 """
+import dataclasses
+import typing
+
 import numpy as np
 
 from .dwbp import SyncError
@@ -33,6 +36,19 @@ def on_device(items):
     return None
 
 
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    """What the stage keeps of one item: its pinned buffers and where its device copy stands."""
+    device_version: int                 # the clock whose weights the device holds
+    grads: typing.Optional[list] = None   # pinned gradient buffers, made on first use: a
+    #                                       blob sent as factors needs none
+    staged: typing.Optional[tuple] = None  # a factor blob's pinned rows of every pass:
+    #                                        (top diffs, bottom data)
+    stacked: typing.Any = None          # every worker's factors, stacked for one upload
+    passes_read: int = 0
+    factors_in: typing.Optional[int] = None   # rows of stacked factors waiting for the device
+
+
 class DeviceStage:
     """The pinned buffers, the copy stream and the copies of one device rank's items."""
 
@@ -45,30 +61,41 @@ class DeviceStage:
         # a gradient buffer is reused ``depth`` clocks later: by then its exchange has ended
         self.depth = max(2, int(depth))
         pinned = self.driver.pinned_empty
+        self.slots = {}
         for item in items:
             # the weights as the exchanges see them; the same bytes as the device's at start
             item.host_data = pinned((item.count,), np.float32)
             item.host_data[...] = item.blob.synced_data.cpu_data()
-            item.host_grads = None   # made on first use: a blob sent as factors needs none
-            item.device_version = item.fresh     # the clock whose weights the device holds
-            item.factors_in = None
-            if item.sfb is not None and getattr(item.sfb, "device_blobs", None) is not None:
-                self._stage_factors(item)
+            slot = self.slots[item.index] = _Slot(device_version=item.fresh)
+            if item.sfb is not None and item.sfb.device_blobs is not None:
+                self._stage_factors(item, slot)
         # what crossed the bus from the end of the first iteration (which makes the buffers)
         # to the end of the latest: the job's statistics report it per iteration
         self._first_mark = self._last_mark = None
         self._marked = 0
 
-    def _stage_factors(self, item):
+    def _stage_factors(self, item, slot):
         source = item.sfb
         rows = self.iter_size * int(source.rows_per_pass)
         pinned = self.driver.pinned_empty
-        source.staged = (pinned((rows, source.N), np.float32),
-                         pinned((rows, source.M), np.float32))
-        source.passes_read = 0
+        slot.staged = (pinned((rows, source.N), np.float32),
+                       pinned((rows, source.M), np.float32))
         # every worker's factors, stacked as [all top diffs | all bottom data]: one upload
-        source.stacked = pinned((self.workers * rows * (source.N + source.M),), np.float32)
-        source.read = lambda: self.copy_factors(item)
+        slot.stacked = pinned((self.workers * rows * (source.N + source.M),), np.float32)
+
+    # -- the factors of a blob sent as sufficient factors (the sfb strategy asks) -----------
+    def staged_factors(self, item):
+        """The pinned rows every pass of this iteration was copied into, in order."""
+        return self.slots[item.index].staged
+
+    def stacked_factors(self, item):
+        """The pinned buffer the exchange leaves every worker's factors in."""
+        return self.slots[item.index].stacked
+
+    def factors_arrived(self, item, rows):
+        """``rows`` rows of every worker's factors are in the stacked buffer (communication
+        thread): the next refresh rebuilds the gradient from them on the device."""
+        self.slots[item.index].factors_in = rows
 
     # -- the communication thread ----------------------------------------------------------
     def enter_thread(self):
@@ -83,26 +110,27 @@ class DeviceStage:
     def copy_gradient(self, item, clock):
         """Queue the copy of ``item``'s device gradient into its pinned buffer for ``clock``;
         returns that buffer (complete once the next recorded event has)."""
-        if item.host_grads is None:
-            item.host_grads = [self.driver.pinned_empty((item.count,), np.float32)
-                               for _ in range(self.depth)]
-        buf = item.host_grads[clock % self.depth]
+        slot = self.slots[item.index]
+        if slot.grads is None:
+            slot.grads = [self.driver.pinned_empty((item.count,), np.float32)
+                          for _ in range(self.depth)]
+        buf = slot.grads[clock % self.depth]
         self.driver.copy_dtoh(buf, item.blob.dev_diff.ptr, self.stream)
         return buf
 
     def copy_factors(self, item):
         """Queue the copy of this pass's factor rows (top diff, bottom data) into the pinned
         rows of the pass; returns views of them (complete once the next event has)."""
-        source = item.sfb
+        source, slot = item.sfb, self.slots[item.index]
         bottom, top = source.device_blobs
         m = int(source.rows_per_pass)
         if top.count != m * source.N or bottom.count != m * source.M:
             raise SyncError("%s: the layer now runs %d rows, not the %d its factors were "
                             "staged for" % (item.name, top.count // source.N, m))
-        p = source.passes_read % self.iter_size
-        source.passes_read += 1
-        diff_rows = source.staged[0][p * m:(p + 1) * m]
-        data_rows = source.staged[1][p * m:(p + 1) * m]
+        p = slot.passes_read % self.iter_size
+        slot.passes_read += 1
+        diff_rows = slot.staged[0][p * m:(p + 1) * m]
+        data_rows = slot.staged[1][p * m:(p + 1) * m]
         self.driver.copy_dtoh(diff_rows, top.dev_diff.ptr, self.stream)
         self.driver.copy_dtoh(data_rows, bottom.dev_data.ptr, self.stream)
         return diff_rows, data_rows
@@ -135,26 +163,26 @@ class DeviceStage:
     def refresh(self, items, rule):
         """Bring the device's copy of ``items`` to the freshest clock the exchanges left."""
         for item in items:
-            fresh = item.fresh
-            if fresh <= item.device_version:
+            fresh, slot = item.fresh, self.slots[item.index]
+            if fresh <= slot.device_version:
                 continue
-            if item.factors_in is not None:
-                self._apply_factors(item, rule, fresh - 1)
+            if slot.factors_in is not None:
+                self._apply_factors(item, slot, rule, fresh - 1)
             else:
                 device = item.blob.mutable_dev_data
                 self.driver.copy_htod(device.ptr, item.host_data)
-            item.device_version = fresh
+            slot.device_version = fresh
 
-    def _apply_factors(self, item, rule, clock):
+    def _apply_factors(self, item, slot, rule, clock):
         """The summed gradient from every worker's factors, rebuilt on the device by one GEMM
         over the stacked rows (the product one device of the whole batch computes), then the
         solver's update of that clock on the device."""
         source, be = item.sfb, self.backend
-        rows = item.factors_in
-        item.factors_in = None
+        rows = slot.factors_in
+        slot.factors_in = None
         n = rows * (source.N + source.M)
         stacked = be.empty((n,))
-        self.driver.copy_htod(stacked.ptr, source.stacked[:n])
+        self.driver.copy_htod(stacked.ptr, slot.stacked[:n])
         D = stacked.rows(0, rows * source.N).reshape(rows, source.N)
         A = stacked.rows(rows * source.N, n).reshape(rows, source.M)
         # the blob's diff holds nothing of use until backward: it lends its memory here and

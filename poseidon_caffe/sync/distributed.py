@@ -27,7 +27,7 @@ from .. import rng
 from ..solver import signals
 from . import planner
 from .engine import CHANNELS, FactorSource, Item, SyncEngine
-from .transport import OFFLOAD_SIZE
+from .offload import OFFLOAD_SIZE
 from .failure import install as install_failure_handlers
 from .rule import SolverRule
 from .stop import StopAgreement
@@ -148,10 +148,9 @@ def _factor_source(source):
 def _device_factor_source(source, blobs):
     """A device net's factors are read from the layer's (bottom, top) blobs on the device
     (device.py)."""
-    factors = FactorSource(source["inputs"], source["outputs"], None,
-                           transpose=source["transpose"], rows_per_pass=source["rows_per_pass"])
-    factors.device_blobs = blobs
-    return factors
+    return FactorSource(source["inputs"], source["outputs"], None,
+                        transpose=source["transpose"], rows_per_pass=source["rows_per_pass"],
+                        device_blobs=blobs)
 
 
 def build_items(net):

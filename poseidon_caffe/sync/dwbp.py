@@ -37,7 +37,7 @@ import threading
 import time
 
 
-from .transport import Wait
+from .steps import Wait
 
 BUSY_PAUSE = 5e-4      # longest sleep between tests while an exchange is in flight
 IDLE_PAUSE = 5e-3      # ... while none is (this rank's parameter-server shard is still served)
@@ -117,13 +117,23 @@ class _Exchange:
 
 
 class Scheduler:
-    """Owns the communication thread and the per-item freshness the compute thread waits on."""
+    """Owns the communication thread and the per-item freshness the compute thread waits on.
 
-    def __init__(self, engine, dwbp=True, timeline=None, channels=1):
-        self.engine = engine
-        self.dwbp = dwbp
+    It is given what it uses, and nothing else: ``exchange(task, channel)``, the generator of
+    one bucket's exchange; the ``transport`` whose requests it tests and whose deadline it
+    keeps; the ``channels`` the exchanges travel on; ``on_failure(exc)``, called on the
+    communication thread when it fails; and a ``thread_context`` (the device stage) entered
+    and left by that thread, or None."""
+
+    def __init__(self, exchange, transport, channels, on_failure, thread_context=None,
+                 timeline=None):
+        self.exchange = exchange
+        self.transport = transport
+        self.lanes = list(channels)
+        self.channels = len(self.lanes)
+        self.on_failure = on_failure
+        self.thread_context = thread_context
         self.timeline = timeline
-        self.channels = max(1, int(channels))
         self.inbox = collections.deque()   # Task, function or None (stop), in order
         # the communication thread sleeps on this lock; the compute thread releases it to
         # wake the thread at once (a bare lock: no Python-level machinery on either side)
@@ -139,7 +149,6 @@ class Scheduler:
         self.in_flight_peak = 0    # the most exchanges in flight at once
         self.polls = 0             # rounds of tests the communication thread made
         self.cpu_seconds = 0.0     # the communication thread's own CPU time
-        engine.transport.wake = self._ring
         if timeline is not None:
             for k in range(self.channels):
                 timeline.name_thread(1 + k, "communication, channel %d" % k)
@@ -157,14 +166,14 @@ class Scheduler:
         with self.cond:
             self.queued_tasks += len(tasks)
         self.inbox.extend([Task(*task) for task in tasks])
-        self._ring()
+        self.ring()
 
     def post(self, fn):
         """Run ``fn`` on the communication thread, after everything queued, without waiting."""
         with self.cond:
             self.queued_tasks += 1
         self.inbox.append(fn)
-        self._ring()
+        self.ring()
 
     def call(self, fn):
         """Run ``fn`` on the communication thread, after everything queued; return its result."""
@@ -196,7 +205,7 @@ class Scheduler:
         self._wait(lambda: self.done_tasks == self.queued_tasks, what)
 
     def _wait(self, condition, what):
-        timeout = self.engine.transport.timeout
+        timeout = self.transport.timeout
         deadline = time.monotonic() + timeout + min(timeout, NAMING_GRACE)
         with self.cond:
             while True:
@@ -207,15 +216,16 @@ class Scheduler:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SyncError("%s: nothing arrived within %.0f s"
-                                    % (what, self.engine.transport.timeout))
+                                    % (what, self.transport.timeout))
                 self.cond.wait(min(remaining, 0.5))
 
     def stop(self):
         self.inbox.append(None)
-        self._ring()
+        self.ring()
         self.thread.join()
 
-    def _ring(self):
+    def ring(self):
+        """Wake the communication thread now (work handed over, or finished elsewhere)."""
         try:
             self.bell.release()
         except RuntimeError:
@@ -223,25 +233,25 @@ class Scheduler:
 
     # -- communication thread -----------------------------------------------------------------
     def _run(self):
-        stage = getattr(self.engine, "stage", None)
+        context = self.thread_context
         try:
-            if stage is not None:
-                stage.enter_thread()
+            if context is not None:
+                context.enter_thread()
             self._loop()
         except BaseException as exc:  # reported to the compute thread, which ends the job
             with self.cond:
                 self.error = "%s: %s" % (type(exc).__name__, exc)
                 self.cond.notify_all()
-            self.engine.on_comm_failure(exc)
+            self.on_failure(exc)
         finally:
-            if stage is not None:
-                stage.leave_thread()
+            if context is not None:
+                context.leave_thread()
 
     def _loop(self):
         waiting = collections.deque()      # handed over, not started yet
         active = []                        # exchanges in flight, in the order started
         lanes = [None] * self.channels     # the exchange each channel carries
-        transport = self.engine.transport
+        transport = self.transport
         pause = 0.0
         busy_since = None
         while True:
@@ -268,8 +278,7 @@ class Scheduler:
                     self.exchanges += 1
                     if active:
                         self.overlapped += 1
-                    exchange = _Exchange(head, lane, self.engine.exchange(
-                        head, self.engine.channels[lane]), now)
+                    exchange = _Exchange(head, lane, self.exchange(head, self.lanes[lane]), now)
                     lanes[lane] = exchange
                     active.append(exchange)
                     if self._advance(exchange, transport):

@@ -5,7 +5,9 @@ makes its gradient final, the layer whose forward first needs it, and for an Inn
 a way to read its sufficient factors -- plus an update rule over array slices. ``attach`` in
 ``distributed.py`` builds those from a solver; tests build them from plain arrays.
 """
+import dataclasses
 import time
+import typing
 
 import numpy as np
 
@@ -18,41 +20,58 @@ from .counters import ByteCounters
 from .device import DeviceStage, on_device
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import make_plan
-from .transport import OFFLOAD_SIZE, Channel, Transport
+from .offload import OFFLOAD_SIZE
+from .transport import Channel, Transport
 
 CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
 
 
+@dataclasses.dataclass(eq=False)
 class FactorSource:
     """Where an InnerProduct layer's sufficient factors are read: top diff (K x N), bottom data
-    (K x M); ``transpose`` as the layer's weight layout."""
+    (K x M); ``transpose`` as the layer's weight layout. On the host ``read()`` gives this
+    pass's (top diff, bottom data); on a device rank the layer's (bottom, top) blobs are read
+    there instead, by the device stage (``device.py``)."""
+    M: int
+    N: int
+    read: typing.Optional[typing.Callable[[], tuple]]
+    transpose: bool = False
+    rows_per_pass: typing.Optional[int] = None
+    device_blobs: typing.Optional[tuple] = None
 
-    def __init__(self, M, N, read, transpose=False, rows_per_pass=None):
-        self.M, self.N = int(M), int(N)
-        self.read = read
-        self.transpose = bool(transpose)
-        self.rows_per_pass = rows_per_pass
-        # on a device rank: the layer's (bottom, top) blobs, read there (device.py)
-        self.device_blobs = None
+    def __post_init__(self):
+        self.M, self.N = int(self.M), int(self.N)
+        self.transpose = bool(self.transpose)
 
 
+@dataclasses.dataclass(eq=False)
 class Item:
-    def __init__(self, index, name, blob, ready_layer, first_use, sfb=None):
-        self.index = index
-        self.name = name
-        self.blob = blob
+    """One exchanged blob: what the planner prices, the engine schedules and the strategies
+    move. Every field is here; a device rank's copies and buffers live in its DeviceStage."""
+    index: int
+    name: str
+    blob: typing.Any
+    ready_layer: int                   # the layer whose backward makes its gradient final
+    first_use: int                     # the layer whose forward first needs its weights
+    sfb: typing.Optional[FactorSource] = None
+    shape: tuple = dataclasses.field(init=False)
+    count: int = dataclasses.field(init=False)
+    rows: int = dataclasses.field(init=False)
+    strategy: typing.Optional[str] = None      # the plan's name for it
+    bucket: typing.Any = None                  # the Bucket it travels in
+    fresh: int = 0                     # the first clock whose update its weights lack
+    passes: int = 0                    # backward passes of this iteration captured
+    host_data: typing.Any = None       # on a device rank: the pinned weights the exchanges
+    #                                    update (device.py)
+    result: typing.Any = None          # with global clipping: the summed gradient, until the
+    #                                    norm over every item is known
+
+    def __post_init__(self):
         # a device blob's shape is read without touching its host copy
-        self.shape = tuple(blob.shape if _lives_on_device(blob) else blob.data.shape)
+        self.shape = tuple(self.blob.shape if _lives_on_device(self.blob)
+                           else self.blob.data.shape)
         self.count = int(np.prod(self.shape)) if self.shape else 1
         self.rows = self.shape[0] if self.shape else 1
-        self.ready_layer = ready_layer
-        self.first_use = first_use
-        self.sfb = sfb
-        self.strategy = None
-        self.bucket = None
-        self.fresh = 0
-        self.passes = 0
-        self.host_data = None      # on a device rank: the pinned weights (device.py)
 
     @property
     def data_flat(self):
@@ -90,7 +109,7 @@ class SyncEngine:
         self.clip = clip if (clip is not None and clip >= 0) else None
         self.counters = ByteCounters()
         self.transport = Transport(topology, self.counters, timeout)
-        self.transport.offload_size = int(offload_size)
+        self.transport.offload.size = int(offload_size)
         self.timeline = timeline
         batch_rows = batch_rows or (lambda item: item.sfb.rows_per_pass if item.sfb else 1)
         self.plan, self.predicted = make_plan(
@@ -140,7 +159,11 @@ class SyncEngine:
         self.wait_seconds = 0.0        # the compute thread's waits for the communication
         self.capture_seconds = 0.0     # ... and its copies of gradients handed over
         self.failure_handler = None
-        self.scheduler = Scheduler(self, self.dwbp, timeline, len(self.channels))
+        self.scheduler = Scheduler(self.exchange, self.transport, self.channels,
+                                   self.on_comm_failure, thread_context=self.stage,
+                                   timeline=timeline)
+        # work the offload thread finishes wakes the communication thread at once
+        self.transport.offload.wake = self.scheduler.ring
 
     # -- compute-thread side: the net's hooks --------------------------------------------------
     def grad_ready(self, layer_index):
@@ -300,7 +323,7 @@ class SyncEngine:
         what = "exchanging %s (iteration %d)" % (bucket.name, clock)
         inv = 1.0 / self.workers
         worker_rule = self.update == "worker"
-        compute = self.transport.computed    # the numeric work, off the polling thread
+        compute = self.transport.offload.computed    # the numeric work, off the polling thread
         if worker_rule:
             # the planner gave this bucket a strategy that carries update values
             def updates():

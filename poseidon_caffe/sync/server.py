@@ -13,34 +13,19 @@ One session follows one ``attach`` of the workers:
    finish the sends and return.
 A failure anywhere (here or on a worker) ends the whole job through ``failure``.
 """
-import concurrent.futures
 import time
 
 from .. import log
 from ..proto import caffe_pb2
 from .counters import ByteCounters
-from .strategies.ps import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, piece_tag, row_layout
+from .offload import OFFLOAD_SIZE, Offload
 from .rule import ScheduledRates, UpdateRule
-from .transport import OFFLOAD_SIZE
+from .shard_store import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, piece_tag, row_layout
 
 
 class _ItemShape:
     def __init__(self, index, name, count, rows):
         self.index, self.name, self.count, self.rows = index, name, count, rows
-
-
-def setup_message(solver, items, start_clock, staleness, topology, update="server",
-                  offload_size=OFFLOAD_SIZE):
-    """What rank 0 tells the dedicated servers at the start of a session."""
-    net = solver.net
-    return {
-        "param": solver.param.SerializeToString(), "kind": solver.type,
-        "items": [(it.index, it.name, it.count, it.rows, net.params_lr[it.index],
-                   net.params_weight_decay[it.index]) for it in items],
-        "start_clock": int(start_clock), "current_step": int(solver.current_step),
-        "staleness": int(staleness), "workers": topology.size, "hosts": topology.num_hosts,
-        "update": update, "offload_size": int(offload_size),
-    }
 
 
 def serve(topology):
@@ -65,7 +50,7 @@ def serve(topology):
     push_comm, pull_comm, control = comm.Dup(), comm.Dup(), comm.Dup()
     # the updates run on a thread of their own: pushes and other blobs' pulls keep moving
     # while a large one is computed
-    updates = concurrent.futures.ThreadPoolExecutor(1, "server-updates")
+    updates = Offload()
     store = ShardStore(push_comm, pull_comm, counters, rule, hosts, setup["workers"],
                        worker_updates=setup.get("update") == "worker", offload=updates.submit,
                        offload_size=setup.get("offload_size", OFFLOAD_SIZE))
@@ -117,7 +102,7 @@ def serve(topology):
                 pause = min(pause * 2 or 1e-5, 1e-3)
     finally:
         store.close()
-        updates.shutdown()
+        updates.close()
         for c in (push_comm, pull_comm, control):
             c.Free()
     counters.end_iteration(clock - start)

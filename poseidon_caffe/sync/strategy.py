@@ -89,7 +89,7 @@ class Strategy(ABC):
 
     def start(self, bucket, payloads, clock, what, channel):
         """The exchange of one bucket as a generator: it starts non-blocking MPI calls, yields
-        ``transport.Wait``/``transport.Until`` until they are done, and returns what ``run``
+        ``steps.Wait``/``steps.Until`` until they are done, and returns what ``run``
         returns. Its collectives use ``channel``'s communicators (the exchanges in flight at
         one time each have their own). By default: ``run``, in one step."""
         return self.run(bucket, payloads, clock, what)

@@ -16,76 +16,17 @@ A ``Channel`` is the communicator one exchange at a time uses for its on-host co
 exchanges in flight together use different channels, so that every communicator sees its
 collectives in the same order on every rank.
 """
-import concurrent.futures
-import queue
-import threading
 import time
+
+from .offload import Offload
+from .steps import Until, Wait  # noqa: F401  (what exchanges yield; waited for here)
 
 # mpi4py is imported where it is called: the planner and the simulator read this module's
 # small classes, and a single-process run loads no MPI
 
 
-OFFLOAD_SIZE = 1 << 18     # values (1 MiB of float32) from which numeric work goes to a thread
-
-
 class SyncTimeout(RuntimeError):
     pass
-
-
-class Wait:
-    """What an exchange yields: go on once every request has completed."""
-    __slots__ = ("requests", "peers")
-
-    def __init__(self, requests, peers=()):
-        self.requests = [r for r in requests if r is not None]
-        self.peers = peers
-
-
-class Until:
-    """What an exchange yields: go on once ``condition()`` holds (the services make it
-    true)."""
-    __slots__ = ("condition", "peers")
-
-    def __init__(self, condition, peers=()):
-        self.condition = condition
-        self.peers = peers
-
-
-class WorkerThread:
-    """One thread that runs the functions handed to it in order; ``submit(fn)`` -> a Future.
-
-    Not a ThreadPoolExecutor: the interpreter's exit shuts those down while daemon threads
-    still run, so a communication thread finishing an exchange as the main thread leaves with
-    an error (a NaN loss) would fail on its own and add a second, misleading report."""
-
-    def __init__(self, name):
-        self.queue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, fn):
-        future = concurrent.futures.Future()
-        self.queue.put((future, fn))
-        return future
-
-    def shutdown(self):
-        self.queue.put(None)
-        self.thread.join()
-
-    def _run(self):
-        while True:
-            job = self.queue.get()
-            if job is None:
-                return
-            future, fn = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn()
-            except BaseException as exc:  # the exchange that waits for it raises it
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
 
 
 class Channel:
@@ -125,37 +66,11 @@ class Transport:
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
         self.default_channel = Channel(-1, topology.local)
-        self.worker = None         # the thread that runs exchanges' numeric work
-        self.offload_size = OFFLOAD_SIZE
-        self.wake = None           # called when such work is done (the scheduler's bell)
-
-    def submit(self, fn):
-        """Run ``fn()`` on the worker thread (one at a time, in the order submitted); the
-        future of its result. Its end wakes the communication thread."""
-        if self.worker is None:
-            self.worker = WorkerThread("sync-work")
-        future = self.worker.submit(fn)
-        if self.wake is not None:
-            future.add_done_callback(lambda done: self.wake())
-        return future
-
-    def computed(self, fn, size):
-        """The step of an exchange that computes ``fn()`` (a GEMM, an update over ``size``
-        values) on the worker thread, so that the communication thread goes on testing every
-        other exchange's requests meanwhile (numpy lets go of the GIL); returns its result.
-        Small work runs here: handing it over would cost more than it takes."""
-        if size < self.offload_size:
-            return fn()
-            yield  # pragma: no cover -- makes this a generator
-        future = self.submit(fn)
-        if not future.done():
-            yield Until(future.done)
-        return future.result()
+        # the exchanges' numeric work, on a thread of its own (offload.py)
+        self.offload = Offload()
 
     def close(self):
-        if self.worker is not None:
-            self.worker.shutdown()
-            self.worker = None
+        self.offload.close()
 
     def progress(self, extra=()):
         """Test ``extra`` and every service's requests in one call into MPI (which moves them

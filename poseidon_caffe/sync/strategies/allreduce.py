@@ -9,7 +9,7 @@ buckets' rings run at once, their messages told apart by tags from the bucket's 
 import numpy as np
 
 from ..strategy import ITEMSIZE, Strategy, register
-from ..transport import Wait
+from ..steps import Wait
 
 
 @register

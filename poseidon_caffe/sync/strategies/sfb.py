@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dwbp import SyncError
 from ..strategy import ITEMSIZE, Strategy, register
-from ..transport import Wait
+from ..steps import Wait
 
 
 @register
@@ -41,31 +41,33 @@ class SufficientFactors(Strategy):
     def open(cls, engine, items):
         if not items:
             return None
-        opened = cls(engine.transport, engine.topology, engine.counters, engine.iter_size)
-        opened.device_apply = engine.stage is not None and engine.clip is None
-        return opened
+        return cls(engine.transport, engine.topology, engine.counters, engine.iter_size,
+                   stage=engine.stage, device_apply=engine.stage is not None
+                   and engine.clip is None)
 
-    def __init__(self, transport, topology, counters, iter_size=1):
+    def __init__(self, transport, topology, counters, iter_size=1, stage=None,
+                 device_apply=False):
         super().__init__(transport, topology, counters)
         self.iter_size = int(iter_size)
         self.parts = {}            # item index -> [(top diff, bottom data)] of this iteration
         self.peers = topology.leaders.Dup() if topology.leaders is not None else None
-        self.device_apply = False  # leave the stacked factors for the device (see above)
+        self.stage = stage         # a device rank's DeviceStage: the factors are read there
+        self.device_apply = device_apply   # leave the stacked factors for the device
 
     def capture(self, item):
         # the layer's top diff and bottom data change with the next pass: read them now
-        self.parts.setdefault(item.index, []).append(item.sfb.read())
+        read = item.sfb.read if self.stage is None else (lambda: self.stage.copy_factors(item))
+        self.parts.setdefault(item.index, []).append(read())
 
     def payload(self, item, clock):
         parts = self.parts.pop(item.index, [])
         if len(parts) < self.iter_size:
             raise SyncError("no sufficient factors were captured for %s in iteration %d (its "
                             "layer's backward did not run)" % (item.name, clock))
-        staged = getattr(item.sfb, "staged", None)
-        if staged is not None:
+        if self.stage is not None:
             # the passes' rows were copied into these pinned buffers, in order: no host work
             # here, as the copies may still be running
-            return staged
+            return self.stage.staged_factors(item)
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def run(self, bucket, payloads, clock, what):
@@ -80,10 +82,10 @@ class SufficientFactors(Strategy):
                                           bucket.index)
             rows = D.shape[0]
             # [all top diffs | all bottom data], as the device's GEMM takes them
-            stacked = item.sfb.stacked
+            stacked = self.stage.stacked_factors(item)
             stacked[:D.size] = D.reshape(-1)
             stacked[D.size:D.size + A.size] = A.reshape(-1)
-            item.factors_in = rows
+            self.stage.factors_arrived(item, rows)
             return None
         grad = yield from self.aggregate(channel, top_diff, bottom_data, item.sfb.transpose,
                                          bucket.name, bucket.index)
@@ -99,7 +101,7 @@ class SufficientFactors(Strategy):
         """
         D, A = yield from self.gather(channel, top_diff, bottom_data, key, tag)
         M, N = A.shape[1], D.shape[1]
-        grad = yield from self.transport.computed(
+        grad = yield from self.transport.offload.computed(
             lambda: (A.T @ D) if transpose else (D.T @ A), M * N)
         return grad
 
