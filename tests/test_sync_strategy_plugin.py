@@ -33,7 +33,7 @@ class FullGradientAllgather(Strategy):
 
     def __init__(self, transport, topology, counters):
         super().__init__(transport, topology, counters)
-        self.peers = topology.leaders.Dup() if topology.leaders is not None else None
+        self.peers = topology.leaders.dup(counters) if topology.leaders is not None else None
 
     def run(self, bucket, payloads, clock, what):
         flat = payloads[0] if len(payloads) == 1 else np.concatenate(payloads)
@@ -45,9 +45,8 @@ class FullGradientAllgather(Strategy):
             incoming = {p: np.empty_like(flat) for p in others}
             reqs = []
             for p in others:
-                reqs.append(comm.Isend(flat, dest=p, tag=0))
-                reqs.append(comm.Irecv(incoming[p], source=p, tag=0))
-                self.counters.add(key, sent=flat.nbytes, received=flat.nbytes)
+                reqs.append(comm.isend(flat, p, 0, key))         # counted under key
+                reqs.append(comm.irecv(incoming[p], p, 0, key))
             self.transport.wait(reqs, what, [self.topology.leader_ranks[p] for p in others])
             for p in others:
                 flat += incoming[p]
@@ -60,7 +59,7 @@ class FullGradientAllgather(Strategy):
 
     def close(self, clock=None):
         if self.peers is not None:
-            self.peers.Free()
+            self.peers.free()
             self.peers = None
 
 

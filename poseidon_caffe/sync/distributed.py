@@ -94,7 +94,7 @@ def _client_of(topology, options):
     num_clients = int(_opt(options, "num_clients", 0))
     host = topology.host
     if topology.is_server:
-        topology.job.allgather(None)
+        topology.job.allgather_object(None)
         return -1, False
     hosts = None
     if hostfile:
@@ -119,7 +119,7 @@ def _client_of(topology, options):
         cid = hosts[host][0]
     else:
         cid = host
-    ids = [v for v in topology.job.allgather((host, cid)) if v is not None]
+    ids = [v for v in topology.job.allgather_object((host, cid)) if v is not None]
     by_host = {}
     for h, c in ids:
         by_host.setdefault(h, set()).add(c)
@@ -243,7 +243,7 @@ class DistributedRunner:
         world = self.topology.world
         for blob in net.learnable_params:
             flat = blob.data.reshape(-1)
-            world.Bcast(flat, root=0)
+            world.bcast_array(flat, root=0)
         log.info("Rank 0's weights broadcast to %d workers", self.topology.size)
 
     def _restore_rank_state(self, state_file):
@@ -339,7 +339,7 @@ class DistributedRunner:
         local = np.array([solver.smoothed_loss] + [v for _, vals, _ in values for v in vals],
                          dtype=np.float64)
         world = self.topology.world
-        mean = self.engine.scheduler.call(lambda: world.allreduce(local)) / self.topology.size
+        mean = self.engine.scheduler.call(lambda: world.allreduce_object(local)) / self.topology.size
         if self._netoutputs is None:
             return
         new = not os.path.exists(self._netoutputs)
@@ -373,11 +373,11 @@ class DistributedRunner:
         world = self.topology.world
 
         def combine():
-            width = max(world.allgather(local.size))
+            width = max(world.allgather_object(local.size))
             padded = np.zeros(width)
             padded[:local.size] = local
             # rank 0 always runs batch 0, so it knows the output names and loss weights
-            return world.allreduce(padded), world.bcast((names, weights), root=0)
+            return world.allreduce_object(padded), world.bcast_object((names, weights), root=0)
         total, (names, weights) = self.engine.scheduler.call(combine)
         return list(total), names, weights
 
@@ -434,7 +434,7 @@ class DistributedRunner:
     def _barrier(self, what):
         world, transport = self.topology.world, self.engine.transport
         peers = [r for r in range(world.size) if r != world.rank]
-        self.engine.scheduler.call(lambda: transport.wait([world.Ibarrier()], what, peers))
+        self.engine.scheduler.call(lambda: transport.wait([world.ibarrier()], what, peers))
 
     def _write_or_fail(self, write, path):
         """A rank that cannot write its part of a snapshot ends the job, naming itself and the
@@ -487,7 +487,7 @@ class DistributedRunner:
         if self.stats_path:
             # Poseidon's -stats_path: one file for the job, every worker's statistics (JSON,
             # which YAML readers take as well)
-            everyone = self.topology.world.gather(stats, root=0)
+            everyone = self.topology.world.gather_object(stats, root=0)
             if self.topology.rank == 0:
                 parent = os.path.dirname(self.stats_path)
                 if parent:

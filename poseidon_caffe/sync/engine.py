@@ -142,7 +142,7 @@ class SyncEngine:
         # sync thread), or as many as asked, no more than there are buckets to fill them
         channels = int(channels) if channels and int(channels) > 0 else len(self.buckets)
         channels = max(1, min(channels, len(self.buckets)))
-        self.channels = [Channel.duplicate(k, topology) for k in range(channels)]
+        self.channels = [Channel.duplicate(k, topology, self.counters) for k in range(channels)]
         for bucket in self.buckets:
             bucket.channel = bucket.index % channels
         self.bucket_predicted = {b.name: sum(self.predicted[i.index] for i in b.items)

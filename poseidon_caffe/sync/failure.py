@@ -12,6 +12,7 @@ import time
 import traceback
 
 from .. import log
+from . import communicator
 
 _state = {"installed": False, "topology": None, "open": False, "ending": None}
 _ending_lock = threading.Lock()
@@ -44,8 +45,7 @@ def end_job_on_error(exc, where="training"):
     reports the error as any command does."""
     if not _state["open"]:
         return
-    from mpi4py import MPI
-    if MPI.COMM_WORLD.Get_size() > 1:
+    if communicator.job_size() > 1:
         fail(exc, where)
 
 
@@ -66,8 +66,7 @@ def fail(exc, where="training"):
         # way from this rank's pipe: give it a moment to forward the reason first
         time.sleep(0.5)
     finally:
-        from mpi4py import MPI
-        MPI.COMM_WORLD.Abort(1)
+        communicator.abort(1)
 
 
 def install(topology):
@@ -80,8 +79,7 @@ def install(topology):
     def excepthook(kind, value, tb):
         if issubclass(kind, KeyboardInterrupt):
             sys.__excepthook__(kind, value, tb)
-            from mpi4py import MPI
-            MPI.COMM_WORLD.Abort(130)
+            communicator.abort(130)
         fail(value)
 
     def thread_hook(args):
@@ -111,8 +109,7 @@ def _await_abort():
     """Another thread of this rank is ending the job: wait for its MPI_Abort, which ends this
     process; should it never come, abort from here."""
     time.sleep(ABORT_WAIT)
-    from mpi4py import MPI
-    MPI.COMM_WORLD.Abort(1)
+    communicator.abort(1)
 
 
 def _exit_check():
@@ -123,8 +120,7 @@ def _exit_check():
         _await_abort()
     # a rank leaving mid-job (an error handled by returning a status) would strand its peers
     if _state["open"]:
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.Get_size() == 1:
+        if communicator.job_size() == 1:
             return                 # a one-rank job strands nobody: its error line says it all
         if not _claim_ending():
             _await_abort()
@@ -132,4 +128,4 @@ def _exit_check():
                          "ending the job\n" % describe())
         sys.stderr.flush()
         time.sleep(0.5)            # as in fail(): let the launcher forward the line
-        MPI.COMM_WORLD.Abort(1)
+        communicator.abort(1)

@@ -63,26 +63,25 @@ class NCCL:
         """A group id (bytes). Under an MPI launcher with several ranks this is collective:
         rank 0 draws it and every rank returns the same value."""
         if _launched_size() > 1:
-            from mpi4py import MPI
-            world = MPI.COMM_WORLD
-            return world.bcast(os.urandom(UID_BYTES) if world.rank == 0 else None, root=0)
+            from .communicator import world as job
+            world = job()
+            return world.bcast_object(os.urandom(UID_BYTES) if world.rank == 0 else None)
         return os.urandom(UID_BYTES)
 
     def _join(self):
-        from mpi4py import MPI
-
-        from .strategies.allreduce import RingAllreduce
+        from .communicator import world as job
         from .counters import ByteCounters
+        from .strategies.allreduce import RingAllreduce
         from .topology import Topology
         from .transport import Transport
-        world = MPI.COMM_WORLD
+        world = job()
         if world.size != self.count or world.rank != self.rank:
             raise NCCLError(
                 "NCCL: this process is solver %d of %d (caffe.set_solver_rank / "
                 "set_solver_count) but MPI rank %d of %d: start one process per solver with "
                 "mpiexec -n %d and set the rank from MPI"
                 % (self.rank, self.count, world.rank, world.size, self.count))
-        uids = world.allgather(self.uid)
+        uids = world.allgather_object(self.uid)
         others = [r for r, u in enumerate(uids) if u != uids[0]]
         if others:
             raise NCCLError("NCCL: solver(s) %s were given another uid than solver 0; every "
@@ -117,7 +116,7 @@ class NCCL:
         if self._ring is None or not self._params:
             return
         flat = self._pack(self._params, "data")
-        self._topology.world.Bcast(flat, root=0)
+        self._topology.world.bcast_array(flat, root=0)
         self._unpack(flat, self._params, "data")
 
     def _reduce(self, blobs, what):

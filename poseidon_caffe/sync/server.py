@@ -31,7 +31,7 @@ class _ItemShape:
 def serve(topology):
     """Run one session on a dedicated server rank; returns its statistics."""
     comm = topology.ps_comm
-    setup = comm.bcast(None, root=0)
+    setup = comm.bcast_object(None, root=0)
     shard = topology.server_index
     if not setup["items"]:
         log.info("Server %d: no blob goes through the parameter server in this session",
@@ -47,14 +47,15 @@ def serve(topology):
     rule = UpdateRule(param, setup["kind"], lr_mult, decay_mult, rates)
     hosts = setup["hosts"]
     counters = ByteCounters()
-    push_comm, pull_comm, control = comm.Dup(), comm.Dup(), comm.Dup()
+    push_comm, pull_comm = comm.dup(counters), comm.dup(counters)
+    control = comm.dup()                # control messages: not counted
     # the updates run on a thread of their own: pushes and other blobs' pulls keep moving
     # while a large one is computed
     updates = Offload()
-    store = ShardStore(push_comm, pull_comm, counters, rule, hosts, setup["workers"],
+    store = ShardStore(push_comm, pull_comm, rule, hosts, setup["workers"],
                        worker_updates=setup.get("update") == "worker", offload=updates.submit,
                        offload_size=setup.get("offload_size", OFFLOAD_SIZE))
-    rows = control.recv(source=0, tag=CONTROL_TAG)
+    rows = control.recv_object(0, CONTROL_TAG)
     shapes = {}
     for index, name, count, nrows, _, _ in setup["items"]:
         shapes[index] = _ItemShape(index, name, count, nrows)
@@ -71,7 +72,7 @@ def serve(topology):
             store.add(tag, index, name, lo, hi, data, history, list(range(hosts)), start)
     log.info("Server %d (rank %d): %d row pieces, %d hosts push to it, from iteration %d",
              shard, topology.rank, len(store.shards), hosts, start)
-    request = control.irecv(source=0, tag=CONTROL_TAG)
+    request = control.irecv_object(0, CONTROL_TAG)
     waiting = None
     pause = 0.0
     clock = start
@@ -85,8 +86,8 @@ def serve(topology):
             if waiting is not None and store.applied_all(waiting[1]):
                 kind, clock = waiting
                 if kind == SNAPSHOT:
-                    control.send(store.history(), dest=0, tag=CONTROL_TAG)
-                    request = control.irecv(source=0, tag=CONTROL_TAG)
+                    control.send_object(store.history(), 0, CONTROL_TAG)
+                    request = control.irecv_object(0, CONTROL_TAG)
                     waiting = None
                 elif kind == STOP:
                     while not store.sends_done():
@@ -104,7 +105,7 @@ def serve(topology):
         store.close()
         updates.close()
         for c in (push_comm, pull_comm, control):
-            c.Free()
+            c.free()
     counters.end_iteration(clock - start)
     measured = counters.per_iteration(window=False)
     log.info("Server %d: %d iterations served", shard, clock - start)

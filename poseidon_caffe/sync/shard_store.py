@@ -22,6 +22,7 @@ import functools
 
 import numpy as np
 
+from . import communicator
 from .offload import OFFLOAD_SIZE
 
 CONTROL_TAG = 1
@@ -85,13 +86,12 @@ class ShardStore:
     thread serving the shards goes on taking pushes and sending other blobs' pulls while a
     large update is computed; the updates still run one at a time, in the order started."""
 
-    def __init__(self, push_comm, pull_comm, counters, rule, num_hosts, workers,
+    def __init__(self, push_comm, pull_comm, rule, num_hosts, workers,
                  on_applied=None, worker_updates=False, offload=None,
                  offload_size=OFFLOAD_SIZE):
         self.worker_updates = bool(worker_updates)   # pushes are update values: add them
         self.push_comm = push_comm
         self.pull_comm = pull_comm
-        self.counters = counters
         self.rule = rule
         self.num_hosts = num_hosts
         self.workers = workers
@@ -110,7 +110,7 @@ class ShardStore:
                      sources, start_clock)
         self.shards[tag] = own
         for src in sources:
-            own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src, tag=tag)
+            own.requests[src] = self.push_comm.irecv(own.buffers[src], src, tag)
         self.listed = None
         return own
 
@@ -151,9 +151,8 @@ class ShardStore:
         if self.on_applied is not None:
             self.on_applied(own, fresh)
         for dest in own.sources:
-            self.in_flight.append((self.pull_comm.Isend(fresh, dest=dest, tag=own.tag),
+            self.in_flight.append((self.pull_comm.isend(fresh, dest, own.tag, own.name),
                                    fresh))
-            self.counters.add(own.name, sent=fresh.nbytes)
             self.listed = None
 
     def busy(self):
@@ -169,9 +168,8 @@ class ShardStore:
 
     def poll(self):
         """Test every request of the store (one call into MPI), then take what arrived."""
-        from mpi4py import MPI          # here, not at import: the planner loads no MPI
         requests = self.requests_in_flight()
-        if (requests and MPI.Request.Testsome(requests)) or self.busy():
+        if (requests and communicator.test_some(requests)) or self.busy():
             return self.progress()
         return 0
 
@@ -189,11 +187,11 @@ class ShardStore:
                     continue
                 clock = own.next_clock[src]
                 own.next_clock[src] += 1
-                self.counters.add(own.name, received=own.buffers[src].nbytes)
+                # counted as it arrives: the receive posted now is the next clock's
+                self.push_comm.count(own.name, received=own.buffers[src].nbytes)
                 self.deposit(tag, clock, own.buffers[src])
                 taken += 1
-                own.requests[src] = self.push_comm.Irecv(own.buffers[src], source=src,
-                                                         tag=tag)
+                own.requests[src] = self.push_comm.irecv(own.buffers[src], src, tag)
         if self.in_flight:
             self.in_flight = [(r, b) for r, b in self.in_flight if r]
         self.listed = None
@@ -214,13 +212,12 @@ class ShardStore:
         for own in self.shards.values():
             for req in own.requests.values():
                 if req:
-                    req.Cancel()
-                    req.Wait()
+                    communicator.cancel(req)
         for future, _ in self.applying:
             future.result()
         self.applying.clear()
         for req, _ in self.in_flight:
-            req.Wait()
+            communicator.wait(req)
         self.in_flight = []
         self.shards.clear()
 

@@ -25,7 +25,6 @@ do not count it, so the measured bytes still equal the plan's.
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 from ..solver import signals
 
@@ -44,7 +43,7 @@ class StopAgreement:
     """
 
     def __init__(self, comm, local_action, scheduler, transport, lag=1):
-        self.comm = comm.Dup()
+        self.comm = comm.dup()
         self.local_action = local_action
         self.scheduler = scheduler
         self.transport = transport
@@ -98,7 +97,7 @@ class StopAgreement:
             for boundary in sorted(self.requests):
                 self._finish(boundary)
             self.transport.services.remove(self)
-            self.comm.Free()
+            self.comm.free()
         self.scheduler.call(finish_all)
         self.answers.clear()
 
@@ -110,7 +109,7 @@ class StopAgreement:
         if self.comm.rank == 0:
             send[-1] = int(time.monotonic() * 1000)
         recv = np.zeros_like(send)
-        self.requests[boundary] = (send, recv, self.comm.Iallreduce(send, recv, op=MPI.MAX))
+        self.requests[boundary] = (send, recv, self.comm.iallreduce_max(send, recv))
         self.transport.progress()
 
     def requests_in_flight(self):

@@ -14,7 +14,8 @@ then the dedicated servers), the one communicator pushes and pulls travel on.
 """
 import socket
 
-from mpi4py import MPI
+from . import communicator
+from .communicator import Communicator
 
 
 class TopologyError(ValueError):
@@ -23,7 +24,10 @@ class TopologyError(ValueError):
 
 class Topology:
     def __init__(self, comm=None, ranks_per_host=0, server_ranks=0):
-        self.job = comm if comm is not None else MPI.COMM_WORLD
+        if comm is None:
+            self.job = communicator.world()
+        else:
+            self.job = comm if isinstance(comm, Communicator) else Communicator(comm)
         servers = int(server_ranks or 0)
         if servers < 0 or servers >= self.job.size:
             raise TopologyError("-server_ranks=%d: the job has %d ranks, and needs at least one "
@@ -34,8 +38,8 @@ class Topology:
         self.is_server = self.job.rank >= self.num_workers
         self.server_index = self.job.rank - self.num_workers if self.is_server else None
         self.hostname = socket.gethostname()
-        self.job_hostnames = self.job.allgather(self.hostname)
-        self.world = self.job.Split(1 if self.is_server else 0, self.job.rank) if servers \
+        self.job_hostnames = self.job.allgather_object(self.hostname)
+        self.world = self.job.split(1 if self.is_server else 0, self.job.rank) if servers \
             else self.job
         self.local = self.leaders = None
         if self.is_server:
@@ -45,10 +49,8 @@ class Topology:
         # pushes and pulls: host leaders (in host order) and the dedicated shards after them
         if servers:
             member = self.is_server or self.is_leader
-            self.ps_comm = self.job.Split(0 if member else MPI.UNDEFINED, self.job.rank)
-            if self.ps_comm == MPI.COMM_NULL:
-                self.ps_comm = None
-            self.num_hosts = self.job.bcast(getattr(self, "num_hosts", None), root=0)
+            self.ps_comm = self.job.split(0 if member else None, self.job.rank)
+            self.num_hosts = self.job.bcast_object(getattr(self, "num_hosts", None), root=0)
             self.shard_comm_ranks = [self.num_hosts + s for s in range(servers)]
             self.shard_job_ranks = [self.num_workers + s for s in range(servers)]
         else:
@@ -63,27 +65,25 @@ class Topology:
             if self.size % ranks_per_host:
                 raise TopologyError("ranks_per_host=%d does not divide the %d worker ranks of "
                                     "the job" % (ranks_per_host, self.size))
-            self.local = self.world.Split(self.rank // ranks_per_host, self.rank)
+            self.local = self.world.split(self.rank // ranks_per_host, self.rank)
         else:
-            self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            self.local = self.world.split_shared(key=self.rank)
         self.local_rank = self.local.rank
         self.local_size = self.local.size
         self.is_leader = self.local_rank == 0
         # every rank learns the world rank of its host's leader, then the list of leaders
-        leader = self.local.bcast(self.rank, root=0)
-        leaders = self.world.allgather(leader)
+        leader = self.local.bcast_object(self.rank, root=0)
+        leaders = self.world.allgather_object(leader)
         self.leader_ranks = sorted(set(leaders))
         self.host_of_rank = [self.leader_ranks.index(l) for l in leaders]
         self.host = self.host_of_rank[self.rank]
         self.num_hosts = len(self.leader_ranks)
-        self.hostnames = self.world.allgather(self.hostname)
-        sizes = self.world.allgather(self.local_size)
+        self.hostnames = self.world.allgather_object(self.hostname)
+        sizes = self.world.allgather_object(self.local_size)
         if len(set(sizes)) != 1:
             raise TopologyError("hosts run different numbers of workers (%s); every host must run "
                                 "the same number of devices" % sorted(set(sizes)))
-        self.leaders = self.world.Split(0 if self.is_leader else MPI.UNDEFINED, self.rank)
-        if self.leaders == MPI.COMM_NULL:
-            self.leaders = None
+        self.leaders = self.world.split(0 if self.is_leader else None, self.rank)
 
     def _server_side(self):
         # a dedicated server is a rank of the job, not a worker: it joins no worker collective
@@ -115,5 +115,5 @@ class Topology:
             comms += [self.ps_comm, self.world]
         for comm in comms:
             if comm is not None:
-                comm.Free()
+                comm.free()
         self.leaders = self.ps_comm = None

@@ -18,11 +18,10 @@ collectives in the same order on every rank.
 """
 import time
 
+from . import communicator
 from .offload import Offload
 from .steps import Until, Wait  # noqa: F401  (what exchanges yield; waited for here)
 
-# mpi4py is imported where it is called: the planner and the simulator read this module's
-# small classes, and a single-process run loads no MPI
 
 
 class SyncTimeout(RuntimeError):
@@ -41,15 +40,17 @@ class Channel:
         self.owned = owned
 
     @classmethod
-    def duplicate(cls, index, topology):
+    def duplicate(cls, index, topology, counters):
         """A channel with a communicator of its own (collective over the host: every worker
-        makes its channels in the same order at start-up)."""
+        makes its channels in the same order at start-up), counting into ``counters``."""
         local = topology.local
-        return cls(index, local.Dup() if local is not None and local.size > 1 else None, True)
+        if local is None or local.size == 1:
+            return cls(index, None, True)
+        return cls(index, local.dup(counters, local=True), True)
 
     def free(self):
         if self.owned and self.local is not None:
-            self.local.Free()
+            self.local.free()
         self.local = None
 
 
@@ -65,7 +66,9 @@ class Transport:
         self.services = []
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
-        self.default_channel = Channel(-1, topology.local)
+        local = topology.local
+        self.default_channel = Channel(-1, None if local is None else
+                                       local.with_counters(counters, local=True))
         # the exchanges' numeric work, on a thread of its own (offload.py)
         self.offload = Offload()
 
@@ -86,8 +89,7 @@ class Transport:
             return False
         done = ()
         if requests:
-            from mpi4py import MPI
-            done = MPI.Request.Testsome(requests) or ()
+            done = communicator.test_some(requests)
         moved = bool(done)
         for service, start, end in spans:
             if any(start <= i < end for i in done) or service.busy():
@@ -139,28 +141,14 @@ class Transport:
         local = channel.local
         if local is None or local.size == 1:
             return
-        from mpi4py import MPI
-        nbytes = flat.nbytes
-        if local.rank == 0:
-            req = local.Ireduce(MPI.IN_PLACE, flat, op=MPI.SUM, root=0)
-            self.counters.add(key, received=nbytes * (local.size - 1), local=True)
-        else:
-            req = local.Ireduce(flat, None, op=MPI.SUM, root=0)
-            self.counters.add(key, sent=nbytes, local=True)
-        yield Wait([req], self._local_peers())
+        yield Wait([local.reduce_sum(flat, key)], self._local_peers())
 
     def local_bcast(self, channel, flat, key):
         """The leader's ``flat`` to every device of this host."""
         local = channel.local
         if local is None or local.size == 1:
             return
-        nbytes = flat.nbytes
-        req = local.Ibcast(flat, root=0)
-        if local.rank == 0:
-            self.counters.add(key, sent=nbytes * (local.size - 1), local=True)
-        else:
-            self.counters.add(key, received=nbytes, local=True)
-        yield Wait([req], self._local_peers())
+        yield Wait([local.broadcast(flat, key)], self._local_peers())
 
     def local_gather(self, channel, flat, gathered, key):
         """Concatenate every device's ``flat`` (equal sizes) into the leader's ``gathered``."""
@@ -168,12 +156,7 @@ class Transport:
         if local is None or local.size == 1:
             gathered[...] = flat
             return
-        req = local.Igather(flat, gathered if local.rank == 0 else None, root=0)
-        if local.rank == 0:
-            self.counters.add(key, received=flat.nbytes * (local.size - 1), local=True)
-        else:
-            self.counters.add(key, sent=flat.nbytes, local=True)
-        yield Wait([req], self._local_peers())
+        yield Wait([local.gather(flat, gathered, key)], self._local_peers())
 
     # -- the same, blocking (the topology's own communicators) -------------------------------
     def local_sum_to_leader(self, flat, key, what):

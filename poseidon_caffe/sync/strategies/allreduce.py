@@ -25,7 +25,7 @@ class RingAllreduce(Strategy):
 
     def __init__(self, transport, topology, counters):
         super().__init__(transport, topology, counters)
-        self.ring = topology.leaders.Dup() if topology.leaders is not None else None
+        self.ring = topology.leaders.dup(counters) if topology.leaders is not None else None
 
     def run(self, bucket, payloads, clock, what):
         return self.transport.drive(self.start(bucket, payloads, clock, what,
@@ -64,19 +64,17 @@ class RingAllreduce(Strategy):
         for step in range(P - 1):
             out, into = chunk((r - step) % P), chunk((r - step - 1) % P)
             incoming = scratch[:into.size]
-            reqs = [ring.Isend(out, dest=right, tag=tag + step),
-                    ring.Irecv(incoming, source=left, tag=tag + step)]
-            self.counters.add(key, sent=out.nbytes, received=incoming.nbytes)
+            reqs = [ring.isend(out, right, tag + step, key),
+                    ring.irecv(incoming, left, tag + step, key)]
             yield Wait(reqs, peers)
             into += incoming
         for step in range(P - 1):
             out, into = chunk((r - step + 1) % P), chunk((r - step) % P)
-            reqs = [ring.Isend(out, dest=right, tag=tag + P + step),
-                    ring.Irecv(into, source=left, tag=tag + P + step)]
-            self.counters.add(key, sent=out.nbytes, received=into.nbytes)
+            reqs = [ring.isend(out, right, tag + P + step, key),
+                    ring.irecv(into, left, tag + P + step, key)]
             yield Wait(reqs, peers)
 
     def close(self, clock=None):
         if self.ring is not None:
-            self.ring.Free()
+            self.ring.free()
             self.ring = None

@@ -21,6 +21,7 @@ the control messages to dedicated servers (gather the history for a snapshot, st
 """
 import numpy as np
 
+from .. import communicator
 from ..shard_store import (CONTROL_TAG, SNAPSHOT, STOP, ShardStore, assemble_history,
                            piece_tag, row_layout, setup_message)
 from ..steps import Until
@@ -67,7 +68,7 @@ class ParameterServer(Strategy):
                                    engine.staleness, topology, engine.update,
                                    engine.transport.offload.size)
                      if topology.rank == 0 else None)
-            topology.ps_comm.bcast(setup, root=0)
+            topology.ps_comm.bcast_object(setup, root=0)
         if not items:
             return None
         server = cls(engine.transport, topology, engine.counters, engine.rule, engine.staleness,
@@ -100,12 +101,12 @@ class ParameterServer(Strategy):
         self.store = None
         if topology.is_leader:
             comm = topology.ps_comm
-            self.push_comm = comm.Dup()
-            self.pull_comm = comm.Dup()
+            self.push_comm = comm.dup(counters)
+            self.pull_comm = comm.dup(counters)
             if self.dedicated:
-                self.control_comm = comm.Dup()
+                self.control_comm = comm.dup()      # control messages: not counted
             else:
-                self.store = ShardStore(self.push_comm, self.pull_comm, counters, rule,
+                self.store = ShardStore(self.push_comm, self.pull_comm, rule,
                                         topology.num_hosts, workers, self._own_rows_applied,
                                         worker_updates, offload=transport.offload.submit,
                                         offload_size=transport.offload.size)
@@ -135,8 +136,7 @@ class ParameterServer(Strategy):
                 stage = np.empty(hi - lo, dtype=np.float32)
                 source = topo.shard_comm_ranks[shard]
                 self.stages[(item.index, tag)] = (stage, lo, source)
-                self.pull_requests[(item.index, tag)] = self.pull_comm.Irecv(
-                    stage, source=source, tag=tag)
+                self.pull_requests[(item.index, tag)] = self.pull_comm.irecv(stage, source, tag)
         self.listed = None
 
     def seed_servers(self):
@@ -153,7 +153,7 @@ class ParameterServer(Strategy):
                 pieces[shard][piece_tag(index, j)] = (lo, hi, self.replicas[index][lo:hi].copy(),
                                                       [h[lo:hi].copy() for h in history])
         for shard, piece in enumerate(pieces):
-            self.control_comm.send(piece, dest=topo.shard_comm_ranks[shard], tag=CONTROL_TAG)
+            self.control_comm.send_object(piece, topo.shard_comm_ranks[shard], CONTROL_TAG)
 
     # -- worker side --------------------------------------------------------------------------
     def run(self, bucket, payloads, clock, what):
@@ -184,9 +184,8 @@ class ParameterServer(Strategy):
                     self.store.deposit(tag, clock, flat_grad[lo:hi])
                 else:
                     piece = flat_grad[lo:hi]
-                    self.in_flight.append((self.push_comm.Isend(
-                        piece, dest=topo.shard_comm_ranks[shard], tag=tag), piece))
-                    self.counters.add(key, sent=piece.nbytes)
+                    self.in_flight.append((self.push_comm.isend(
+                        piece, topo.shard_comm_ranks[shard], tag, key), piece))
                     self.listed = None
             needed = clock + 1 - self.staleness
             versions = self.versions[item.index]
@@ -246,9 +245,9 @@ class ParameterServer(Strategy):
             stage, lo, source = self.stages[(index, tag)]
             self.replicas[index][lo:lo + stage.size] = stage
             self.versions[index][tag] += 1
-            self.counters.add(self.items[index].name, received=stage.nbytes)
-            self.pull_requests[(index, tag)] = self.pull_comm.Irecv(
-                stage, source=source, tag=tag)
+            # counted as it arrives: a pull posted now is the next clock's
+            self.pull_comm.count(self.items[index].name, received=stage.nbytes)
+            self.pull_requests[(index, tag)] = self.pull_comm.irecv(stage, source, tag)
         if self.in_flight:
             self.in_flight = [(r, b) for r, b in self.in_flight if r]
         self.listed = None
@@ -273,21 +272,21 @@ class ParameterServer(Strategy):
                 return None
             parts = []
             for shard in range(topo.num_servers):
-                self.control_comm.send((SNAPSHOT, clock), dest=topo.shard_comm_ranks[shard],
-                                       tag=CONTROL_TAG)
+                self.control_comm.send_object((SNAPSHOT, clock), topo.shard_comm_ranks[shard],
+                                              CONTROL_TAG)
             for shard in range(topo.num_servers):
                 source = topo.shard_comm_ranks[shard]
                 # probe first, then receive: a history is larger than the fixed buffer that a
                 # pickled irecv() posts (32 KiB), and recv() sizes its buffer from the probe
                 self.transport.wait_until(
-                    lambda: self.control_comm.iprobe(source=source, tag=CONTROL_TAG),
+                    lambda: self.control_comm.iprobe(source, CONTROL_TAG),
                     "gathering the server history for the snapshot",
                     [topo.shard_job_ranks[shard]])
-                parts.append(self.control_comm.recv(source=source, tag=CONTROL_TAG))
+                parts.append(self.control_comm.recv_object(source, CONTROL_TAG))
             return assemble_history(self.items, parts)
         if not topo.is_leader:
             return None
-        everything = topo.leaders.gather(self.store.history(), root=0)
+        everything = topo.leaders.gather_object(self.store.history(), root=0)
         if everything is None:
             return None
         return assemble_history(self.items, everything)
@@ -297,8 +296,8 @@ class ParameterServer(Strategy):
         topo = self.topology
         if self.dedicated and topo.rank == 0:
             for shard in range(topo.num_servers):
-                self.control_comm.send((STOP, clock), dest=topo.shard_comm_ranks[shard],
-                                       tag=CONTROL_TAG)
+                self.control_comm.send_object((STOP, clock), topo.shard_comm_ranks[shard],
+                                              CONTROL_TAG)
 
     def close(self, clock=None):
         """With ``clock``: first let the shards apply every clock before it, and tell dedicated
@@ -307,15 +306,14 @@ class ParameterServer(Strategy):
             what = "finishing the parameter server"
             self.wait_current(clock, what)
             if self.topology.leaders is not None:
-                req = self.topology.leaders.Ibarrier()
+                req = self.topology.leaders.ibarrier()
                 self.transport.wait([req], what, self.topology.leader_ranks)
             self.stop_servers(clock)
         for req in self.pull_requests.values():
             if req:
-                req.Cancel()
-                req.Wait()
+                communicator.cancel(req)
         for req, _ in self.in_flight:
-            req.Wait()
+            communicator.wait(req)
         self.in_flight = []
         self.pull_requests.clear()
         if self.store is not None:
@@ -324,5 +322,5 @@ class ParameterServer(Strategy):
             self.transport.services.remove(self)
             for comm in (self.push_comm, self.pull_comm, self.control_comm):
                 if comm is not None:
-                    comm.Free()
+                    comm.free()
             self.push_comm = self.pull_comm = self.control_comm = None

@@ -50,7 +50,7 @@ class SufficientFactors(Strategy):
         super().__init__(transport, topology, counters)
         self.iter_size = int(iter_size)
         self.parts = {}            # item index -> [(top diff, bottom data)] of this iteration
-        self.peers = topology.leaders.Dup() if topology.leaders is not None else None
+        self.peers = topology.leaders.dup(counters) if topology.leaders is not None else None
         self.stage = stage         # a device rank's DeviceStage: the factors are read there
         self.device_apply = device_apply   # leave the stacked factors for the device
 
@@ -129,13 +129,12 @@ class SufficientFactors(Strategy):
         for peer in range(comm.size):
             if peer == comm.rank:
                 continue
-            reqs.append(comm.Isend(host_factors, dest=peer, tag=tag))
-            reqs.append(comm.Irecv(everything[peer * n:(peer + 1) * n], source=peer, tag=tag))
-            self.counters.add(key, sent=host_factors.nbytes, received=host_factors.nbytes)
+            reqs.append(comm.isend(host_factors, peer, tag, key))
+            reqs.append(comm.irecv(everything[peer * n:(peer + 1) * n], peer, tag, key))
         others = [r for i, r in enumerate(self.topology.leader_ranks) if i != comm.rank]
         yield Wait(reqs, others)
 
     def close(self, clock=None):
         if self.peers is not None:
-            self.peers.Free()
+            self.peers.free()
             self.peers = None
