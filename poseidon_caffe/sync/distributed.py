@@ -339,7 +339,8 @@ class DistributedRunner:
         local = np.array([solver.smoothed_loss] + [v for _, vals, _ in values for v in vals],
                          dtype=np.float64)
         world = self.topology.world
-        mean = self.engine.scheduler.call(lambda: world.allreduce_object(local)) / self.topology.size
+        total = self.engine.scheduler.call(lambda: world.allreduce_object(local))
+        mean = total / self.topology.size
         if self._netoutputs is None:
             return
         new = not os.path.exists(self._netoutputs)

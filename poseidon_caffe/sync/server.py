@@ -9,8 +9,9 @@ One session follows one ``attach`` of the workers:
 2. the rows this shard owns, with their history (sent by rank 0);
 3. serve: take pushes, apply the update once every host has pushed a clock (or, with
    ``-ps_update=worker``, add the workers' update values) on a thread of its own, so that
-   other blobs' pushes and pulls keep moving meanwhile, push the fresh rows back; on a snapshot request send the history once the asked clock is applied; on stop
-   finish the sends and return.
+   other blobs' pushes and pulls keep moving meanwhile, push the fresh rows back; on a
+   snapshot request send the history once the asked clock is applied; on stop finish the
+   sends and return.
 A failure anywhere (here or on a worker) ends the whole job through ``failure``.
 """
 import time

@@ -196,8 +196,9 @@ class ParameterServer(Strategy):
             replica = self.replicas[item.index]
             # bounded staleness: pulls of older clocks may still land in the replica, so
             # the copy is taken here, between them
-            yield from self.transport.offload.computed(lambda: data_out.__setitem__(Ellipsis, replica),
-                                               item.count if self.staleness == 0 else 0)
+            offload = self.transport.offload
+            yield from offload.computed(lambda: data_out.__setitem__(Ellipsis, replica),
+                                        item.count if self.staleness == 0 else 0)
         yield from self.transport.local_bcast(channel, data_out, key)
         return staleness_read
 
