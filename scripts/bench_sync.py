@@ -159,7 +159,7 @@ if runner:
         result[key] = st.get(key)
 elif comm.rank == 0 and cfg.get("plan_for"):
     # the bytes the planner would predict, for choosing a link rate (no exchange here)
-    from poseidon_caffe.sync.distributed import build_items
+    from poseidon_caffe.sync.net_items import build_items
     from poseidon_caffe.sync.planner import make_plan
     items = build_items(net)
     hosts = cfg["plan_for"]

@@ -39,17 +39,18 @@ class UpdateRule:
 
 class SolverRule(UpdateRule):
     """A worker's rule: the solver's fields, its net's multipliers, and the rates the solver
-    computed (``rates`` is filled by the runner, one entry per clock).
+    computed (``rate_at`` records one per clock as the compute thread reaches it).
 
     On a device the solver's history lives there; the host updates of the exchanges (on the
     communication thread, which never touches the device) run on a host copy of it, read once
     here and written back by ``store_history`` before a snapshot. A blob whose update runs on
     the device (``apply_on_device``) keeps its history there."""
 
-    def __init__(self, solver):
+    def __init__(self, solver, keep=8):
         self.solver = solver
         self.net = solver.net
-        self.rates = {}
+        self.rates = {}                  # clock -> the solver's learning rate at it
+        self.keep = int(keep)            # clocks kept behind the newest (the staleness, more)
         super().__init__(solver.param, solver.type, self.net.params_lr,
                          self.net.params_weight_decay, self.rates.__getitem__)
         self.host_copies = None
@@ -59,6 +60,16 @@ class SolverRule(UpdateRule):
                 index: [blob.backend.to_host(h).reshape(-1)
                         for h in solver.param_history(index)]
                 for index, blob in enumerate(params)}
+
+    def rate_at(self, clock):
+        """The solver's learning rate at ``clock`` (the compute thread's current iteration),
+        kept for the exchanges of that clock, which may run on after the solver moved on."""
+        rates = self.rates
+        if clock not in rates:
+            rates[clock] = self.solver.get_learning_rate()
+            for old in [c for c in rates if c < clock - self.keep]:
+                del rates[old]
+        return rates[clock]
 
     def history(self, index):
         if self.host_copies is not None:
