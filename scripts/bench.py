@@ -2,7 +2,8 @@
 
     python scripts/bench.py [--threads 1,2] [--iters N] [--rounds R] [--nets lenet,
                             cifar10_quick,alexnet,googlenet,vgg16] [--torch PYTHON]
-                            [--profile] [--check]
+                            [--profile] [--check] [--readme] [--max-load 1.5]
+    python scripts/bench.py --roofline [--nets ...] [--threads ...]   (scripts/roofline.py)
 
 Nets (batch, input):
   lenet           64, 1x28x28      Caffe's examples/mnist LeNet
@@ -27,6 +28,11 @@ googlenet and vgg16 run in PyTorch as a translation of the same prototxt (the sa
 shapes, fillers, in-place ReLU and dropout, loss weights); lenet, cifar10_quick and alexnet as
 the hand-written equivalents below. --check runs both on the same weights without dropout and
 compares the losses. --profile adds a per-layer-type breakdown and the time inside GEMM and FFT.
+
+The 1-minute load average is read before and after every run of a row; a row's load is the
+highest. Figures move by tens of percent on a busy machine, so --readme prints the table in
+README's form only when every row ran below --max-load (1.5 on two cores): a row above it is
+marked in the table, the table is headed NOT FOR README, and the exit status is 3.
 """
 import argparse
 import json
@@ -47,6 +53,12 @@ NETS = tuple(BATCH)
 ITERS = {"lenet": 10, "cifar10_quick": 10, "alexnet": 5, "googlenet": 3, "vgg16": 3}
 # one training iteration, ms, one thread, measured on this machine: Caffe 1.0 / PyTorch
 REFERENCE_1T = {"lenet": (20, 17), "cifar10_quick": (162, 82), "alexnet": (1908, 1556)}
+# README's name for each net and batch
+README_NAME = {"lenet": "LeNet, 64", "cifar10_quick": "CIFAR-10 quick, 100",
+               "alexnet": "AlexNet, 32", "googlenet": "GoogLeNet, 32",
+               "vgg16": "VGG-16 at 64x64, 32"}
+# the highest 1-minute load average (on two cores) at which a row may go into README
+QUIET_LOAD = 1.5
 VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
 
 
@@ -584,6 +596,31 @@ def _torch_python(requested):
     return None
 
 
+def readme_table(rows, max_load=QUIET_LOAD):
+    """(lines of README's table, whether every row is quiet) from the rows the driver
+    measured: dicts with net, threads, ours, theirs (results or None) and load."""
+    lines = ["| net, batch | threads | ours ms | PyTorch ms | ratio | "
+             "peak RSS MiB, ours / PyTorch | load |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    quiet = True
+    for row in rows:
+        key = "cpu_ms" if row["threads"] == 1 else "ms"
+        ours, theirs = row["ours"], row["theirs"]
+
+        def ms(r):
+            return "-" if r is None else ("%.0f" % r[key] if r[key] >= 1000 else
+                                          "%.3g" % r[key])
+        ratio = "%.2f" % (ours[key] / theirs[key]) if ours and theirs else "-"
+        rss = "%s / %s" % tuple("-" if r is None else "%.0f" % r["peak_mib"]
+                                for r in (ours, theirs))
+        load = "%.2f" % row["load"]
+        if row["load"] > max_load:
+            quiet = False
+            load += " (busy)"
+        lines.append("| %s | %d | %s | %s | %s | %s | %s |" % (
+            README_NAME[row["net"]], row["threads"], ms(ours), ms(theirs), ratio, rss, load))
+    return lines, quiet
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2")
@@ -598,6 +635,16 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--check", action="store_true",
                         help="compare the losses of googlenet and vgg16 with PyTorch's")
+    parser.add_argument("--readme", action="store_true",
+                        help="end with the table in README's form (refused, exit status 3, "
+                             "when a row ran above --max-load)")
+    parser.add_argument("--max-load", type=float, default=QUIET_LOAD,
+                        help="the highest 1-minute load average of a README row "
+                             "(default %(default)s)")
+    parser.add_argument("--roofline", action="store_true",
+                        help="each layer against this machine's sgemm rate and memory "
+                             "bandwidth instead (scripts/roofline.py; --nets, --threads, "
+                             "--iters)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--engine", default="ours", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -607,6 +654,10 @@ def main(argv=None):
     unknown = [n for n in nets if n not in NETS]
     if unknown:
         parser.error("--nets takes %s, not %s" % (", ".join(NETS), ", ".join(unknown)))
+    if args.roofline:
+        import roofline
+        return roofline.main(["--nets", args.nets, "--threads", args.threads] +
+                             (["--iters", str(args.iters)] if args.iters else []))
     torch_python = _torch_python(args.torch)
     if args.check:
         for net in nets:
@@ -624,12 +675,13 @@ def main(argv=None):
     print("%-13s %2s %3s %16s %16s %6s %13s %13s %5s %9s" % (
         "net", "t", "N", "ours wall/cpu", "torch wall/cpu", "ratio", "ours RSS", "torch RSS",
         "load", "ref c/t"))
+    rows = []
     for net in nets:
         iters = args.iters or ITERS[net]
         layers = json.dumps(torch_layers(net)) if net in ("googlenet", "vgg16") else ""
         for threads in (int(t) for t in args.threads.split(",")):
             ours = theirs = None
-            loads = []
+            loads = [os.getloadavg()[0]]
             for _ in range(args.rounds):
                 ours = _best(ours, _run(sys.executable, net, threads, iters, "ours",
                                         args.profile))
@@ -639,6 +691,8 @@ def main(argv=None):
                                                 False, layers))
                     loads.append(os.getloadavg()[0])
             load = max(loads)
+            rows.append({"net": net, "threads": threads, "ours": ours, "theirs": theirs,
+                         "load": load})
             ref = REFERENCE_1T.get(net, ("-", "-")) if threads == 1 else ("-", "-")
             key = "cpu_ms" if threads == 1 else "ms"    # one thread: CPU time, steadier
             ratio = "%.2f" % (ours[key] / theirs[key]) if ours and theirs else "-"
@@ -661,7 +715,16 @@ def main(argv=None):
                                                key=lambda kv: -sum(kv[1])):
                     print("      %-18s fwd %8.1f  bwd %8.1f" % (kind, fwd, bwd))
             sys.stdout.flush()
+    if args.readme:
+        lines, quiet = readme_table(rows, args.max_load)
+        print()
+        if not quiet:
+            print("NOT FOR README: rows marked (busy) ran at a 1-minute load above %.2f; "
+                  "rerun on a quiet machine" % args.max_load)
+        print("\n".join(lines))
+        if not quiet:
+            return 3
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -482,6 +482,53 @@ def test_native_ave_pooling_is_caffes_float32_arithmetic():
     np.testing.assert_array_equal(dx, want_dx)
 
 
+# the compiled passes lay a plane out by stride phase when it has 16 outputs or more, and
+# visit each window directly below that: both, with strides 1-3, padding and overhang
+NATIVE_LAYOUT_GEOMS = [
+    ((32, 32), (3, 3), (2, 2), (0, 0), (16, 16)),     # CIFAR-10 quick's pool1
+    ((16, 16), (3, 3), (2, 2), (0, 0), (8, 8)),        # its pool2
+    ((11, 10), (3, 3), (3, 2), (1, 1), (4, 6)),
+    ((9, 9), (3, 3), (1, 1), (1, 1), (9, 9)),          # an inception branch's pooling
+    ((7, 7), (7, 7), (1, 1), (0, 0), (1, 1)),          # a global pooling: one output
+]
+
+
+@pytest.mark.parametrize("spec", NATIVE_LAYOUT_GEOMS, ids=str)
+def test_native_pooling_equals_caffes_loops_bit_for_bit(spec):
+    """MAX: the value and winner of Caffe's first strict maximum; AVE: Caffe's float32 sum in
+    row-major order over its window size, and the backward's shares added in the order of
+    Caffe's loop over the outputs."""
+    from poseidon_caffe.backend.pool import PoolPlan
+    g = PoolGeometry(*spec)
+    plan = PoolPlan(g)
+    _take_pool_path(plan, "native")
+    x = np.round(_rand((2, 2) + g.in_shape, 30) * 3)          # ties: the first one wins
+    y = plan.max_forward(x, np.empty((2, 2) + g.out_shape, np.float32))
+    want, mask, _ = _naive_max_pool(x, g)
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(plan.mask(), mask)
+    x, dy = _rand((2, 2) + g.in_shape, 31), _rand((2, 2) + g.out_shape, 32)
+    y = plan.ave_forward(x, np.empty(dy.shape, np.float32))
+    dx = plan.ave_backward(dy, np.full(x.shape, np.nan, np.float32))
+    want_y, want_dx = np.empty_like(y), np.zeros_like(x)
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
+    for a, b, i, j in itertools.product(range(2), range(2), *map(range, g.out_shape)):
+        hs, ws = i * sh - ph, j * sw - pw
+        he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+        size = np.float32((he - hs) * (we - ws))
+        cells = list(itertools.product(range(max(hs, 0), min(he, h)),
+                                       range(max(ws, 0), min(we, w))))
+        total = np.float32(0)
+        for u, v in cells:
+            total = np.float32(total + x[a, b, u, v])
+        want_y[a, b, i, j] = total / size
+        share = dy[a, b, i, j] / size
+        for u, v in cells:
+            want_dx[a, b, u, v] = np.float32(want_dx[a, b, u, v] + share)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, want_dx)
+
+
 @pytest.mark.parametrize("spec, winner_bytes",
                          [(POOL_GEOMS[2], 1), (EMPTY_WINDOW_GEOMS[1], 1),
                           (BIG_WINDOW_GEOMS[0], 1), (BIG_WINDOW_GEOMS[1], 4)], ids=str)

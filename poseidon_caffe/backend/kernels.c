@@ -36,43 +36,14 @@ static void window(int o, int stride, int pad, int kernel, int size, int *start,
     *end = e > size ? size : e;
 }
 
-/* The outputs [*lo, *hi) of a row whose window has column tap t inside the input:
- * 0 <= j * stride - pad + t < size. */
-static void tap_outputs(int t, int stride, int pad, int size, int outputs, int *lo, int *hi)
-{
-    int first = pad - t;                    /* j * stride >= pad - t */
-    int l = first <= 0 ? 0 : (first + stride - 1) / stride;
-    int last = size - 1 + pad - t;          /* j * stride <= size - 1 + pad - t */
-    int h = last < 0 ? 0 : last / stride + 1;
-    *lo = l;
-    *hi = h < outputs ? h : outputs;
-}
-
-/* For n cells: where g[q] is greater than best[q], it becomes best[q] and at[q] becomes
- * idx[q] + offset; a NaN becomes best[q] (and stays: no value is greater than NaN) but does
- * not move at[q]. Masks, not branches, so the loop runs on vectors. */
-static inline void take_greater(const float *restrict g, const int32_t *restrict idx,
-                                int32_t offset, int n, float *restrict best,
-                                int32_t *restrict at)
-{
-    for (int q = 0; q < n; ++q) {
-        float value = g[q];
-        int32_t greater = -(int32_t)(value > best[q]);
-        best[q] = (value > best[q]) | (value != value) ? value : best[q];
-        at[q] = (at[q] & ~greater) | ((idx[q] + offset) & greater);
-    }
-}
-
-/* to = from + offset, for n cells (restrict: the loop runs on vectors without a test). */
-static inline void add_offset(const int32_t *restrict from, int32_t offset, int n,
-                              int32_t *restrict to)
-{
-    for (int q = 0; q < n; ++q)
-        to[q] = from[q] + offset;
-}
-
-/* The same with one index for every cell: tap t of a row. */
-static inline void take_greater_tap(const float *restrict g, int32_t t, int n,
+/* For n cells: where g[q] is greater than best[q], it becomes best[q] and at[q] becomes t;
+ * a NaN becomes best[q] (and stays: no value is greater than NaN) but does not move at[q].
+ * Masks, not branches, so the loop runs on vectors (kept a call of its own: inlined into
+ * the pass, the compiler loses the restrict promises and runs the loop a cell at a time). */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void take_greater_tap(const float *restrict g, int32_t t, int n,
                                     float *restrict best, int32_t *restrict at)
 {
     for (int q = 0; q < n; ++q) {
@@ -96,124 +67,282 @@ static inline void narrow(const int32_t *restrict from, size_t n, uint8_t *restr
         to[q] = (uint8_t)from[q];
 }
 
+/* The layout every pooling pass below works in: a plane, padded, split by phase. Padded row
+ * u + ph = kk * sh + rr and padded column v + pw = k * sw + r go to block (rr, r), row kk,
+ * column k; a block has `rows` = oh + (kh - 1) / sh rows of `cols` = ow + (kw - 1) / sw
+ * columns. Then window tap (a, t) of output (i, j) lies at row i + a / sh, column j + t / sw
+ * of block (a % sh, t % sw): for one tap the cells of all outputs are one block read with the
+ * outputs' row pitch `cols`, so a tap is a single contiguous loop over the whole plane (the
+ * columns j >= ow it also computes are dropped). Cells outside the input keep the fill value
+ * they were given once per call (0 for AVE, -inf for MAX), which cannot change a sum or a
+ * strict maximum; input cells no window reads are not stored. */
+typedef struct {
+    int rows, cols, sh, sw, ph, pw, h, w;
+    size_t block;               /* rows * cols */
+    size_t size;                /* all blocks, plus a row of slack the last taps read past */
+    int *lo, *hi;               /* per column phase r: the block columns that hold input */
+} phased;
+
+static int phased_init(phased *q, int h, int w, int oh, int ow, int kh, int kw, int sh,
+                       int sw, int ph, int pw)
+{
+    q->rows = oh + (kh - 1) / sh;
+    q->cols = ow + (kw - 1) / sw;
+    q->sh = sh;
+    q->sw = sw;
+    q->ph = ph;
+    q->pw = pw;
+    q->h = h;
+    q->w = w;
+    q->block = (size_t)q->rows * q->cols;
+    q->size = (size_t)sh * sw * q->block + q->cols;
+    q->lo = malloc(sizeof(int) * (size_t)sw);
+    q->hi = malloc(sizeof(int) * (size_t)sw);
+    if (q->lo == NULL || q->hi == NULL) {
+        free(q->lo);
+        free(q->hi);
+        return -1;
+    }
+    for (int r = 0; r < sw; ++r) {
+        /* 0 <= k * sw + r - pw <= w - 1, and k < cols */
+        int first = pw - r;
+        int lo = first <= 0 ? 0 : (first + sw - 1) / sw;
+        int last = w - 1 + pw - r;
+        int hi = last < 0 ? 0 : last / sw + 1;
+        q->lo[r] = lo;
+        q->hi[r] = hi < q->cols ? hi : q->cols;
+        if (q->hi[r] < lo)
+            q->hi[r] = lo;
+    }
+    return 0;
+}
+
+static void phased_free(phased *q)
+{
+    free(q->lo);
+    free(q->hi);
+}
+
+/* The first cell of block (rr, r), row kk. */
+static inline float *phased_row(const phased *q, float *base, int rr, int r, int kk)
+{
+    return base + ((size_t)rr * q->sw + r) * q->block + (size_t)kk * q->cols;
+}
+
+/* Where tap (a, t) of output (0, 0) lies: output (i, j)'s cell is i * cols + j past it. */
+static inline size_t phased_tap(const phased *q, int a, int t)
+{
+    return ((size_t)(a % q->sh) * q->sw + t % q->sw) * q->block +
+        (size_t)(a / q->sh) * q->cols + t / q->sw;
+}
+
+/* One plane of x into the layout (its input cells only). */
+static void phased_fill(const phased *q, const float *restrict xp, float *restrict base)
+{
+    for (int u = 0; u < q->h; ++u) {
+        int kk = (u + q->ph) / q->sh;
+        if (kk >= q->rows)
+            break;
+        const float *row = xp + (size_t)u * q->w - q->pw;
+        for (int r = 0; r < q->sw; ++r) {
+            float *to = phased_row(q, base, (u + q->ph) % q->sh, r, kk);
+            for (int k = q->lo[r]; k < q->hi[r]; ++k)
+                to[k] = row[k * q->sw + r];
+        }
+    }
+}
+
+/* The other way: each input cell of one plane from the layout, 0 for a cell no window reads
+ * (a row past the blocks' rows, columns past their columns). */
+static void phased_take(const phased *q, const float *restrict base, float *restrict xp)
+{
+    int covered = q->cols * q->sw - q->pw;
+    if (covered > q->w)
+        covered = q->w;
+    if (covered < 0)
+        covered = 0;
+    for (int u = 0; u < q->h; ++u) {
+        int kk = (u + q->ph) / q->sh;
+        float *row = xp + (size_t)u * q->w;
+        if (kk >= q->rows) {
+            memset(row, 0, sizeof(float) * (size_t)q->w);
+            continue;
+        }
+        for (int r = 0; r < q->sw; ++r) {
+            const float *from = phased_row(q, (float *)base, (u + q->ph) % q->sh, r, kk);
+            float *to = row - q->pw + r;
+            for (int k = q->lo[r]; k < q->hi[r]; ++k)
+                to[k * q->sw] = from[k];
+        }
+        memset(row + covered, 0, sizeof(float) * (size_t)(q->w - covered));
+    }
+}
+
+/* to += from over n cells (a call of its own, as take_greater_tap). */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void add_into(float *restrict to, const float *restrict from, size_t n)
+{
+    for (size_t q = 0; q < n; ++q)
+        to[q] += from[q];
+}
+
+static inline void fill_floats(float *to, float value, size_t n)
+{
+    for (size_t q = 0; q < n; ++q)
+        to[q] = value;
+}
+
+/* Below this many outputs a plane (a global pooling's one) the taps' loops are too short to
+ * pay for the layout: each window is visited directly, in Caffe's loop order. */
+#define FEW_OUTPUTS 16
+
+static void max_direct(const float *restrict xp, float *restrict yp, int32_t *restrict at,
+                       int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                       int pw)
+{
+    for (int i = 0; i < oh; ++i) {
+        int hs, he;
+        window(i, sh, ph, kh, h, &hs, &he);
+        for (int j = 0; j < ow; ++j) {
+            int ws, we;
+            window(j, sw, pw, kw, w, &ws, &we);
+            float best = -INFINITY;
+            int32_t place = hs < he && ws < we ?
+                (hs - (i * sh - ph)) * kw + ws - (j * sw - pw) : -1;
+            for (int u = hs; u < he; ++u) {
+                for (int v = ws; v < we; ++v) {
+                    float value = xp[u * w + v];
+                    if (value > best)
+                        place = (u - (i * sh - ph)) * kw + v - (j * sw - pw);
+                    best = (value > best) | (value != value) ? value : best;
+                }
+            }
+            yp[i * ow + j] = place < 0 ? -FLT_MAX : best;
+            at[i * ow + j] = place;
+        }
+    }
+}
+
+static void ave_direct(const float *restrict xp, float *restrict yp, const float *size, int h,
+                       int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
+{
+    for (int i = 0; i < oh; ++i) {
+        int hs, he;
+        window(i, sh, ph, kh, h, &hs, &he);
+        for (int j = 0; j < ow; ++j) {
+            int ws, we;
+            window(j, sw, pw, kw, w, &ws, &we);
+            float sum = 0.0f;
+            for (int u = hs; u < he; ++u)
+                for (int v = ws; v < we; ++v)
+                    sum += xp[u * w + v];
+            yp[i * ow + j] = sum / size[i * ow + j];
+        }
+    }
+}
+
+static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
+                                const float *size, int h, int w, int oh, int ow, int kh,
+                                int kw, int sh, int sw, int ph, int pw)
+{
+    memset(dxp, 0, sizeof(float) * (size_t)h * w);
+    for (int i = 0; i < oh; ++i) {
+        int hs, he;
+        window(i, sh, ph, kh, h, &hs, &he);
+        for (int j = 0; j < ow; ++j) {
+            int ws, we;
+            window(j, sw, pw, kw, w, &ws, &we);
+            float share = dyp[i * ow + j] / size[i * ow + j];
+            for (int u = hs; u < he; ++u)
+                for (int v = ws; v < we; ++v)
+                    dxp[u * w + v] += share;
+        }
+    }
+}
+
 /* y = the maximum of each window; arg = the place in its window (see above) of the first
  * maximum in row-major order (a later cell takes over only when strictly greater), no winner
  * for an empty window; arg_bytes: 1 or 4, arg's element size. A NaN in a window makes its
  * output NaN, as numpy's maximum does.
  *
- * Two stages per plane, each a few long loops over whole planes rather than one short loop
- * per window (which cell wins is data, which a branch predictor cannot learn, and the running
- * maximum of one window is a chain of dependent steps): along the rows, every input row's
- * maximum per output column, kept with its column tap; then along the columns, the first row
- * whose maximum is strictly greater. A cell tap t of column j reads is gathered for the
- * whole plane at once, -inf where the window has no such cell, so the comparison loops run
- * on vectors. -1: out of memory. */
+ * Which cell wins is data, which a branch predictor cannot learn, so the comparisons are
+ * masks over whole planes: in the phased layout (above, padding -inf) the taps are visited
+ * in the window's row-major order, each one contiguous loop over every output of the plane.
+ * Each output starts at -inf with its window's first input cell as winner, so a window of
+ * -inf keeps that cell, as Caffe's loop keeps its first. -1: out of memory. */
 int pool_max_forward(const float *restrict x, float *restrict y, void *restrict arg,
                      int arg_bytes, int64_t planes, int h, int w, int oh, int ow, int kh,
                      int kw, int sh, int sw, int ph, int pw)
 {
-    size_t cells = (size_t)h * ow;
-    float *g = malloc(sizeof(float) * cells);          /* one tap's cells, whole plane */
-    float *plane = malloc(sizeof(float) * ((size_t)h * w + 1));  /* + a -inf cell */
-    float *rm = malloc(sizeof(float) * cells);         /* row maxima */
-    int32_t *ra = malloc(sizeof(int32_t) * cells);     /* and their column taps */
-    int32_t *pa = malloc(sizeof(int32_t) * (size_t)oh * ow);   /* one plane's winners */
-    int32_t *src = malloc(sizeof(int32_t) * cells * (size_t)kw);   /* tap t reads src */
-    int *start = malloc(sizeof(int) * (size_t)ow);
-    if (g == NULL || plane == NULL || rm == NULL || ra == NULL || pa == NULL || src == NULL ||
-            start == NULL) {
-        free(g);
-        free(plane);
-        free(rm);
-        free(ra);
-        free(pa);
-        free(src);
-        free(start);
+    phased q;
+    if (phased_init(&q, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
+        return -1;
+    size_t padded = (size_t)oh * q.cols, outputs = (size_t)oh * ow;
+    float *base = malloc(sizeof(float) * q.size);
+    float *best = malloc(sizeof(float) * padded);
+    int32_t *at = malloc(sizeof(int32_t) * padded);
+    int32_t *first = malloc(sizeof(int32_t) * padded);   /* each window's first cell, -1 */
+    if (base == NULL || best == NULL || at == NULL || first == NULL) {
+        free(base);
+        free(best);
+        free(at);
+        free(first);
+        phased_free(&q);
         return -1;
     }
-    /* per call: each column's first cell (-1: none) and the flat cell tap t reads for
-     * (row u, column j), -1 where that window has no such cell; the copy of a plane has a
-     * -inf cell past its end for those, so the gather needs no test */
-    int32_t none = h * w;
-    plane[none] = -INFINITY;
-    int empty_columns = 0;
-    for (int j = 0; j < ow; ++j) {
-        int ws, we;
-        window(j, sw, pw, kw, w, &ws, &we);
-        start[j] = ws < we ? ws : -1;
-        empty_columns |= ws >= we;
-    }
-    for (int t = 0; t < kw; ++t) {
-        for (int u = 0; u < h; ++u) {
-            for (int j = 0; j < ow; ++j) {
-                int v = j * sw + t - pw;
-                src[(size_t)t * cells + (size_t)u * ow + j] = v >= 0 && v < w ? u * w + v : none;
-            }
+    fill_floats(base, -INFINITY, q.size);
+    for (int i = 0; i < oh; ++i) {
+        int hs, he;
+        window(i, sh, ph, kh, h, &hs, &he);
+        for (int j = 0; j < q.cols; ++j) {
+            int ws = 0, we = 0;
+            if (j < ow)
+                window(j, sw, pw, kw, w, &ws, &we);
+            first[i * q.cols + j] = hs < he && ws < we ?
+                (hs - (i * sh - ph)) * kw + ws - (j * sw - pw) : -1;
         }
     }
     for (int64_t p = 0; p < planes; ++p) {
-        const float *xp = x + p * (int64_t)h * w;
-        float *yp = y + p * (int64_t)oh * ow;
-        memcpy(plane, xp, sizeof(float) * (size_t)none);
-        /* along the rows: start from each window's first cell, then every tap */
-        for (int u = 0; u < h; ++u) {
-            for (int j = 0; j < ow; ++j) {
-                int first = start[j];
-                rm[u * ow + j] = first < 0 ? -FLT_MAX : xp[u * w + (first < 0 ? 0 : first)];
-                ra[u * ow + j] = first < 0 ? -1 : first - (j * sw - pw);
-            }
+        float *yp = y + p * (int64_t)outputs;
+        if (outputs < FEW_OUTPUTS) {
+            max_direct(x + p * (int64_t)h * w, yp, at, h, w, oh, ow, kh, kw, sh, sw, ph, pw);
+            if (arg_bytes == 1)
+                narrow(at, outputs, (uint8_t *)arg + (size_t)p * outputs);
+            else
+                memcpy((int32_t *)arg + (size_t)p * outputs, at, sizeof(int32_t) * outputs);
+            continue;
         }
-        for (int t = 0; t < kw; ++t) {
-            const int32_t *st = src + (size_t)t * cells;
-            for (size_t q = 0; q < cells; ++q)
-                g[q] = plane[st[q]];
-            take_greater_tap(g, t, (int)cells, rm, ra);
-        }
-        /* along the columns: the first row of the window, then a row that is greater; row
-         * u's column taps become places by adding u's row tap times kw */
+        phased_fill(&q, x + p * (int64_t)h * w, base);
+        fill_floats(best, -INFINITY, padded);
+        memcpy(at, first, sizeof(int32_t) * padded);
+        for (int a = 0; a < kh; ++a)
+            for (int t = 0; t < kw; ++t)
+                take_greater_tap(base + phased_tap(&q, a, t), a * kw + t, (int)padded, best,
+                                 at);
         for (int i = 0; i < oh; ++i) {
-            int hs, he;
-            window(i, sh, ph, kh, h, &hs, &he);
-            int top = i * sh - ph;
-            float *yr = yp + i * ow;
-            int32_t *ar = pa + i * ow;
-            if (hs >= he) {
-                for (int j = 0; j < ow; ++j) {
-                    yr[j] = -FLT_MAX;
-                    ar[j] = -1;
-                }
-                continue;
+            const int32_t *fr = first + (size_t)i * q.cols;
+            const float *br = best + (size_t)i * q.cols;
+            int32_t *ar = at + (size_t)i * q.cols;
+            float *yr = yp + (size_t)i * ow;
+            for (int j = 0; j < ow; ++j) {
+                yr[j] = fr[j] < 0 ? -FLT_MAX : br[j];
+                ar[j] = fr[j] < 0 ? -1 : ar[j];
             }
-            memcpy(yr, rm + hs * ow, sizeof(float) * (size_t)ow);
-            const int32_t *first = ra + hs * ow;
-            int32_t offset = (hs - top) * kw;
-            /* an empty column's -1 is set again below */
-            add_offset(first, offset, ow, ar);
-            for (int u = hs + 1; u < he; ++u)
-                take_greater(rm + u * ow, ra + u * ow, (u - top) * kw, ow, yr, ar);
-        }
-        for (int j = 0; empty_columns && j < ow; ++j) {
-            if (start[j] < 0) {
-                for (int i = 0; i < oh; ++i)
-                    pa[i * ow + j] = -1;
-            }
-        }
-        /* one pass per plane, not per row: small planes have rows of a few outputs; places
-         * are 0..254 and -1 (no winner) keeps its low byte, 255: a plain narrowing */
-        size_t outputs = (size_t)oh * ow;
-        if (arg_bytes == 1) {
-            narrow(pa, outputs, (uint8_t *)arg + (size_t)p * outputs);
-        } else {
-            memcpy((int32_t *)arg + (size_t)p * outputs, pa, sizeof(int32_t) * outputs);
+            /* places are 0..254 and -1 (no winner) keeps its low byte, 255 */
+            if (arg_bytes == 1)
+                narrow(ar, (size_t)ow, (uint8_t *)arg + (size_t)p * outputs + (size_t)i * ow);
+            else
+                memcpy((int32_t *)arg + (size_t)p * outputs + (size_t)i * ow, ar,
+                       sizeof(int32_t) * (size_t)ow);
         }
     }
-    free(g);
-    free(plane);
-    free(rm);
-    free(ra);
-    free(pa);
-    free(src);
-    free(start);
+    free(base);
+    free(best);
+    free(at);
+    free(first);
+    phased_free(&q);
     return 0;
 }
 
@@ -278,75 +407,104 @@ static int padded_extent(int o, int stride, int pad, int kernel, int size)
     return e - s;
 }
 
-/* y = the window sum (row-major order, as Caffe adds) divided by Caffe's window size; the
- * outputs of a row are summed together, one window cell at a time. -1: out of memory. */
+/* Caffe's divisor of every output, as float (int products, converted as Caffe's /= does). */
+static float *ave_divisors(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                           int ph, int pw)
+{
+    float *size = malloc(sizeof(float) * (size_t)oh * ow);
+    if (size == NULL)
+        return NULL;
+    for (int i = 0; i < oh; ++i)
+        for (int j = 0; j < ow; ++j)
+            size[i * ow + j] = (float)(padded_extent(i, sh, ph, kh, h) *
+                                       padded_extent(j, sw, pw, kw, w));
+    return size;
+}
+
+/* y = the window sum divided by Caffe's window size. In the phased layout (padding 0) the
+ * taps are added in the window's row-major order, each one contiguous loop over every output
+ * of the plane: each output gets Caffe's float32 sum in Caffe's order (adding 0 changes no
+ * sum). -1: out of memory. */
 int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes, int h,
                      int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
 {
-    float *sum = malloc(sizeof(float) * (size_t)ow);
-    if (sum == NULL)
+    phased q;
+    if (phased_init(&q, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
         return -1;
-    for (int64_t p = 0; p < planes; ++p) {
-        const float *xp = x + p * (int64_t)h * w;
-        float *yp = y + p * (int64_t)oh * ow;
-        for (int i = 0; i < oh; ++i) {
-            int hs, he;
-            int rows = padded_extent(i, sh, ph, kh, h);
-            window(i, sh, ph, kh, h, &hs, &he);
-            for (int j = 0; j < ow; ++j)
-                sum[j] = 0.0f;
-            for (int u = hs; u < he; ++u) {
-                const float *row = xp + u * w;
-                for (int t = 0; t < kw; ++t) {
-                    int lo, hi;
-                    tap_outputs(t, sw, pw, w, ow, &lo, &hi);
-                    const float *cell = row + t - pw;
-                    for (int j = lo; j < hi; ++j)
-                        sum[j] += cell[j * sw];
-                }
-            }
-            float *yr = yp + i * ow;
-            for (int j = 0; j < ow; ++j)
-                yr[j] = sum[j] / (rows * padded_extent(j, sw, pw, kw, w));
-        }
+    size_t padded = (size_t)oh * q.cols;
+    float *base = calloc(q.size, sizeof(float));
+    float *sum = malloc(sizeof(float) * padded);
+    float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
+    if (base == NULL || sum == NULL || size == NULL) {
+        free(base);
+        free(sum);
+        free(size);
+        phased_free(&q);
+        return -1;
     }
+    for (int64_t p = 0; p < planes; ++p) {
+        float *yp = y + p * (int64_t)oh * ow;
+        if ((size_t)oh * ow < FEW_OUTPUTS) {
+            ave_direct(x + p * (int64_t)h * w, yp, size, h, w, oh, ow, kh, kw, sh, sw, ph, pw);
+            continue;
+        }
+        phased_fill(&q, x + p * (int64_t)h * w, base);
+        memset(sum, 0, sizeof(float) * padded);
+        for (int a = 0; a < kh; ++a)
+            for (int t = 0; t < kw; ++t)
+                add_into(sum, base + phased_tap(&q, a, t), padded);
+        for (int i = 0; i < oh; ++i)
+            for (int j = 0; j < ow; ++j)
+                yp[i * ow + j] = sum[(size_t)i * q.cols + j] / size[i * ow + j];
+    }
+    free(base);
     free(sum);
+    free(size);
+    phased_free(&q);
     return 0;
 }
 
-/* dx = each dy divided by its window's size, added over the window's cells. -1: out of
- * memory. */
+/* dx = each dy divided by its window's size, added over the window's cells. The shares go
+ * into the phased layout a tap at a time, taps last to first: a cell then gets its windows'
+ * shares in the windows' row-major order, the order of Caffe's loop over the outputs. -1:
+ * out of memory. */
 int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
                       int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
 {
-    float *share = malloc(sizeof(float) * (size_t)ow);
-    if (share == NULL)
+    phased q;
+    if (phased_init(&q, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
         return -1;
-    memset(dx, 0, sizeof(float) * (size_t)(planes * h * w));
+    size_t padded = (size_t)oh * q.cols;
+    float *base = malloc(sizeof(float) * q.size);
+    float *share = calloc(padded, sizeof(float));        /* columns j >= ow stay 0 */
+    float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
+    if (base == NULL || share == NULL || size == NULL) {
+        free(base);
+        free(share);
+        free(size);
+        phased_free(&q);
+        return -1;
+    }
     for (int64_t p = 0; p < planes; ++p) {
         const float *dyp = dy + p * (int64_t)oh * ow;
-        float *dxp = dx + p * (int64_t)h * w;
-        for (int i = 0; i < oh; ++i) {
-            int hs, he;
-            int rows = padded_extent(i, sh, ph, kh, h);
-            window(i, sh, ph, kh, h, &hs, &he);
-            for (int j = 0; j < ow; ++j)
-                share[j] = dyp[i * ow + j] / (rows * padded_extent(j, sw, pw, kw, w));
-            for (int u = hs; u < he; ++u) {
-                float *row = dxp + u * w;
-                /* taps last to first: a cell then gets its windows' shares in their
-                 * row-major order, the order of Caffe's loop over the outputs */
-                for (int t = kw - 1; t >= 0; --t) {
-                    int lo, hi;
-                    tap_outputs(t, sw, pw, w, ow, &lo, &hi);
-                    float *cell = row + t - pw;
-                    for (int j = lo; j < hi; ++j)
-                        cell[j * sw] += share[j];
-                }
-            }
+        if ((size_t)oh * ow < FEW_OUTPUTS) {
+            ave_direct_backward(dyp, dx + p * (int64_t)h * w, size, h, w, oh, ow, kh, kw, sh,
+                                sw, ph, pw);
+            continue;
         }
+        for (int i = 0; i < oh; ++i)
+            for (int j = 0; j < ow; ++j)
+                share[(size_t)i * q.cols + j] = dyp[i * ow + j] / size[i * ow + j];
+        memset(base, 0, sizeof(float) * q.size);
+        for (int a = kh - 1; a >= 0; --a)
+            for (int t = kw - 1; t >= 0; --t)
+                add_into(base + phased_tap(&q, a, t), share, padded);
+        phased_take(&q, base, dx + p * (int64_t)h * w);
     }
+    free(base);
     free(share);
+    free(size);
+    phased_free(&q);
     return 0;
 }
 

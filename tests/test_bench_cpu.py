@@ -1,0 +1,71 @@
+"""scripts/bench.py's README table and its load guard, and scripts/roofline.py, end to end on
+LeNet with tiny settings (real worker processes, no PyTorch needed)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "scripts", "bench.py")
+ROOFLINE = os.path.join(ROOT, "scripts", "roofline.py")
+NO_TORCH = ["--torch", os.path.join(ROOT, "no-such-python")]
+
+
+def _run(script, *args):
+    return subprocess.run([sys.executable, script] + list(args), capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+def _table_rows(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("| LeNet")]
+
+
+def test_readme_table_of_a_quiet_run_has_every_row_in_readmes_form():
+    proc = _run(BENCH, "--nets", "lenet", "--threads", "1,2", "--iters", "1", "--readme",
+                "--max-load", "1000", *NO_TORCH)
+    assert proc.returncode == 0, proc.stderr
+    assert "NOT FOR README" not in proc.stdout
+    assert "| net, batch | threads | ours ms | PyTorch ms | ratio |" in proc.stdout
+    rows = _table_rows(proc.stdout)
+    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[2]) > 0                      # ours ms
+        assert cells[3] == "-" and cells[4] == "-"      # no PyTorch here
+        assert float(cells[6]) >= 0 and "busy" not in cells[6]
+
+
+def test_readme_table_is_refused_when_a_row_ran_above_the_load_limit():
+    # a load limit below zero: every row is over it, as on a busy machine
+    proc = _run(BENCH, "--nets", "lenet", "--threads", "1", "--iters", "1", "--readme",
+                "--max-load", "-1", *NO_TORCH)
+    assert proc.returncode == 3
+    assert "NOT FOR README" in proc.stdout
+    rows = _table_rows(proc.stdout)
+    assert len(rows) == 1 and "(busy)" in rows[0]
+
+
+def test_roofline_reports_each_layer_against_the_measured_limits(tmp_path):
+    out = tmp_path / "roofline.json"
+    proc = _run(ROOFLINE, "--nets", "lenet", "--threads", "1", "--iters", "1",
+                "--gemm-size", "256", "--copy-mb", "8", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (result,) = json.loads(out.read_text())
+    assert result["limits"]["sgemm_gflops"] > 0 and result["limits"]["copy_gbs"] > 0
+    layers = {layer["name"]: layer for layer in result["layers"]}
+    assert set(layers) == {"conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2", "loss"}
+    # conv1: 64 images, 20 maps of 24x24, 1x5x5 taps; the net needs no data gradient there
+    conv1 = layers["conv1"]
+    assert conv1["kind"] == "flops"
+    assert conv1["forward"] == 2.0 * 64 * 20 * 24 * 24 * 25
+    assert conv1["backward"] == conv1["forward"]
+    assert layers["conv2"]["backward"] == 2 * layers["conv2"]["forward"]
+    # pool1 (MAX): reads 64x20x24x24 floats, writes a quarter; backward reads the top
+    # gradient and the winners, writes the bottom gradient
+    pool1, cells = layers["pool1"], 64 * 20 * 24 * 24
+    assert pool1["kind"] == "bytes"
+    assert pool1["forward"] == 4.0 * (cells + cells // 4)
+    assert pool1["backward"] == 4.0 * (cells // 4 + cells + cells // 4)
+    assert all(layer["forward_s"] > 0 for layer in result["layers"])
+    assert "conv1" in proc.stdout and "GF/s" in proc.stdout and "GB/s" in proc.stdout
+    assert "convolutions overall" in proc.stdout
