@@ -26,7 +26,7 @@ from poseidon_caffe import log
 from poseidon_caffe.blob import Blob
 from poseidon_caffe.data.db import DatumWriter
 from poseidon_caffe.data.images import encode_image
-from poseidon_caffe.data.tools import mean_to_blobproto
+from poseidon_caffe.data.datasets import mean_to_blobproto
 from poseidon_caffe.io import write_blobproto
 from poseidon_caffe.layers import create_layer
 from poseidon_caffe.proto import caffe_pb2

@@ -22,7 +22,7 @@ from poseidon_caffe.data.images import datum_image
 from poseidon_caffe.data.transform import load_mean_file
 from poseidon_caffe.proto import caffe_pb2, is_repeated
 from poseidon_caffe.solver import snapshot
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch.hosts import HostFileError, read_localserver
 
 # Generated inputs stay under this size (bytes): the point is structure, not volume.
 MAX_INPUT = 1 << 16
@@ -469,7 +469,7 @@ def _read_rngstate(path):
 
 
 def _read_hosts(path):
-    launcher.read_localserver(path)
+    read_localserver(path)
 
 
 COMPUTE_CSV = "# batch: 4\nlayer,forward_ms,backward_ms\ndata,0,0\nip1,1.5,3\nloss,0.5,1\n"
@@ -519,7 +519,7 @@ def targets():
         Target("lmdb_database", _read_lmdb_database, (dbmod.DataError,),
                st.lists(datums, min_size=1, max_size=3), is_file=False),
         Target("io_datum", _read_datum_helpers, (pio.ProtoFileError,), datums, is_file=False),
-        Target("host_file", _read_hosts, (launcher.HostFileError,), text_input([HOST_TEXT])),
+        Target("host_file", _read_hosts, (HostFileError,), text_input([HOST_TEXT])),
         Target("flags", _read_flags, (flagmod.FlagError,), argv_input(), is_file=False),
         Target("compute_file", _read_compute_file, (_simulation_error(),),
                text_input([COMPUTE_CSV, COMPUTE_JSON, COMPUTE_BENCH, COMPUTE_LOG]), ".csv"),

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from poseidon_caffe.data import tools
-from poseidon_caffe.tools.data import (compute_image_mean_main, convert_imageset_main,
-                                       make_partitions_main)
+from poseidon_caffe.data import datasets
+from poseidon_caffe.tools.datasets import (compute_image_mean_main, convert_imageset_main,
+                                           make_partitions_main)
 from poseidon_caffe.io import read_blobproto
 from poseidon_caffe.proto import caffe_pb2
 
@@ -220,8 +220,8 @@ def test_convert_imageset_never_overwrites_and_writes_nothing_on_failure(tmp_pat
     assert convert_imageset_main(["-gray", root, listfile, db]) == 1
     # a wrong root folder: no image can be read, and nothing is written
     other = str(tmp_path / "other_lmdb")
-    with pytest.raises(tools.DataError, match="none of the 6 images"):
-        tools.convert_imageset(str(tmp_path / "nowhere") + "/", listfile, other)
+    with pytest.raises(datasets.DataError, match="none of the 6 images"):
+        datasets.convert_imageset(str(tmp_path / "nowhere") + "/", listfile, other)
     assert not os.path.exists(other)
     assert read_db(db) == before
     assert hidden(tmp_path) == []
@@ -229,7 +229,7 @@ def test_convert_imageset_never_overwrites_and_writes_nothing_on_failure(tmp_pat
 
 def test_interrupted_convert_imageset_leaves_no_database(tmp_path, image_folder, monkeypatch):
     root, listfile, names, arrays = image_folder
-    real = tools.image_to_datum
+    real = datasets.image_to_datum
     calls = []
 
     def interrupted(*args):
@@ -237,10 +237,10 @@ def test_interrupted_convert_imageset_leaves_no_database(tmp_path, image_folder,
         if len(calls) == 4:
             raise KeyboardInterrupt
         return real(*args)
-    monkeypatch.setattr(tools, "image_to_datum", interrupted)
+    monkeypatch.setattr(datasets, "image_to_datum", interrupted)
     db = str(tmp_path / "lmdb")
     with pytest.raises(KeyboardInterrupt):
-        tools.convert_imageset(root, listfile, db)
+        datasets.convert_imageset(root, listfile, db)
     assert len(calls) == 4
     assert not os.path.exists(db) and hidden(tmp_path) == []
 
@@ -285,7 +285,7 @@ def test_make_partitions_writes_all_or_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad_lmdb", "src_lmdb", "src_lmdb_1"]
     assert os.listdir(tmp_path / "src_lmdb_1") == ["keep.txt"]
     shutil.rmtree(tmp_path / "src_lmdb_1")
-    assert tools.make_partitions(source, 2) == [3, 2]
+    assert datasets.make_partitions(source, 2) == [3, 2]
     assert [d.label for _, d in read_db(source + "_1")] == [1, 3]
     assert hidden(tmp_path) == []
 

@@ -21,7 +21,7 @@ from poseidon_caffe.cli import ALL_FLAGS
 from poseidon_caffe.data.db import DataError, DatumDB, DatumWriter
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.solver import snapshot
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch.hosts import HostFileError, read_localserver
 
 settings.register_profile(
     "fuzz-ci", max_examples=int(os.environ.get("POSEIDON_FUZZ_EXAMPLES", "40")), deadline=None,
@@ -89,7 +89,7 @@ def test_seeds_load():
         side = snapshot.read_rngstate(path("s.rngstate", fuzzing.rngstate_seed())[:-9]
                                       + ".solverstate")
         assert side["layers"]["train/mnist"]["offset"] == 64
-        hosts = launcher.read_localserver(path("localserver", fuzzing.HOST_TEXT))
+        hosts = read_localserver(path("localserver", fuzzing.HOST_TEXT))
         assert [h[0] for h in hosts] == [0, 1, 2]
         from poseidon_caffe.simulator.compute import read_compute_file
         from poseidon_caffe.simulator.model import NetModel, Param
@@ -162,9 +162,9 @@ def test_mean_file_with_too_few_values_names_it(tmp_path):
 def test_host_file_that_is_not_utf8_text(tmp_path):
     # found by the fuzzer: a host file with byte 0x80 raised UnicodeDecodeError
     path = _write(tmp_path, "localserver", b"0 127.0.0.1 9999\n1 \x80 9999\n")
-    with pytest.raises(launcher.HostFileError,
+    with pytest.raises(HostFileError,
                        match="host file .*localserver is not text: byte 19 is not UTF-8"):
-        launcher.read_localserver(path)
+        read_localserver(path)
 
 
 def test_datum_helper_with_a_shape_its_bytes_do_not_fill():

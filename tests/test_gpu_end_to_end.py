@@ -16,7 +16,7 @@ import pytest
 
 from poseidon_caffe.data.mnist_embedded import ensure_mnist_lmdbs
 from poseidon_caffe.io import read_net_weights
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch import launcher
 
 from emulated_device import needs_compiler
 from jobs import write_lenet_job

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch import launcher
+from poseidon_caffe.launch.command import build_command, gpu_available
 from poseidon_caffe.tools import brew
 
 from emulated_device import needs_compiler
@@ -90,15 +91,15 @@ def test_without_an_nvidia_driver_the_launcher_starts_cpu_workers(monkeypatch):
     monkeypatch.delenv("POSEIDON_CAFFE_GPU", raising=False)
     monkeypatch.delenv(choice.DRIVER_ENV, raising=False)
     monkeypatch.setattr(choice, "LIBCUDA", "libcuda-that-is-not-here.so.1")
-    assert not launcher.gpu_available()
+    assert not gpu_available()
     monkeypatch.setenv(choice.DRIVER_ENV, "emulated")
-    assert launcher.gpu_available()
+    assert gpu_available()
 
 
 def test_the_emulated_device_counts_as_a_gpu_for_the_launcher(monkeypatch):
     monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
-    assert launcher.gpu_available()
-    args = launcher.build_command([(0, "127.0.0.1", 9999), (1, "127.0.0.2", 9999)], [2, 0],
+    assert gpu_available()
+    args = build_command([(0, "127.0.0.1", 9999), (1, "127.0.0.2", 9999)], [2, 0],
                                   "s.prototxt", mpiexec="mpiexec", python=PY)
     segments = " ".join(args).split(" : ")
     flags = [re.findall(r"-gpu=\S+", segment) for segment in segments]

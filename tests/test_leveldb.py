@@ -266,7 +266,7 @@ def test_convert_imageset_backend_leveldb_and_compute_image_mean(tmp_path, image
 
 
 def test_make_partitions_of_a_leveldb_writes_leveldbs(tmp_path, images):
-    from poseidon_caffe.data.tools import make_partitions
+    from poseidon_caffe.data.datasets import make_partitions
     src = write_leveldb(tmp_path / "src", [raw_datum(im, i) for i, im in enumerate(images)])
     assert make_partitions(src, 2) == [4, 3]
     assert [d.label for _, d in read_leveldb(src + "_1")] == [1, 3, 5]

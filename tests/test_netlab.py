@@ -19,7 +19,7 @@ import pytest
 
 from poseidon_caffe import netlab
 from poseidon_caffe.netlab import state as saved
-from poseidon_caffe.sync.launcher import read_localserver
+from poseidon_caffe.launch.hosts import read_localserver
 from poseidon_caffe.tools.netlab import main as netlab_main
 
 PY = sys.executable

@@ -7,7 +7,7 @@ pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
 from poseidon_caffe import cli, plot_log  # noqa: E402
-from poseidon_caffe.tools.plot import plot_main  # noqa: E402
+from poseidon_caffe.tools.plot_log import plot_main  # noqa: E402
 from test_training_log import caffe_log, errors_of, train_log  # noqa: E402
 
 FIRST_LOG_RGB = (0x1F, 0x77, 0xB4)      # the palette's first two colours

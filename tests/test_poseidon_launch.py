@@ -14,7 +14,9 @@ import pytest
 
 from poseidon_caffe import cli
 from poseidon_caffe.io import read_net_weights
-from poseidon_caffe.sync import join, launcher
+from poseidon_caffe.launch import join
+from poseidon_caffe.launch.hosts import read_localserver
+from poseidon_caffe.tools import launch
 
 from jobs import write_float_db
 
@@ -91,7 +93,7 @@ def run_clients(commands, cwd):
 
 RUN_LOCAL = """import sys
 sys.path.insert(0, %r)
-from poseidon_caffe.sync.launcher import run_local
+from poseidon_caffe.tools.launch import run_local
 # ---- settings, with Poseidon's names ----
 solver = %r
 snapshot = ""
@@ -169,7 +171,7 @@ def test_per_host_dry_runs_show_the_leader_command_and_the_join(job, capsys):
                     num_rows_per_table=256, dataset="imagenet", use_gpu=False)
     hosts = str(job / "hosts")
     port = int((job / "hosts").read_text().split()[2])
-    assert launcher.run_local(settings, ["0", hosts, "false", "--dry-run"], str(job)) == 0
+    assert launch.run_local(settings, ["0", hosts, "false", "--dry-run"], str(job)) == 0
     lead = capsys.readouterr().out
     assert " -launcher manual -hosts 127.0.0.1:1,localhost:1 " in lead
     assert lead.count("-client_id=0") == 1 and lead.count("-client_id=1") == 1
@@ -178,7 +180,7 @@ def test_per_host_dry_runs_show_the_leader_command_and_the_join(job, capsys):
     out = os.path.join(str(job), "output", "caffe.imagenet.S1.M2.T1")
     assert "-net_outputs=%s" % os.path.join(out, "imagenet") in lead
     assert "-stats_path=%s" % os.path.join(out, "caffe_stats.yaml") in lead
-    assert launcher.run_local(settings, ["1", hosts, "--dry-run"], str(job)) == 0
+    assert launch.run_local(settings, ["1", hosts, "--dry-run"], str(job)) == 0
     assert capsys.readouterr().out == "client 1 joins client 0 at 127.0.0.1:%d\n" % port
 
 
@@ -191,20 +193,20 @@ def test_per_host_dry_runs_show_the_leader_command_and_the_join(job, capsys):
 ])
 def test_run_local_argument_errors(job, capsys, argv, message):
     argv = [str(job / a) if a == "hosts" else a for a in argv]
-    assert launcher.run_local(dict(solver="s"), argv, str(job)) == 2
+    assert launch.run_local(dict(solver="s"), argv, str(job)) == 2
     err = capsys.readouterr().err
     assert message in err.splitlines()[-1]       # the last line says what was wrong
 
 
 def test_run_local_help_prints_the_two_forms(capsys):
-    assert launcher.run_local(dict(solver="s"), ["--help"]) == 0
+    assert launch.run_local(dict(solver="s"), ["--help"]) == 0
     out = capsys.readouterr().out
     assert "run_local.py [HOSTFILE]" in out and "run_local.py <client_id> <hostfile>" in out
 
 
 def test_a_bad_join_timeout_is_one_line_naming_the_variable(job, monkeypatch, capsys):
     monkeypatch.setenv("POSEIDON_JOIN_TIMEOUT", "soon")
-    assert launcher.run_local(dict(solver="s.prototxt", use_gpu=False),
+    assert launch.run_local(dict(solver="s.prototxt", use_gpu=False),
                               ["1", str(job / "hosts")], str(job)) == 1
     assert capsys.readouterr().err == ("POSEIDON_JOIN_TIMEOUT='soon' is not a number of seconds "
                                        "(expected a positive number, e.g. 120)\n")
@@ -212,7 +214,7 @@ def test_a_bad_join_timeout_is_one_line_naming_the_variable(job, monkeypatch, ca
 
 def test_a_client_without_its_leader_names_the_address(job, monkeypatch):
     monkeypatch.setenv("POSEIDON_JOIN_TIMEOUT", "0.5")
-    hosts = launcher.read_localserver(str(job / "hosts"))
+    hosts = read_localserver(str(job / "hosts"))
     with pytest.raises(join.JoinError, match=r"client 1: client 0 does not answer at "
                                              r"127\.0\.0\.1:%d within 0\.5 s" % hosts[0][2]):
         join.run_client(1, hosts, ["mpiexec"])
@@ -238,7 +240,7 @@ def processes_naming(text):
 def test_a_client_that_never_joins_is_named_and_the_leader_ends(job):
     script = job / "run_local.py"
     script.write_text(RUN_LOCAL % (ROOT, str(job / "solver.prototxt"), str(job)))
-    port = launcher.read_localserver(str(job / "hosts"))[0][2]
+    port = read_localserver(str(job / "hosts"))[0][2]
     # a bound for a hang, not a speed figure: the leader gives up after 3 s
     leader = subprocess.run([PY, str(script), "0", str(job / "hosts")], capture_output=True,
                             text=True, timeout=60, cwd=job,

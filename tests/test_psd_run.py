@@ -18,7 +18,7 @@ import uuid
 import numpy as np
 import pytest
 
-from poseidon_caffe.sync import psd_run
+from poseidon_caffe.launch import poseidon_run as runner
 from poseidon_caffe.tools.poseidon_run import main as poseidon_run_main
 
 PY = sys.executable
@@ -51,14 +51,14 @@ def main_here(args, cwd, monkeypatch, capsys, ssh=None):
     """poseidon-run's main in this process: (exit status, stdout, stderr)."""
     monkeypatch.chdir(cwd)
     if ssh:
-        monkeypatch.setenv(psd_run.SSH_OVERRIDE_ENV, ssh)
+        monkeypatch.setenv(runner.SSH_OVERRIDE_ENV, ssh)
     code = poseidon_run_main(args)
     out, err = capsys.readouterr()
     return code, out, err
 
 
 def poseidon_run(args, cwd, **extra_env):
-    return subprocess.run([PY, "-m", "poseidon_caffe.sync.psd_run"] + args, cwd=str(cwd),
+    return subprocess.run([PY, "-m", "poseidon_caffe.tools.poseidon_run"] + args, cwd=str(cwd),
                           capture_output=True, text=True, timeout=180, env=env(**extra_env))
 
 
@@ -119,7 +119,7 @@ def test_a_commands_own_help_flag_is_passed_on():
 
 def test_config_reads_psd_run_keys(tmp_path):
     pem = key_file(tmp_path)
-    config = psd_run.load_config(write_config(
+    config = runner.load_config(write_config(
         tmp_path, virtualenv="/opt/venv/", username="ubuntu", pem_file=pem,
         master_node="192.168.1.10", worker_nodes=["192.168.1.11", "192.168.1.15"],
         server_nodes=["192.168.1.11"]))
@@ -150,8 +150,8 @@ def test_a_password_in_the_config_is_refused_before_anything_runs(tmp_path, monk
 @pytest.mark.parametrize("key", ["ssh_password", "Passwd", "passphrase", "pass", "secret"])
 def test_every_spelling_of_a_password_is_refused(tmp_path, key):
     config = write_config(tmp_path, worker_nodes=["10.0.0.1"], server_nodes=[], **{key: "x"})
-    with pytest.raises(psd_run.ConfigError, match=r"key %r is refused" % key):
-        psd_run.load_config(config)
+    with pytest.raises(runner.ConfigError, match=r"key %r is refused" % key):
+        runner.load_config(config)
 
 
 def test_a_password_nested_anywhere_is_refused(tmp_path):
@@ -159,8 +159,8 @@ def test_a_password_nested_anywhere_is_refused(tmp_path):
     data = json.loads(open(config).read())
     data["server_nodes"] = [{"host": "10.0.0.2", "password": "x"}]
     open(config, "w").write(json.dumps(data))
-    with pytest.raises(psd_run.ConfigError, match=r"key 'server_nodes.password' is refused"):
-        psd_run.load_config(config)
+    with pytest.raises(runner.ConfigError, match=r"key 'server_nodes.password' is refused"):
+        runner.load_config(config)
 
 
 @pytest.mark.parametrize("keys, message", [
@@ -186,42 +186,42 @@ def test_a_password_nested_anywhere_is_refused(tmp_path):
 ])
 def test_config_errors_name_the_file_and_key(tmp_path, keys, message):
     path = write_config(tmp_path, **keys)
-    with pytest.raises(psd_run.ConfigError, match=re.escape(path) + ": " + message):
-        psd_run.load_config(path)
+    with pytest.raises(runner.ConfigError, match=re.escape(path) + ": " + message):
+        runner.load_config(path)
 
 
 def test_a_key_open_to_others_is_refused_as_ssh_would(tmp_path):
     pem = key_file(tmp_path, mode=0o644)
     path = write_config(tmp_path, worker_nodes=["a"], server_nodes=[], pem_file=pem)
-    with pytest.raises(psd_run.ConfigError,
+    with pytest.raises(runner.ConfigError,
                        match=r"pem_file %s is open to others \(mode 644\) and ssh refuses such "
                              r"keys: chmod 600" % re.escape(pem)):
-        psd_run.load_config(path)
+        runner.load_config(path)
 
 
 def test_broken_json_is_named(tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text('{"worker_nodes": ["a",]}')
-    with pytest.raises(psd_run.ConfigError, match=r"cluster.json: not valid JSON: .*line 1"):
-        psd_run.load_config(str(path))
+    with pytest.raises(runner.ConfigError, match=r"cluster.json: not valid JSON: .*line 1"):
+        runner.load_config(str(path))
 
 
 def test_servers_need_a_train_command_and_agree_with_its_flag(tmp_path):
-    config = psd_run.load_config(write_config(tmp_path, worker_nodes=["a", "b"],
+    config = runner.load_config(write_config(tmp_path, worker_nodes=["a", "b"],
                                               server_nodes=["c"]))
-    assert psd_run.rank_command(config, ["poseidon-caffe", "train", "-solver=s"], "/L") == \
+    assert runner.rank_command(config, ["poseidon-caffe", "train", "-solver=s"], "/L") == \
         ["poseidon-caffe", "train", "-solver=s", "-server_ranks=1", "-output_dir=/L"]
-    assert psd_run.rank_command(config, ["python", "-m", "poseidon_caffe.cli", "train",
+    assert runner.rank_command(config, ["python", "-m", "poseidon_caffe.cli", "train",
                                          "--server_ranks", "1", "--output_dir=o"], "/L") == \
         ["python", "-m", "poseidon_caffe.cli", "train", "--server_ranks", "1", "--output_dir=o"]
-    with pytest.raises(psd_run.ConfigError, match=r"the command says -server_ranks=2 but .* "
+    with pytest.raises(runner.ConfigError, match=r"the command says -server_ranks=2 but .* "
                                                   r"lists 1 server_nodes"):
-        psd_run.rank_command(config, ["poseidon-caffe", "train", "-server_ranks=2"], "/L")
-    with pytest.raises(psd_run.ConfigError, match=r"'python train.py' is not a poseidon-caffe "
+        runner.rank_command(config, ["poseidon-caffe", "train", "-server_ranks=2"], "/L")
+    with pytest.raises(runner.ConfigError, match=r"'python train.py' is not a poseidon-caffe "
                                                   r"train command"):
-        psd_run.rank_command(config, ["python", "train.py"], "/L")
-    no_servers = psd_run.load_config(write_config(tmp_path, worker_nodes=["a"], server_nodes=[]))
-    assert psd_run.rank_command(no_servers, ["python", "train.py"], "/L") == ["python", "train.py"]
+        runner.rank_command(config, ["python", "train.py"], "/L")
+    no_servers = runner.load_config(write_config(tmp_path, worker_nodes=["a"], server_nodes=[]))
+    assert runner.rank_command(no_servers, ["python", "train.py"], "/L") == ["python", "train.py"]
 
 
 # -- the commands -----------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tm
     ssh = ("ssh -i %s -l ubuntu -o BatchMode=yes -o ConnectTimeout=5 "
            "-o StrictHostKeyChecking=accept-new" % pem)
     check = shlex.quote("cd %s && . /opt/poseidon/venv/bin/activate && %s"
-                        % (tmp_path, psd_run._VIRTUALENV_READY))
+                        % (tmp_path, runner._VIRTUALENV_READY))
     proxy = "'. /opt/poseidon/venv/bin/activate && exec hydra_pmi_proxy <proxy arguments>'"
     expected = [
         "# check every node over ssh (one command per node)",
@@ -269,7 +269,7 @@ def test_dry_run_prints_the_exact_ssh_and_mpiexec_commands_and_writes_nothing(tm
 
 def test_dry_run_without_key_user_or_virtualenv_leaves_them_to_ssh(tmp_path, monkeypatch,
                                                                     capsys):
-    monkeypatch.delenv(psd_run.SSH_OVERRIDE_ENV, raising=False)
+    monkeypatch.delenv(runner.SSH_OVERRIDE_ENV, raising=False)
     config = write_config(tmp_path, worker_nodes=["w1"], server_nodes=[])
     out = str(tmp_path / "logs")
     code, text, _ = main_here(["-c", config, "-o", out, "--dry-run", "python", "train.py",
@@ -293,12 +293,12 @@ def test_dry_run_without_key_user_or_virtualenv_leaves_them_to_ssh(tmp_path, mon
 def test_remote_shell_adds_key_user_and_virtualenv_around_hydras_proxy(tmp_path):
     """The generated script, called as mpiexec's ssh launcher calls it."""
     pem = key_file(tmp_path)
-    config = psd_run.load_config(write_config(tmp_path, worker_nodes=["n1"], server_nodes=[],
+    config = runner.load_config(write_config(tmp_path, worker_nodes=["n1"], server_nodes=[],
                                               username="ubuntu", pem_file=pem,
                                               virtualenv="/opt/venv"))
     ssh, calls = stand_in_ssh(tmp_path, dead=["n1"])   # record only: the node "fails"
     script = tmp_path / "remote_shell"
-    script.write_text(psd_run.remote_shell_text(config, [ssh]))
+    script.write_text(runner.remote_shell_text(config, [ssh]))
     script.chmod(0o700)
     subprocess.run([str(script), "-x", "n1", '"/here/bin/hydra_pmi_proxy"', "--control-port",
                     "10.0.0.9:4000", "--proxy-id", "0"], capture_output=True, timeout=30)
@@ -351,13 +351,13 @@ def test_a_master_node_that_is_not_this_machine_is_refused(tmp_path, monkeypatch
         "poseidon-run: %s: master_node 192.0.2.1 is not an address of this machine: run "
         "poseidon-run on the master node (or leave master_node out)" % config]
     assert not calls.exists()
-    psd_run.check_master(psd_run.load_config(write_config(
+    runner.check_master(runner.load_config(write_config(
         tmp_path, master_node="127.0.0.1", worker_nodes=["n1"], server_nodes=[])))
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client installed")
 def test_real_ssh_names_a_node_that_does_not_resolve(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv(psd_run.SSH_OVERRIDE_ENV, raising=False)
+    monkeypatch.delenv(runner.SSH_OVERRIDE_ENV, raising=False)
     config = write_config(tmp_path, worker_nodes=["node7.invalid"], server_nodes=[])
     code, _, err = main_here(["-c", config, "poseidon-caffe train -solver=s.prototxt"],
                              tmp_path, monkeypatch, capsys)
@@ -484,7 +484,7 @@ def test_two_workers_and_a_server_on_namespaced_nodes_train_as_one_worker(tmp_pa
     config = write_config(tmp_path, **keys)
     out = tmp_path / "logs"
     cmd = "%s -m poseidon_caffe.cli train -solver=%s -sync=ps" % (PY, two)
-    proc = subprocess.run(["ip", "netns", "exec", master, PY, "-m", "poseidon_caffe.sync.psd_run",
+    proc = subprocess.run(["ip", "netns", "exec", master, PY, "-m", "poseidon_caffe.tools.poseidon_run",
                            "-c", config, "-o", str(out), cmd], cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=180,
                           env=env(POSEIDON_RUN_SSH=ssh))

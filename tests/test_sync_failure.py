@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch.command import build_command
 
 from jobs import SMALL_CONV_NET
 
@@ -28,7 +28,7 @@ def write_job(tmp_path, max_iter):
 
 def command(tmp_path, solver, snapshot=""):
     hosts = [(0, "127.0.0.1", 9999)]
-    return launcher.build_command(hosts, [0, 1], solver, snapshot=snapshot, use_gpu=False,
+    return build_command(hosts, [0, 1], solver, snapshot=snapshot, use_gpu=False,
                                   python=sys.executable, out_dir=str(tmp_path / "out"))
 
 

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch import launcher
+from poseidon_caffe.launch.command import build_command
+from poseidon_caffe.launch.hosts import HostFileError, read_localserver
 from poseidon_caffe.tools import launch
 
 from jobs import SMALL_CONV_NET
@@ -30,8 +32,8 @@ def hostfile(tmp_path, text):
 
 def test_localserver_parses_poseidon_format(tmp_path):
     path = hostfile(tmp_path, "0 127.0.0.1 9999\n\n1 localhost 10000\n")
-    assert launcher.read_localserver(path) == [(0, "127.0.0.1", 9999), (1, "localhost", 10000)]
-    assert launcher.read_localserver(os.path.join(ROOT, "localserver")) == [(0, "127.0.0.1", 9999)]
+    assert read_localserver(path) == [(0, "127.0.0.1", 9999), (1, "localhost", 10000)]
+    assert read_localserver(os.path.join(ROOT, "localserver")) == [(0, "127.0.0.1", 9999)]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -43,8 +45,8 @@ def test_localserver_parses_poseidon_format(tmp_path):
     ("\n", r"lists no machines"),
 ])
 def test_localserver_errors_name_file_line_and_problem(tmp_path, text, message):
-    with pytest.raises(launcher.HostFileError, match=message):
-        launcher.read_localserver(hostfile(tmp_path, text))
+    with pytest.raises(HostFileError, match=message):
+        read_localserver(hostfile(tmp_path, text))
 
 
 def rank_command(solver, extra=()):
@@ -55,7 +57,7 @@ def rank_command(solver, extra=()):
 
 def test_one_segment_per_host_and_device():
     hosts = [(0, "10.0.0.1", 9999), (1, "10.0.0.2", 9999)]
-    args = launcher.build_command(hosts, [0, 3], "s.prototxt", staleness=2, svb=True,
+    args = build_command(hosts, [0, 3], "s.prototxt", staleness=2, svb=True,
                                   out_dir="out", use_gpu=True, mpiexec="mpiexec", python=PY)
     expected = ["mpiexec", "-hosts", "10.0.0.1:2,10.0.0.2:2"]
     for n, device in enumerate([0, 3, 0, 3]):
@@ -195,7 +197,7 @@ def test_mnist_trains_on_two_local_workers(tmp_path):
     solver = tmp_path / "solver.prototxt"
     solver.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    args = launcher.build_command([(0, "127.0.0.1", 9999)], [0, 1], str(solver), svb=True,
+    args = build_command([(0, "127.0.0.1", 9999)], [0, 1], str(solver), svb=True,
                                   out_dir=str(out), use_gpu=False, python=PY)
     proc = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=ROOT,
                           env=dict(os.environ, POSEIDON_NO_PROGRESS="1"))

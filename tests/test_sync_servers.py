@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import test_sync_invariant as inv
-from poseidon_caffe.sync import launcher, planner
+from poseidon_caffe.launch.command import build_command
+from poseidon_caffe.sync import planner
 from poseidon_caffe.sync.engine import FactorSource
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -272,7 +273,7 @@ def test_planner_prices_dedicated_servers_by_the_busier_node(shape, K, P, S):
 
 def test_launcher_places_dedicated_servers_after_the_workers():
     hosts = [(0, "10.0.0.1", 9999), (1, "10.0.0.2", 9999)]
-    args = launcher.build_command(hosts, [0], "s.prototxt", use_gpu=True, mpiexec="mpiexec",
+    args = build_command(hosts, [0], "s.prototxt", use_gpu=True, mpiexec="mpiexec",
                                   python="py", num_servers=3)
     assert args[:3] == ["mpiexec", "-hosts", "10.0.0.1:1,10.0.0.2:1,10.0.0.1:1,10.0.0.2:1,"
                                              "10.0.0.1:1"]

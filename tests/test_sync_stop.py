@@ -16,7 +16,7 @@ import pytest
 
 from poseidon_caffe.io import read_net_weights
 from poseidon_caffe.solver.snapshot import read_state
-from poseidon_caffe.sync import launcher
+from poseidon_caffe.launch.command import build_command
 
 PY = sys.executable
 
@@ -49,7 +49,7 @@ def write_solver(tmp_path, prefix, max_iter):
 
 
 def command(tmp_path, solver, snapshot="", out="out", staleness=0):
-    return launcher.build_command([(0, "127.0.0.1", 9999)], [0, 1], solver, snapshot=snapshot,
+    return build_command([(0, "127.0.0.1", 9999)], [0, 1], solver, snapshot=snapshot,
                                   use_gpu=False, python=PY, out_dir=str(tmp_path / out),
                                   staleness=staleness)
 
@@ -168,7 +168,7 @@ def start(tmp_path, through_launcher=False):
     solver = write_solver(tmp_path, "job", 10 ** 6)
     if through_launcher:
         (tmp_path / "localserver").write_text("0 127.0.0.1 9999\n")
-        args = [PY, "-m", "poseidon_caffe.sync.launcher", "--solver", solver, "--hostfile",
+        args = [PY, "-m", "poseidon_caffe.tools.launch", "--solver", solver, "--hostfile",
                 str(tmp_path / "localserver"), "--devices", "0,1", "--output_root",
                 str(tmp_path / "runs")]
         job = Job(tmp_path, args)
@@ -295,7 +295,7 @@ def test_launcher_forwards_signals_and_exits_with_the_commands_status(tmp_path):
     and SIGTERM as they are; the command runs in a process group of its own with no input."""
     (tmp_path / "fake.py").write_text(FAKE_MPIEXEC)
     record = tmp_path / "record"
-    code = ("import sys; from poseidon_caffe.sync.launcher import run; "
+    code = ("import sys; from poseidon_caffe.launch.launcher import run; "
             "sys.exit(run(%r))" % [PY, str(tmp_path / "fake.py"), str(record)])
     proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from poseidon_caffe.sync import join
-from poseidon_caffe.sync.timeouts import TimeoutSettingError, seconds_from_env
+from poseidon_caffe.launch import join
+from poseidon_caffe.launch.timeouts import TimeoutSettingError, seconds_from_env
 from tests.jobs import TINY_NET
 
 PY = sys.executable

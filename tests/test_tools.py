@@ -96,19 +96,21 @@ def test_reading_as_written_keeps_the_readers_checks(tmp_path):
         io.read_net_binary(str(solver), upgrade=False)
 
 
-def test_old_command_names_start_the_moved_commands(tmp_path):
-    from poseidon_caffe.sync import psd_run
-    from poseidon_caffe.tools import poseidon_run
-    assert psd_run.main is poseidon_run.main          # console scripts installed earlier
+def test_the_documented_module_names_start_the_commands(tmp_path):
+    """README's and the train_*.sh scripts' ``python -m`` names, run as a user runs them."""
     hosts = tmp_path / "localserver"
     hosts.write_text("0 127.0.0.1 9999\n")
-    proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.sync.launcher", "--solver",
+    proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.tools.launch", "--solver",
                            "s.prototxt", "--hostfile", str(hosts), "--dry-run"],
                           capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "-m poseidon_caffe.tools.supervise -- " in proc.stdout
     assert "-m poseidon_caffe.cli train -solver=s.prototxt" in proc.stdout
     assert os.listdir(tmp_path) == ["localserver"]      # a dry run writes nothing
+    proc = subprocess.run([sys.executable, "-m", "poseidon_caffe.tools.poseidon_run", "--help"],
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: poseidon-run [-h] -c CLUSTER_CONFIG")
 
 
 def test_mnist_command_takes_its_folder_from_the_arguments(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 
 from jobs import TINY_NET as NET
 from poseidon_caffe import log, training_log
-from poseidon_caffe.tools.parse_log import parse_log_main
+from poseidon_caffe.tools.training_log import parse_log_main
 
 
 SOLVER = ('net: "net.prototxt" base_lr: 0.1 momentum: 0.9 lr_policy: "step" gamma: 0.5 '

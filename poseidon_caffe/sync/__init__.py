@@ -1,5 +1,5 @@
 """Distributed training over MPI: topology, parameter server, sufficient factors, ring
-allreduce, the SACP planner, wait-free backprop and the launcher.
+allreduce, the SACP planner and wait-free backprop (the launcher is ``poseidon_caffe.launch``).
 
 ``attach(solver, options)`` makes a solver one worker of an MPI job (``poseidon-caffe train``
 calls it when the job has more than one rank or a -sync flag); ``prepare(options)`` starts the
@@ -10,7 +10,7 @@ rank, which calls ``serve(options)`` (once per ``attach`` of the workers) instea
 
 
 def prepare(options=None):
-    from .distributed import prepare as _prepare
+    from .startup import prepare as _prepare
     return _prepare(options)
 
 

@@ -35,7 +35,7 @@ from .rule import SolverRule
 from .startup import broadcast_weights, prepare, this_client_id
 from .stop import StopAgreement
 from .timeline import Timeline
-from .timeouts import SYNC_TIMEOUT_VARIABLE, seconds_from_env
+from ..launch.timeouts import SYNC_TIMEOUT_VARIABLE, seconds_from_env
 
 
 class DistributedRunner:

@@ -61,7 +61,7 @@ def _client_of(topology, options):
     """(this rank's Poseidon client id, whether the job named it): -client_id as given to the
     host's ranks, else the host's line of -hostfile, else the host's index. Ids must agree
     within a host and differ between hosts; -num_clients, when given, must count the hosts."""
-    from .launcher import HostFileError, read_localserver
+    from ..launch.hosts import HostFileError, read_localserver
     given, hostfile, num_clients = options.client_id, options.hostfile, options.num_clients
     host = topology.host
     if topology.is_server:

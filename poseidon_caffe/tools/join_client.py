@@ -1,13 +1,10 @@
 """``poseidon-caffe train -hostfile F -client_id K`` outside mpiexec, as Poseidon's scripts run
 caffe_main on every host: this process is client K of the job the host file describes, and
-joins it (``sync/join.py``).
+joins it (``launch/join.py``).
 """
-import os
-import shutil
-import sys
-
-from ..sync import join
-from ..sync.launcher import read_localserver
+from ..launch import join
+from ..launch.command import job_command
+from ..launch.hosts import read_localserver
 
 
 def train_client(values, argv):
@@ -26,19 +23,7 @@ def train_client(values, argv):
                              % (threads, values["gpu"], len(devices)))
     # Poseidon's -num_app_threads: that many CPU worker ranks per host when no -gpu is given
     devices = devices or [None] * max(threads, 1)
-    python = sys.executable
-    mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(python), "mpiexec")
-    args = [mpiexec, "-hosts", ",".join("%s:%d" % (ip, len(devices)) for _, ip, _ in hosts)]
-    base = [python, "-m", "poseidon_caffe.tools.supervise", "--", python, "-m",
-            "poseidon_caffe.cli", "train"] + list(argv)
-    first = True
-    for cid, _, _ in hosts:
-        for device in devices:
-            if not first:
-                args.append(":")
-            first = False
-            args += ["-n", "1"] + base + ["-client_id=%d" % cid,
-                                          "-ranks_per_host=%d" % len(devices)]
-            if device is not None:
-                args.append("-gpu=%d" % device)
+    # after the user's flags, so that each rank's own -client_id and -gpu are the ones it reads
+    args = job_command(hosts, devices, list(argv) + ["-ranks_per_host=%d" % len(devices)],
+                       use_gpu=True, client_ids=True)
     return join.run_client(client_id, hosts, args)

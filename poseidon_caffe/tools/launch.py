@@ -1,17 +1,18 @@
 """The launcher's commands: ``python -m poseidon_caffe.tools.launch --solver S [--hostfile F]
 [--devices 0,1] ...`` (what the ``train_*.sh`` scripts run) and ``run_local`` (what every
-``examples/*/run_local.py`` calls with its settings), over ``sync/launcher.py``.
+``examples/*/run_local.py`` calls with its settings), over ``launch/launcher.py``.
 """
 import argparse
 import os
 import signal
 import sys
 
-from ..sync.join import JoinError
-from ..sync.launcher import (OLD_SETTING_NAMES, PASSED_SETTINGS, HostFileError, build_command,
-                             check_reachable, launch_from_settings, output_dir,
-                             read_localserver, run)
-from ..sync.timeouts import TimeoutSettingError
+from ..launch.command import build_command
+from ..launch.hosts import HostFileError, check_reachable, read_localserver
+from ..launch.join import JoinError
+from ..launch.launcher import (OLD_SETTING_NAMES, PASSED_SETTINGS, launch_from_settings,
+                               output_dir, run)
+from ..launch.timeouts import TimeoutSettingError
 
 
 def parse_devices(text):

@@ -1,14 +1,14 @@
 """``poseidon-run -c config.json [-o OUTPUT_FOLDER] [--dry-run] CMD``: the command over
-``sync/psd_run.py`` (see there for the config and what a run does).
+``launch/poseidon_run.py`` (see there for the config and what a run does).
 """
 import argparse
 import os
 import shlex
 import sys
 
-from ..sync.psd_run import (CONFIG_KEYS, RUN_LOG, SSH_OVERRIDE_ENV, ConfigError, RunLog,
-                            check_log_dir, check_master, check_nodes, check_pem_file,
-                            default_log_dir, dry_run, load_config, rank_command, run_job)
+from ..launch.poseidon_run import (CONFIG_KEYS, RUN_LOG, SSH_OVERRIDE_ENV, ConfigError, RunLog,
+                                  check_log_dir, check_master, check_nodes, check_pem_file,
+                                  default_log_dir, dry_run, load_config, rank_command, run_job)
 
 
 def _parser():

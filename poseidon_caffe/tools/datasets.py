@@ -1,12 +1,12 @@
 """``convert_imageset``, ``compute_image_mean`` and ``make_partitions`` with Caffe's flags;
 each ``*_main(argv)`` takes the arguments after the command's name and returns the exit code.
-The work is in ``data/tools.py``.
+The work is in ``data/datasets.py``.
 """
 import sys
 
 from .. import log
 from ..data.db import DataError, backend_kind
-from ..data.tools import compute_image_mean, convert_imageset, make_partitions, mean_to_blobproto
+from ..data.datasets import compute_image_mean, convert_imageset, make_partitions, mean_to_blobproto
 from . import flags as flagmod
 
 # -- convert_imageset --------------------------------------------------------------------------

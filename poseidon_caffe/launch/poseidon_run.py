@@ -755,15 +755,3 @@ def dry_run(config, argv, log_dir, cwd, stream):
     out(shlex.join(job_command(config, argv, log_dir, cwd, mpiexec)) + "\n")
     stream.flush()
 
-
-def __getattr__(name):
-    # console scripts installed before the command moved name sync.psd_run:main
-    if name == "main":
-        from ..tools.poseidon_run import main
-        return main
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
-
-
-if __name__ == "__main__":       # the command's old name, kept for scripts that use it
-    from poseidon_caffe.tools.poseidon_run import main as command
-    sys.exit(command())

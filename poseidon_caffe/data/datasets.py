@@ -1,7 +1,7 @@
 """Caffe's dataset tools: convert_imageset, compute_image_mean, and Poseidon's make_partitions.
 
 The work, with plain arguments; the commands of those names (their flags, their exit codes)
-are in ``tools/data.py``.
+are in ``tools/datasets.py``.
 """
 import os
 
