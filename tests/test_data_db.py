@@ -11,7 +11,7 @@ from google.protobuf import text_format
 import poseidon_caffe.layers  # noqa: F401  (registers the layer types)
 from poseidon_caffe import data as data_pkg
 from poseidon_caffe.blob import Blob
-from poseidon_caffe.tools import data as tools
+from poseidon_caffe.tools import datasets as tools
 from poseidon_caffe.layers import create_layer
 from poseidon_caffe.proto import caffe_pb2
 from poseidon_caffe.rng import set_random_seed

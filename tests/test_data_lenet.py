@@ -62,7 +62,7 @@ def test_cifar10_example_nets_run_on_a_generated_dataset(tmp_path):
     script and tool, build and take training steps."""
     import subprocess
     import sys
-    from poseidon_caffe.tools import data as tools
+    from poseidon_caffe.tools import datasets as tools
     rng = np.random.default_rng(0)
     for name in ["data_batch_%d.bin" % i for i in range(1, 6)] + ["test_batch.bin"]:
         recs = rng.integers(0, 256, size=(20, 3073)).astype(np.uint8)

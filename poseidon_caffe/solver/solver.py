@@ -27,6 +27,7 @@ from . import prefix_lock
 from . import signals
 from . import snapshot as snap
 from . import updates
+from .update_rule import UpdateRule
 from .device_losses import DeviceLosses
 from .job import LocalJob
 from .lr_policy import learning_rate
@@ -106,6 +107,7 @@ class Solver:
         log.info("Solver scaffolding done.")
         self.check_param()
         self._check_memory(*available)
+        self._update_rule = None            # made at first use (update_rule)
         self.history = []
         try:
             for _ in range(self.history_sets):
@@ -560,33 +562,31 @@ class Solver:
             for blob in params:
                 blob.backend.scale(scale, blob.mutable_dev_diff)
 
+    @property
+    def update_rule(self):
+        """Caffe's update sequence for this solver's type (``update_rule.py``), the one the
+        distributed exchanges apply too."""
+        if self._update_rule is None:
+            self._update_rule = UpdateRule(self.param, self.type, self.net.params_lr,
+                                           self.net.params_weight_decay)
+        return self._update_rule
+
     def update_param(self, param_id, rate):
         """Normalise, regularise, compute the update value, and apply it to one parameter."""
-        blob = self.net.learnable_params[param_id]
-        p = self.param
-        local_decay = p.weight_decay * self.net.params_weight_decay[param_id]
-        if blob.backend.on_device and self.type in updates.UPDATE_RULES:
-            # the whole step in the device's kernels (updates.cu), the same rule and order
-            blob.backend.solver_update(self.type, p, blob.mutable_dev_data, blob.mutable_dev_diff,
-                                       self.param_history(param_id),
-                                       self.local_rate(param_id, rate), self.iter, p.iter_size,
-                                       local_decay, p.regularization_type)
-            return
-        updates.normalize(blob.diff, p.iter_size)
-        updates.regularize(blob.data, blob.diff, local_decay, p.regularization_type)
-        self.compute_update_value(param_id, rate)
-        blob.update()
-
-    def local_rate(self, param_id, rate):
-        return rate * self.net.params_lr[param_id]
-
-    def compute_update_value(self, param_id, rate):
-        """The rule of the solver's type turns the parameter's diff into its update value."""
         if self.type not in updates.UPDATE_RULES:
             raise SolverError("%s defines no update rule" % type(self).__name__)
         blob = self.net.learnable_params[param_id]
-        updates.update_value(self.type, self.param, blob.diff, self.param_history(param_id),
-                             self.local_rate(param_id, rate), self.iter)
+        history = self.param_history(param_id)
+        if blob.backend.on_device:
+            # the whole step in the device's kernels, the same rule and order
+            self.update_rule.apply_on_device(blob.backend, param_id, blob.mutable_dev_data,
+                                             blob.mutable_dev_diff, history, rate, self.iter)
+            return
+        self.update_rule.compute(param_id, blob.data, blob.diff, history, rate, self.iter)
+        blob.update()
+
+    def local_rate(self, param_id, rate):
+        return self.update_rule.local_rate(param_id, rate)
 
     def param_history(self, param_id):
         """The history arrays of learnable parameter ``param_id``, in the order its rule

@@ -31,7 +31,7 @@ from .engine import SyncEngine
 from .net_items import build_items
 from .net_outputs import NetOutputs
 from .options import SyncOptions
-from .rule import SolverRule
+from .update_rules import SolverRule
 from .startup import broadcast_weights, prepare, this_client_id
 from .stop import StopAgreement
 from .timeline import Timeline

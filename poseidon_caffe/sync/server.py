@@ -20,7 +20,8 @@ from .. import log
 from ..proto import caffe_pb2
 from .counters import ByteCounters
 from .offload import OFFLOAD_SIZE, Offload
-from .rule import ScheduledRates, UpdateRule
+from ..solver.update_rule import UpdateRule
+from .update_rules import ClockedRule, ScheduledRates
 from .shard_store import CONTROL_TAG, SNAPSHOT, STOP, ShardStore, piece_tag, row_layout
 
 
@@ -45,7 +46,7 @@ def serve(topology):
     rates = ScheduledRates(param, start, setup["current_step"], keep=setup["staleness"] + 64)
     lr_mult = {index: lr for index, _, _, _, lr, _ in setup["items"]}
     decay_mult = {index: decay for index, _, _, _, _, decay in setup["items"]}
-    rule = UpdateRule(param, setup["kind"], lr_mult, decay_mult, rates)
+    rule = ClockedRule(UpdateRule(param, setup["kind"], lr_mult, decay_mult), rates)
     hosts = setup["hosts"]
     counters = ByteCounters()
     push_comm, pull_comm = comm.dup(counters), comm.dup(counters)

@@ -1,43 +1,36 @@
-"""Caffe's ApplyUpdate per parameter over array slices (normalise, regularise, then the update
-value of the solver's rule from ``solver.updates``), so that a parameter-server shard applies
-to its rows exactly what a local solver applies.
+"""The solver's update (``solver/update_rule.py``) as the exchanges apply it: by clock, over
+array slices, so that a parameter-server shard applies to its rows exactly what a local solver
+applies.
 
-``UpdateRule`` needs only the solver's parameters, each blob's lr and decay multipliers and the
-learning rate of every clock; a worker builds it from its solver (``SolverRule``), a dedicated
-server from what rank 0 sends it at start (``ServerRule`` with ``ScheduledRates``).
+``ClockedRule`` pairs the update with the learning rate of each clock; a worker builds it from
+its solver (``SolverRule``), a dedicated server from what rank 0 sends it at start
+(``ClockedRule`` over ``ScheduledRates``).
 """
 import threading
 
 import numpy as np
 
-from ..solver import updates
 from ..solver.lr_policy import learning_rate
 
 
-class UpdateRule:
-    def __init__(self, param, kind, lr_mult, decay_mult, rate_of):
-        self.param = param
-        self.kind = kind
-        self.lr_mult = lr_mult              # index -> the blob's lr multiplier
-        self.decay_mult = decay_mult        # index -> the blob's weight decay multiplier
+class ClockedRule:
+    """``rule`` (a ``solver.update_rule.UpdateRule``) at the learning rate ``rate_of(clock)``."""
+
+    def __init__(self, rule, rate_of):
+        self.rule = rule
         self.rate_of = rate_of              # clock -> the solver's learning rate
 
     def apply(self, index, data, diff, history, clock):
         """Caffe's update of one parameter (or rows of it): ``data -= update(diff)``."""
-        self.compute(index, data, diff, history, clock)
-        data -= diff
+        self.rule.apply(index, data, diff, history, self.rate_of(clock), clock)
 
     def compute(self, index, data, diff, history, clock):
         """Turn the gradient in ``diff`` into the update value, in place (history advances);
         ``data`` is read for weight decay only."""
-        p, u = self.param, updates
-        u.normalize(diff, p.iter_size)
-        u.regularize(data, diff, p.weight_decay * self.decay_mult[index], p.regularization_type)
-        rate = self.rate_of(clock) * self.lr_mult[index]
-        u.update_value(self.kind, p, diff, history, rate, clock)
+        self.rule.compute(index, data, diff, history, self.rate_of(clock), clock)
 
 
-class SolverRule(UpdateRule):
+class SolverRule(ClockedRule):
     """A worker's rule: the solver's fields, its net's multipliers, and the rates the solver
     computed (``rate_at`` records one per clock as the compute thread reaches it).
 
@@ -51,8 +44,7 @@ class SolverRule(UpdateRule):
         self.net = solver.net
         self.rates = {}                  # clock -> the solver's learning rate at it
         self.keep = int(keep)            # clocks kept behind the newest (the staleness, more)
-        super().__init__(solver.param, solver.type, self.net.params_lr,
-                         self.net.params_weight_decay, self.rates.__getitem__)
+        super().__init__(solver.update_rule, self.rates.__getitem__)
         self.host_copies = None
         params = self.net.learnable_params
         if any(getattr(blob.backend, "on_device", False) for blob in params):
@@ -94,11 +86,8 @@ class SolverRule(UpdateRule):
     def apply_on_device(self, index, data, diff, clock):
         """Caffe's update of one parameter on the device: the solver's own kernels and
         history (what a single-device solver runs), ``diff`` the averaged gradient."""
-        p = self.param
-        self.net.learnable_params[index].backend.solver_update(
-            self.kind, p, data, diff, self.solver.param_history(index),
-            self.rate_of(clock) * self.lr_mult[index], clock, p.iter_size,
-            p.weight_decay * self.decay_mult[index], p.regularization_type)
+        self.rule.apply_on_device(self.net.learnable_params[index].backend, index, data, diff,
+                                  self.solver.param_history(index), self.rate_of(clock), clock)
 
     def initial_history(self, index):
         return [np.asarray(h, dtype=np.float32) for h in self.history(index)]
