@@ -9,7 +9,7 @@ import pytest
 
 from poseidon_caffe import backend
 from poseidon_caffe.backend.cuda import build, choice
-from poseidon_caffe.backend.cuda.driver import open_driver
+from poseidon_caffe.backend.cuda.choice import open_driver
 from poseidon_caffe.backend.cuda.kernels import KernelSet
 
 needs_compiler = pytest.mark.skipif(build.host_compiler() is None or

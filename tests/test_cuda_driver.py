@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from emulated_device import device, needs_compiler, on_emulated, driver_under_test  # noqa: F401
-from poseidon_caffe.backend.cuda import choice, cublas, driver as drv, emulated
-from poseidon_caffe.backend.cuda.driver import DriverError, open_driver
+from poseidon_caffe.backend.cuda import choice, cublas, emulated
+from poseidon_caffe.backend.cuda.choice import open_driver
+from poseidon_caffe.backend.cuda.driver import DriverError
 from poseidon_caffe.backend.cuda.synced import (HEAD_AT_CPU, HEAD_AT_GPU, SYNCED,
                                                 UNINITIALIZED, SyncedMemory)
 
@@ -30,13 +31,13 @@ def test_device_info_says_which_device_it_is(dev):
     assert labels[:4] == ["Device id", "Major revision number", "Minor revision number", "Name"]
     assert "Number of multiprocessors" in labels and "Total global memory" in labels
     assert dict(info.query_lines())["Total global memory"] == dev.mem_info()[1]
-    assert drv.device_count(driver_under_test()) >= 1
+    assert choice.device_count(driver_under_test()) >= 1
     driver_line = dict(dev.library_lines())["Driver"]
     assert ("test device" in driver_line) == on_emulated()
 
 
 def test_a_real_device_that_does_not_exist_is_refused():
-    count = drv.device_count(driver_under_test())
+    count = choice.device_count(driver_under_test())
     with pytest.raises(DriverError, match="device %d does not exist" % count):
         open_driver(driver_under_test(), count)
 
@@ -192,7 +193,7 @@ def test_a_machine_without_an_nvidia_driver_is_told_so_in_one_line(monkeypatch):
         assert message.startswith("no GPU here: no NVIDIA driver found") and "\n" not in message
         assert "CPU" in message and "emulated" in message and "pycuda" not in message
         with pytest.raises(DriverError, match="no GPU here"):
-            drv.device_count(kind)
+            choice.device_count(kind)
 
 
 def test_the_driver_choice_follows_the_environment(monkeypatch):
@@ -209,7 +210,7 @@ def test_the_driver_choice_follows_the_environment(monkeypatch):
     monkeypatch.setenv(choice.DRIVER_ENV, "opencl")
     with pytest.raises(choice.ChoiceError, match="POSEIDON_CAFFE_DRIVER='opencl': expected"):
         choice.driver_kind()
-    assert isinstance(drv.driver_class("emulated")(0), emulated.EmulatedDriver)
+    assert isinstance(choice.driver_class("emulated")(0), emulated.EmulatedDriver)
 
 
 def test_cublas_binding_without_a_library_names_where_it_looked(monkeypatch, tmp_path):

@@ -48,7 +48,8 @@ def gpu_count():
     """How many devices the chosen driver (POSEIDON_CAFFE_DRIVER) sees; GPUUnavailable, one
     line, when it cannot start (no NVIDIA driver, no binding) or sees none."""
     from .cuda.choice import ChoiceError, driver_kind
-    from .cuda.driver import DriverError, device_count
+    from .cuda.choice import device_count
+    from .cuda.driver import DriverError
     try:
         return device_count(driver_kind())
     except (DriverError, ChoiceError) as exc:

@@ -10,9 +10,10 @@ blocking ``run`` still works (its exchanges then hold the thread until they are 
 
 A new strategy is one module with one ``Strategy`` subclass decorated with ``@register``; once
 the module is imported the planner prices it for every blob, ``sync=<name>`` forces it and the
-engine runs it. The built-in ones (``ps``, ``sfb``, ``allreduce``) are imported by
-``registered()``.
+engine runs it. The built-in ones (``ps``, ``sfb``, ``allreduce``) are found by name in
+``sync/strategies/`` and imported by ``registered()``.
 """
+import os
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -127,12 +128,13 @@ def register(cls):
 
 
 def _import_builtins():
-    """Import every module of sync/strategies/: each registers its strategy on import."""
+    """Import every module of sync/strategies/, found by name in that folder (the interface
+    names no implementation): each registers its strategy on import."""
     import importlib
-    import pkgutil
-    from . import strategies
-    for module in pkgutil.iter_modules(strategies.__path__):
-        importlib.import_module("%s.%s" % (strategies.__name__, module.name))
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "strategies")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py") and not name.startswith("_"):
+            importlib.import_module("%s.strategies.%s" % (__package__, name[:-3]))
 
 
 def registered():

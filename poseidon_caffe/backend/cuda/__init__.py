@@ -3,9 +3,10 @@
 - ``backend.py``: ``CUDABackend``, the op set of backend/ops.md over a driver (device arrays,
   named light ops, gemm through cuBLAS, LRN), with the plans of ``plans.py`` (convolution,
   pooling, im2col);
-- ``driver.py``: the interface (memory, copies, streams, events, modules, launches, BLAS) and
-  ``open_driver("cuda-bindings" | "pycuda" | "emulated" | "cuda", device)``; ``choice.py``:
-  which driver the environment asks for, and why there is no GPU;
+- ``driver.py``: the interface (memory, copies, streams, events, modules, launches, BLAS);
+  ``choice.py``: which driver the environment asks for, why there is no GPU, and
+  ``open_driver("cuda-bindings" | "pycuda" | "emulated" | "cuda", device)``, which finds the
+  driver's module by name (the interface imports none of them);
 - ``bindings_driver.py`` (a GPU through NVIDIA's cuda-bindings) and ``pycuda_driver.py``
   (through pycuda), over what ``real_driver.py`` gives both (cuBLAS through ``cublas.py``,
   kernel images chosen by ``images.py``, libraries found by ``libraries.py``); and

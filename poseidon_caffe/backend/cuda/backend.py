@@ -16,7 +16,8 @@ import numpy as np
 
 from ..geometry import PoolGeometry
 from .choice import driver_kind
-from .driver import DriverError, open_driver
+from .choice import open_driver
+from .driver import DriverError
 from .kernels import KernelSet
 from .common_ops import CommonOps
 from .loss_ops import LossOps

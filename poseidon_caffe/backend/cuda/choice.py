@@ -10,6 +10,7 @@ without a GPU is told so in one line (train on the CPU, or try the emulated devi
 than asked to install a Python package that would not help.
 """
 import ctypes
+import importlib
 import importlib.util
 import os
 
@@ -20,6 +21,10 @@ KINDS = REAL + ("emulated",)
 ALIASES = {"": "auto", "auto": "auto", "cuda": "auto", "real": "auto",
            "cuda-bindings": "cuda-bindings", "cuda_bindings": "cuda-bindings",
            "bindings": "cuda-bindings", "pycuda": "pycuda", "emulated": "emulated"}
+# each driver's module and class, found by name: the interface (driver.py) imports none of them
+DRIVERS = {"cuda-bindings": ("bindings_driver", "CudaBindingsDriver"),
+           "pycuda": ("pycuda_driver", "PyCUDADriver"),
+           "emulated": ("emulated", "EmulatedDriver")}
 LIBCUDA = "libcuda.so.1"
 HOW_ELSE = ("train on the CPU (leave out -gpu, or solver_mode: CPU), or try the emulated "
             "test device with %s=emulated" % DRIVER_ENV)
@@ -90,3 +95,25 @@ def version_text(version):
     """CUDA's integer version (13000) as "13.0"."""
     return "%d.%d" % (version // 1000, version % 1000 // 10)
 
+
+def driver_class(kind):
+    """The Driver class of ``kind``: "cuda-bindings", "pycuda", "emulated", or "cuda"/"auto"
+    (``resolve``: pycuda when importable, else cuda-bindings)."""
+    try:
+        kind = resolve(kind)
+    except ChoiceError as exc:
+        from .driver import DriverError
+        raise DriverError(str(exc)) from None
+    module, name = DRIVERS[kind]
+    return getattr(importlib.import_module("%s.%s" % (__package__, module)), name)
+
+
+def open_driver(kind, device=0):
+    """A Driver of ``kind`` (see driver_class) on ``device``."""
+    return driver_class(kind)(device)
+
+
+def device_count(kind):
+    """How many devices the driver of ``kind`` sees; DriverError (one line) when it cannot
+    start: no NVIDIA driver, no binding."""
+    return driver_class(kind).device_count()

@@ -284,30 +284,7 @@ def _contiguous(array, what):
                           % (what, array.strides))
 
 
-def driver_class(kind):
-    """The Driver class of ``kind``: "cuda-bindings", "pycuda", "emulated", or "cuda"/"auto"
-    (choice.resolve: pycuda when importable, else cuda-bindings)."""
-    from . import choice
-    try:
-        kind = choice.resolve(kind)
-    except choice.ChoiceError as exc:
-        raise DriverError(str(exc)) from None
-    if kind == "emulated":
-        from .emulated import EmulatedDriver
-        return EmulatedDriver
-    if kind == "pycuda":
-        from .pycuda_driver import PyCUDADriver
-        return PyCUDADriver
-    from .bindings_driver import CudaBindingsDriver
-    return CudaBindingsDriver
-
-
-def open_driver(kind, device=0):
-    """A Driver of ``kind`` (see driver_class) on ``device``."""
-    return driver_class(kind)(device)
-
-
-def device_count(kind):
-    """How many devices the driver of ``kind`` sees; DriverError (one line) when it cannot
-    start: no NVIDIA driver, no binding."""
-    return driver_class(kind).device_count()
+def _contiguous(array, what):
+    if not array.flags.c_contiguous:
+        raise DriverError("the %s of a copy must be a C-contiguous array (got strides %s)"
+                          % (what, array.strides))
