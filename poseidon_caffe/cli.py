@@ -1,10 +1,10 @@
 """``poseidon-caffe`` under the name ``python -m poseidon_caffe.cli`` and the console script
 use. The commands live in ``poseidon_caffe/tools/``: ``tools/main.py`` finds the command,
-``tools/brew.py`` holds train, test, time and device_query; their names answer here too.
+``tools/caffe_tool.py`` holds train, test, time and device_query; their names answer here too.
 """
 import sys
 
-from .tools.brew import (ALL_FLAGS, BOSEN_KNOBS, CAFFE_FLAGS, COMMAND_USAGE,  # noqa: F401
+from .tools.caffe_tool import (ALL_FLAGS, BOSEN_KNOBS, CAFFE_FLAGS, COMMAND_USAGE,  # noqa: F401
                          COMMANDS, CONSISTENCY_MODELS, POSEIDON_FLAGS, SYNC_FLAGS,
                          CommandError, device_query, poseidon_flags, test, time_model, train,
                          world_size)

@@ -479,7 +479,7 @@ COMPUTE_JSON = ('{"batch": 4, "layers": [{"name": "data", "forward_ms": 0, "back
 COMPUTE_BENCH = ('{"device": "d", "emulated": true, "nets": {"other": {"batch": 4, "layers": '
                  '[{"name": "conv", "forward_ms": 1, "backward_ms": 2}]}, "fuzz": '
                  + COMPUTE_JSON + '}}')
-COMPUTE_LOG = "".join("I1123 10:00:00.000000  1234 brew.py:375] %10s\t%s: %g ms.\n" % (n, k, v)
+COMPUTE_LOG = "".join("I1123 10:00:00.000000  1234 caffe_tool.py:375] %10s\t%s: %g ms.\n" % (n, k, v)
                       for n, f, b in (("data", 0, 0), ("ip1", 1.5, 3), ("loss", 0.5, 1))
                       for k, v in (("forward", f), ("backward", b)))
 

@@ -64,7 +64,7 @@ def test_train_on_the_gpu_by_flag_or_by_solver_mode(tmp_path):
 
 
 def test_gpu_all_names_every_device(monkeypatch):
-    from poseidon_caffe.tools import brew
+    from poseidon_caffe.tools import caffe_tool as brew
     monkeypatch.setenv("POSEIDON_CAFFE_GPU", "emulated")
     monkeypatch.setenv("POSEIDON_CAFFE_EMULATED_DEVICES", "3")
     assert brew._gpus("all") == [0, 1, 2]

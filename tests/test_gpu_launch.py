@@ -10,7 +10,7 @@ import pytest
 
 from poseidon_caffe.launch import launcher
 from poseidon_caffe.launch.command import build_command, gpu_available
-from poseidon_caffe.tools import brew
+from poseidon_caffe.tools import caffe_tool as brew
 
 from emulated_device import needs_compiler
 

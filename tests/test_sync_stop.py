@@ -405,26 +405,25 @@ def test_sigusr1_is_taken_as_sighup_and_late_signals_are_ignored_after_a_job():
 
 def test_one_snapshot_signal_reaching_ranks_on_either_side_of_a_boundary_is_taken_once():
     from poseidon_caffe.solver import signals
-    from poseidon_caffe.sync.stop import StopAgreement
-    agreement = StopAgreement.__new__(StopAgreement)      # the decision alone, without MPI
-    agreement.last_snapshot = None
+    from poseidon_caffe.sync.stop import JobDecision
+    agreement = JobDecision()                 # the agreement's decision, without MPI
 
     def answer(codes, clock_ms):
         return np.array(list(codes) + [clock_ms], dtype=np.int64)
     # rank 0 asked at one boundary, rank 1 (the same signal) at the next: one snapshot
-    assert agreement._decide(answer([1, 0], 10_000), 10) == signals.SNAPSHOT
-    assert agreement._decide(answer([0, 1], 10_040), 11) == signals.NONE
+    assert agreement.decide(answer([1, 0], 10_000), 10) == signals.SNAPSHOT
+    assert agreement.decide(answer([0, 1], 10_040), 11) == signals.NONE
     # a second signal to a rank that already asked is a new request
-    assert agreement._decide(answer([1, 0], 10_080), 12) == signals.SNAPSHOT
+    assert agreement.decide(answer([1, 0], 10_080), 12) == signals.SNAPSHOT
     # and so is one to the other rank once the window (1 s, or two boundaries) has passed
-    assert agreement._decide(answer([0, 1], 12_000), 20) == signals.SNAPSHOT
+    assert agreement.decide(answer([0, 1], 12_000), 20) == signals.SNAPSHOT
     # a stop is never coalesced, and outranks a snapshot
-    assert agreement._decide(answer([2, 1], 12_010), 21) == signals.STOP
-    assert agreement._decide(answer([0, 0], 12_020), 22) == signals.NONE
+    assert agreement.decide(answer([2, 1], 12_010), 21) == signals.STOP
+    assert agreement.decide(answer([0, 0], 12_020), 22) == signals.NONE
     # on a loaded host an iteration can outlast the clock's window: the next boundary's
     # request from the other rank is still the same signal
-    assert agreement._decide(answer([1, 0], 20_000), 30) == signals.SNAPSHOT
-    assert agreement._decide(answer([0, 1], 23_500), 31) == signals.NONE
+    assert agreement.decide(answer([1, 0], 20_000), 30) == signals.SNAPSHOT
+    assert agreement.decide(answer([0, 1], 23_500), 31) == signals.NONE
     # but three boundaries and more than a second later it is a new one
-    assert agreement._decide(answer([1, 0], 40_000), 40) == signals.SNAPSHOT
-    assert agreement._decide(answer([0, 1], 45_000), 43) == signals.SNAPSHOT
+    assert agreement.decide(answer([1, 0], 40_000), 40) == signals.SNAPSHOT
+    assert agreement.decide(answer([0, 1], 45_000), 43) == signals.SNAPSHOT

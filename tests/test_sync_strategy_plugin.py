@@ -195,7 +195,7 @@ def test_a_fourth_strategy_trains_like_allreduce_on_two_hosts(tmp_path):
 
 
 def test_the_command_line_takes_a_registered_strategy_by_name(with_allgather, monkeypatch):
-    from poseidon_caffe.tools import brew
+    from poseidon_caffe.tools import caffe_tool as brew
     monkeypatch.setattr(brew, "world_size", lambda: 1)
     assert brew._is_distributed({"sync": "allgather"})
     with pytest.raises(brew.CommandError, match="-sync takes one of auto, .*allgather"):

@@ -50,10 +50,6 @@ class TrainingDiverged(RuntimeError):
         self.last_snapshot = last_snapshot
 
 
-# the name the job of one process had when its only question was the exchange
-LocalExchange = LocalJob
-
-
 def fmt(value):
     """Numbers as C++ streams print them by default (6 significant digits)."""
     return "%g" % value

@@ -25,7 +25,7 @@ MPI_Waitsome doubled the time of a numpy workload beside it on 2 cores). The com
 never calls MPI: it appends to a queue and releases a lock that wakes the thread at once.
 
 On a device rank the payloads are pinned host buffers whose copies off the device were only
-queued (``device.py``): such an exchange carries the event recorded after them and starts
+queued (``device_transfers.py``): such an exchange carries the event recorded after them and starts
 once that event has completed, so neither thread waits for the copy by blocking.
 
 Every MPI call after start-up runs on the communication thread. Functions handed over with
@@ -123,7 +123,7 @@ class Scheduler:
     It is given what it uses, and nothing else: ``exchange(task, channel)``, the generator of
     one bucket's exchange; the ``transport`` whose requests it tests and whose deadline it
     keeps; the ``channels`` the exchanges travel on; ``on_failure(exc)``, called on the
-    communication thread when it fails; and a ``thread_context`` (the device stage) entered
+    communication thread when it fails; and a ``thread_context`` (the device transfers) entered
     and left by that thread, or None."""
 
     def __init__(self, exchange, transport, channels, on_failure, thread_context=None,

@@ -17,7 +17,7 @@ from ..solver import updates
 from . import strategy as registry
 from .strategy import Strategy
 from .counters import ByteCounters
-from .device import DeviceStage, on_device
+from .device_transfers import DeviceTransfers, on_device
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import make_plan
 from .offload import OFFLOAD_SIZE
@@ -31,7 +31,7 @@ class FactorSource:
     """Where an InnerProduct layer's sufficient factors are read: top diff (K x N), bottom data
     (K x M); ``transpose`` as the layer's weight layout. On the host ``read()`` gives this
     pass's (top diff, bottom data); on a device rank the layer's (bottom, top) blobs are read
-    there instead, by the device stage (``device.py``)."""
+    there instead, by the device transfers (``device_transfers.py``)."""
     M: int
     N: int
     read: typing.Optional[typing.Callable[[], tuple]]
@@ -47,7 +47,7 @@ class FactorSource:
 @dataclasses.dataclass(eq=False)
 class Item:
     """One exchanged blob: what the planner prices, the engine schedules and the strategies
-    move. Every field is here; a device rank's copies and buffers live in its DeviceStage."""
+    move. Every field is here; a device rank's copies and buffers live in its DeviceTransfers."""
     index: int
     name: str
     blob: typing.Any
@@ -62,7 +62,7 @@ class Item:
     fresh: int = 0                     # the first clock whose update its weights lack
     passes: int = 0                    # backward passes of this iteration captured
     host_data: typing.Any = None       # on a device rank: the pinned weights the exchanges
-    #                                    update (device.py)
+    #                                    update (device_transfers.py)
     result: typing.Any = None          # with global clipping: the summed gradient, until the
     #                                    norm over every item is known
 
@@ -119,9 +119,9 @@ class SyncEngine:
         for item in self.items:
             item.strategy = self.plan[item.index]
             item.fresh = start_clock
-        # a device rank exchanges through pinned buffers (device.py); None on the CPU
+        # a device rank exchanges through pinned buffers (device_transfers.py); None on the CPU
         device_backend = on_device(self.items)
-        self.stage = None if device_backend is None else DeviceStage(
+        self.transfers = None if device_backend is None else DeviceTransfers(
             device_backend, self.items, self.iter_size, self.workers, self.staleness + 2)
         self.clock = start_clock
         self.start_clock = start_clock
@@ -160,7 +160,7 @@ class SyncEngine:
         self.capture_seconds = 0.0     # ... and its copies of gradients handed over
         self.failure_handler = None
         self.scheduler = Scheduler(self.exchange, self.transport, self.channels,
-                                   self.on_comm_failure, thread_context=self.stage,
+                                   self.on_comm_failure, thread_context=self.transfers,
                                    timeline=timeline)
         # work the offload thread finishes wakes the communication thread at once
         self.transport.offload.wake = self.scheduler.ring
@@ -171,7 +171,7 @@ class SyncEngine:
         if not items:
             return
         start = time.perf_counter()
-        if self.stage is None:
+        if self.transfers is None:
             for item in items:
                 self._capture(item)
         else:
@@ -190,9 +190,9 @@ class SyncEngine:
             self.scheduler.wait_items(items, self.clock, "waiting for fresh weights of layer "
                                       "%d (iteration %d)" % (layer_index, self.clock))
             self._timed(start, time.perf_counter(), "wait layer %d" % layer_index, "wait")
-        if self.stage is not None:
+        if self.transfers is not None:
             # the fresh weights (or factors) into the device, once, before the layer runs
-            self.stage.refresh(items, self.rule)
+            self.transfers.refresh(items, self.rule)
 
     def _capture(self, item):
         strategy = self.strategies[item.strategy]
@@ -222,11 +222,11 @@ class SyncEngine:
                 continue
             item.passes = 0
             self.payloads[item.index] = (strategy.payload(item, self.clock) if per_pass
-                                         else self.stage.copy_gradient(item, self.clock))
+                                         else self.transfers.copy_gradient(item, self.clock))
             complete.append(item)
         if not complete:
             return
-        ready = self.stage.record()
+        ready = self.transfers.record()
         if not self.dwbp:
             return
         for item in complete:
@@ -256,13 +256,13 @@ class SyncEngine:
                     # its layer's backward did not run (in every pass): send what there is
                     item.passes = 0
                     strategy = self.strategies[item.strategy]
-                    if self.stage is None or type(strategy).capture is not Strategy.capture:
+                    if self.transfers is None or type(strategy).capture is not Strategy.capture:
                         self.payloads[item.index] = strategy.payload(item, self.clock)
                     else:
-                        self.payloads[item.index] = self.stage.copy_gradient(item, self.clock)
+                        self.payloads[item.index] = self.transfers.copy_gradient(item, self.clock)
             tasks.append(bucket)
         # on a device, one event after every copy queued so far starts them all
-        ready = self.stage.record() if tasks and self.stage is not None else None
+        ready = self.transfers.record() if tasks and self.transfers is not None else None
         tasks = [self._task(bucket, ready) for bucket in tasks]
         # handed over together: without DWBP every channel starts at once
         self.scheduler.submit_all(tasks)
@@ -277,8 +277,8 @@ class SyncEngine:
             if self.clip is not None:
                 self._clip_and_update(clock)
         self.counters.end_iteration()
-        if self.stage is not None:
-            self.stage.end_iteration()
+        if self.transfers is not None:
+            self.transfers.end_iteration()
         self.clock = clock + 1
 
     def _timed(self, start, end, name, category, capture=False):
@@ -312,8 +312,8 @@ class SyncEngine:
             for strategy in self.strategies.values():
                 strategy.wait(clock)
         self.scheduler.call(catch_up)
-        if self.stage is not None:
-            self.stage.refresh(self.items, self.rule)
+        if self.transfers is not None:
+            self.transfers.refresh(self.items, self.rule)
 
     # -- communication-thread side ---------------------------------------------------------------
     def exchange(self, task, channel):
@@ -371,7 +371,7 @@ class SyncEngine:
                      format_bytes(local))
         log.info("    Sync total: %s off-host per iteration (predicted %s per host)",
                  format_bytes(total_meas), format_bytes(total_pred))
-        moved = None if (window or self.stage is None) else self.stage.moved()
+        moved = None if (window or self.transfers is None) else self.transfers.moved()
         if moved:
             n = moved["iterations"]
             log.info("    Device: per iteration %s in (%g copies), %s out (%g copies), %g host "
@@ -402,8 +402,8 @@ class SyncEngine:
             "in_flight_peak": self.scheduler.in_flight_peak,
             "comm_polls": self.scheduler.polls,
             "comm_cpu_seconds": self.scheduler.cpu_seconds,
-            # a device rank's copies and host waits after its first iteration (device.py)
-            "device_transfers": None if self.stage is None else self.stage.moved(),
+            # a device rank's copies and host waits after its first iteration (device_transfers.py)
+            "device_transfers": None if self.transfers is None else self.transfers.moved(),
         }
 
     def items_by_index(self):

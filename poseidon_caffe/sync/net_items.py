@@ -20,7 +20,7 @@ def _factor_source(source):
 
 def _device_factor_source(source, blobs):
     """A device net's factors are read from the layer's (bottom, top) blobs on the device
-    (device.py)."""
+    (device_transfers.py)."""
     return FactorSource(source["inputs"], source["outputs"], None,
                         transpose=source["transpose"], rows_per_pass=source["rows_per_pass"],
                         device_blobs=blobs)

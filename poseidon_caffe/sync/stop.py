@@ -34,6 +34,36 @@ COALESCE_SECONDS = 1.0
 COALESCE_BOUNDARIES = 2
 
 
+class JobDecision:
+    """The job's action at a boundary from every rank's code and rank 0's clock (the same
+    answer, so the same decision, on every rank). A snapshot asked soon after the last one by
+    ranks that did not ask for that one is the same signal reaching them a boundary later
+    (one Ctrl-C or SIGHUP to the launcher reaches every rank, not all at one boundary): it is
+    not taken twice."""
+
+    def __init__(self):
+        self.last_snapshot = None  # (rank 0's clock, ranks that asked, boundary) of the last
+
+    def decide(self, answer, boundary):
+        """``answer``: the all-reduced codes of every rank, then rank 0's clock (ms)."""
+        codes, clock = answer[:-1], answer[-1] / 1000.0
+        action = ACTIONS[int(codes.max())]
+        if action != signals.SNAPSHOT:
+            return action
+        asking = frozenset(np.flatnonzero(codes == CODES[signals.SNAPSHOT]).tolist())
+        last = self.last_snapshot
+        # soon after: within the clock's window, or the next COALESCE_BOUNDARIES boundaries
+        # (on a loaded host one iteration can outlast the window)
+        soon = last is not None and (clock - last[0] < COALESCE_SECONDS or
+                                     boundary - last[2] <= COALESCE_BOUNDARIES)
+        if soon and not asking & last[1]:
+            # the previous snapshot's signal, reaching these ranks a boundary later
+            self.last_snapshot = (last[0], last[1] | asking, last[2])
+            return signals.NONE
+        self.last_snapshot = (clock, asking, boundary)
+        return action
+
+
 class StopAgreement:
     """``requested_action()`` returns the same action on every worker at the same boundary.
 
@@ -51,7 +81,7 @@ class StopAgreement:
         self.boundary = 0
         self.requests = {}        # boundary -> (send, recv, request): communication thread
         self.answers = {}         # boundary -> per-rank codes and rank 0's clock (ms)
-        self.last_snapshot = None # (rank 0's clock, ranks that asked, boundary) of the last taken
+        self.decision = JobDecision()
         transport.services.append(self)
 
     # -- compute thread ------------------------------------------------------------------
@@ -69,27 +99,7 @@ class StopAgreement:
             # doing, and take the answer as soon as any of its polls collects it
             self.scheduler.post(lambda: self._finish(asked))
             self.scheduler.wait_for(lambda: asked in self.answers, self._what(asked))
-        return self._decide(self.answers.pop(asked), asked)
-
-    def _decide(self, answer, boundary):
-        """The job's action at ``boundary`` from every rank's code and rank 0's clock (the same
-        on all)."""
-        codes, clock = answer[:-1], answer[-1] / 1000.0
-        action = ACTIONS[int(codes.max())]
-        if action != signals.SNAPSHOT:
-            return action
-        asking = frozenset(np.flatnonzero(codes == CODES[signals.SNAPSHOT]).tolist())
-        last = self.last_snapshot
-        # soon after: within the clock's window, or the next COALESCE_BOUNDARIES boundaries
-        # (on a loaded host one iteration can outlast the window)
-        soon = last is not None and (clock - last[0] < COALESCE_SECONDS or
-                                     boundary - last[2] <= COALESCE_BOUNDARIES)
-        if soon and not asking & last[1]:
-            # the previous snapshot's signal, reaching these ranks a boundary later
-            self.last_snapshot = (last[0], last[1] | asking, last[2])
-            return signals.NONE
-        self.last_snapshot = (clock, asking, boundary)
-        return action
+        return self.decision.decide(self.answers.pop(asked), asked)
 
     def close(self):
         """Complete what is still in flight (every worker started as many), then let go."""

@@ -2,8 +2,8 @@
 
 One module per command or family of commands, each a thin layer over library functions that
 take plain values: ``main`` (``poseidon-caffe``: finds the command, answers ``-help``),
-``brew`` (Caffe's train, test, time, device_query), ``join_client`` (train by host file outside
-mpiexec), ``upgrade``, ``datasets`` (convert_imageset, compute_image_mean, make_partitions),
+``caffe_tool`` (the caffe tool's train, test, time, device_query), ``join_client`` (train by
+host file outside mpiexec), ``upgrade``, ``datasets`` (convert_imageset, compute_image_mean, make_partitions),
 ``mnist`` (the quick start's digits), ``training_log`` (parse_log), ``plot_log`` (plot),
 ``extract_features``, ``draw_net``, ``alias``, ``launch`` (the launcher and ``run_local.py``),
 ``supervise`` (what runs in front of every rank), ``poseidon_run`` (``poseidon-run``); a

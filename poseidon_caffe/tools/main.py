@@ -11,7 +11,7 @@ import sys
 
 from .. import log
 from . import flags as gflags
-from .brew import ALL_FLAGS, COMMAND_USAGE, COMMANDS, CommandError
+from .caffe_tool import ALL_FLAGS, COMMAND_USAGE, COMMANDS, CommandError
 
 USAGE = """command line brew
 usage: poseidon-caffe <command> <args>

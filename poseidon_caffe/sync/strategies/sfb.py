@@ -8,7 +8,7 @@ devices of a host into its leader; level 2 exchanges the hosts' factors between 
 again gives every device the stacked factors. The factors of several layers travel at once,
 told apart by tags from the layer's bucket.
 
-On a device rank (``device.py``) the factors are read off the device into pinned rows, and
+On a device rank (``device_transfers.py``) the factors are read off the device into pinned rows, and
 the stacked factors of every worker are left in the item's pinned buffer: the compute thread
 rebuilds the gradient there with one GEMM and applies the solver's device update before the
 layer's next forward. With clip_gradients the global norm needs every summed gradient on the
@@ -42,21 +42,22 @@ class SufficientFactors(Strategy):
         if not items:
             return None
         return cls(engine.transport, engine.topology, engine.counters, engine.iter_size,
-                   stage=engine.stage, device_apply=engine.stage is not None
-                   and engine.clip is None)
+                   transfers=engine.transfers,
+                   device_apply=engine.transfers is not None and engine.clip is None)
 
-    def __init__(self, transport, topology, counters, iter_size=1, stage=None,
+    def __init__(self, transport, topology, counters, iter_size=1, transfers=None,
                  device_apply=False):
         super().__init__(transport, topology, counters)
         self.iter_size = int(iter_size)
         self.parts = {}            # item index -> [(top diff, bottom data)] of this iteration
         self.peers = topology.leaders.dup(counters) if topology.leaders is not None else None
-        self.stage = stage         # a device rank's DeviceStage: the factors are read there
+        self.transfers = transfers   # a device rank's DeviceTransfers: the factors are read there
         self.device_apply = device_apply   # leave the stacked factors for the device
 
     def capture(self, item):
         # the layer's top diff and bottom data change with the next pass: read them now
-        read = item.sfb.read if self.stage is None else (lambda: self.stage.copy_factors(item))
+        transfers = self.transfers
+        read = item.sfb.read if transfers is None else (lambda: transfers.copy_factors(item))
         self.parts.setdefault(item.index, []).append(read())
 
     def payload(self, item, clock):
@@ -64,10 +65,10 @@ class SufficientFactors(Strategy):
         if len(parts) < self.iter_size:
             raise SyncError("no sufficient factors were captured for %s in iteration %d (its "
                             "layer's backward did not run)" % (item.name, clock))
-        if self.stage is not None:
+        if self.transfers is not None:
             # the passes' rows were copied into these pinned buffers, in order: no host work
             # here, as the copies may still be running
-            return self.stage.staged_factors(item)
+            return self.transfers.staged_factors(item)
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def run(self, bucket, payloads, clock, what):
@@ -82,10 +83,10 @@ class SufficientFactors(Strategy):
                                           bucket.index)
             rows = D.shape[0]
             # [all top diffs | all bottom data], as the device's GEMM takes them
-            stacked = self.stage.stacked_factors(item)
+            stacked = self.transfers.stacked_factors(item)
             stacked[:D.size] = D.reshape(-1)
             stacked[D.size:D.size + A.size] = A.reshape(-1)
-            self.stage.factors_arrived(item, rows)
+            self.transfers.factors_arrived(item, rows)
             return None
         grad = yield from self.aggregate(channel, top_diff, bottom_data, item.sfb.transpose,
                                          bucket.name, bucket.index)

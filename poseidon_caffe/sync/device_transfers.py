@@ -38,7 +38,7 @@ def on_device(items):
 
 @dataclasses.dataclass(eq=False)
 class _Slot:
-    """What the stage keeps of one item: its pinned buffers and where its device copy stands."""
+    """What the transfers keep of one item: its pinned buffers and where its device copy stands."""
     device_version: int                 # the clock whose weights the device holds
     grads: typing.Optional[list] = None   # pinned gradient buffers, made on first use: a
     #                                       blob sent as factors needs none
@@ -49,7 +49,7 @@ class _Slot:
     factors_in: typing.Optional[int] = None   # rows of stacked factors waiting for the device
 
 
-class DeviceStage:
+class DeviceTransfers:
     """The pinned buffers, the copy stream and the copies of one device rank's items."""
 
     def __init__(self, backend, items, iter_size=1, workers=1, depth=2):
