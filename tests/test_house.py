@@ -281,6 +281,27 @@ PRIVATE_REACH = re.compile(r"(solver|net|layer)\._\w|\.bottom_vecs\b|\.top_vecs\
                            r"\.param_layer_indices\b|\.prefetcher\b")
 
 
+def test_only_the_communicator_touches_mpi_in_the_sync_runtime():
+    """MPI's calls, their byte counting included, go through sync/communicator.py."""
+    users, seen = [], 0
+    for folder, dirs, files in os.walk(os.path.join(PACKAGE, "sync")):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            seen += 1
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n == "mpi4py" or n.startswith("mpi4py.") for n in names):
+                    users.append(os.path.relpath(path, PACKAGE))
+    assert seen > 10
+    assert sorted(set(users)) == [os.path.join("sync", "communicator.py")], users
+
+
 def test_sync_uses_no_private_attribute_of_net_solver_or_layer():
     bad, seen = [], 0
     sync = os.path.join(PACKAGE, "sync")
