@@ -217,7 +217,8 @@ def test_debug_info_logs_on_display_iterations_only():
 # -- byte sizes: one way everywhere -----------------------------------------------------------
 # a number formatted straight into a decimal-looking unit, a unit ladder of its own, or a
 # column named in MB: each writes sizes some other way than memory.format_bytes's MiB/KiB
-_OWN_SIZE_FORMAT = re.compile(r"%[-+ #0-9.]*[dfgi] ?[KMG]B\b|^[KMG]B$|\b[KMG]B/host\b")
+# a rate (GB/s, MB/s) keeps its decimal unit, as tc and bandwidth figures do
+_OWN_SIZE_FORMAT = re.compile(r"%[-+ #0-9.]*[dfgi] ?[KMG]B\b(?!/s)|^[KMG]B$|\b[KMG]B/host\b")
 
 
 def _size_formats(path):

@@ -14,6 +14,8 @@ from poseidon_caffe import TEST, TRAIN, io as pio, memory
 from poseidon_caffe.net import Net
 from poseidon_caffe.proto import caffe_pb2
 
+from peak_memory import run_measuring_peak
+
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -185,12 +187,7 @@ def lenet(tmp_path, batch):
 
 def peak_of(argv, cwd, env):
     """(exit code, stderr, peak resident MiB) of one child process, its own rusage."""
-    with open(cwd / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(argv, cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=err,
-                                env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, (cwd / "stderr.txt").read_text(), usage.ru_maxrss / 1024
+    return run_measuring_peak(argv, cwd, env)
 
 
 def test_a_refused_net_never_loads_a_batch(tmp_path):

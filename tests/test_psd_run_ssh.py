@@ -141,12 +141,15 @@ def test_normal_run_trains_over_real_ssh(rig, digits):
     assert_nothing_left(rig, before, since)
 
 
-@pytest.mark.parametrize("victim, servers", [("worker 1", ()), ("server 0", (0,))])
-def test_a_rank_killed_outright_ends_the_job_naming_it(rig, digits, victim, servers):
+# under -sync=auto the dedicated server has nothing to do; under ps it serves every blob
+@pytest.mark.parametrize("victim, servers, sync", [("worker 1", (), "auto"),
+                                                   ("server 0", (0,), "auto"),
+                                                   ("server 0", (0,), "ps")])
+def test_a_rank_killed_outright_ends_the_job_naming_it(rig, digits, victim, servers, sync):
     solver = lenet(_p(rig), digits, 100000)
     before, since = shm_files(), time.time()
     proc = start(rig, config(rig, servers),
-                 "poseidon-caffe train -solver=%s -sync=auto" % solver)
+                 "poseidon-caffe train -solver=%s -sync=%s" % (solver, sync))
     wait_for_iteration(rig, proc, 3)
     host, rank, node = (2, 1, rig.addresses[2]) if victim == "worker 1" else \
         (0, 2, rig.addresses[0])
@@ -165,16 +168,20 @@ def test_a_rank_killed_outright_ends_the_job_naming_it(rig, digits, victim, serv
                     deaths[0]), deaths
     if victim == "worker 1":
         assert "on host lab-h2" in deaths[0]
-    assert re.search(r"job ended with exit status 137 after [\d.]+ s: rank %d \(%s" % (rank, victim),
-                     out)
+    assert re.search(r"job ended with exit status 137 after [\d.]+ s: rank %d \(%s"
+                     % (rank, victim), out)
     assert_nothing_left(rig, before, since)
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 0), (signal.SIGTERM, 143)])
-def test_a_signal_to_poseidon_runs_pid_reaches_every_rank(rig, digits, signum, status):
+# with a dedicated server that has nothing to do (-sync=auto) the workers still decide
+@pytest.mark.parametrize("signum, status, servers", [(signal.SIGINT, 0, ()),
+                                                     (signal.SIGTERM, 143, ()),
+                                                     (signal.SIGINT, 0, (0,))])
+def test_a_signal_to_poseidon_runs_pid_reaches_every_rank(rig, digits, signum, status, servers):
     solver = lenet(_p(rig), digits, 100000)
     before, since = shm_files(), time.time()
-    proc = start(rig, config(rig), "poseidon-caffe train -solver=%s -sync=auto" % solver)
+    proc = start(rig, config(rig, servers),
+                 "poseidon-caffe train -solver=%s -sync=auto" % solver)
     wait_for_iteration(rig, proc, 3)
     os.kill(proc.pid, signum)                 # the pid alone, not its group
     sent = time.monotonic()

@@ -14,6 +14,8 @@ from poseidon_caffe import TEST, io as pio
 from poseidon_caffe.net import Net
 from poseidon_caffe.proto import caffe_pb2
 
+from peak_memory import run_measuring_peak
+
 NET = """name: "small"
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
 layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
@@ -56,13 +58,8 @@ def sparse(path, size, head=b""):
 
 
 def peak_mib(argv, cwd):
-    with open(cwd / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(argv, cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    text = (cwd / "stderr.txt").read_text()
-    return proc.returncode, [l for l in text.splitlines() if l.startswith("E")], \
-        usage.ru_maxrss / 1024
+    code, text, peak = run_measuring_peak(argv, cwd)
+    return code, [line for line in text.splitlines() if line.startswith("E")], peak
 
 
 def test_a_10_gib_sparse_file_stops_at_its_first_bad_byte(tmp_path):
