@@ -67,7 +67,8 @@ def convert_imageset(root, list_file, db_name, gray=False, shuffle=False, resize
         encoded = True
     written = skipped = 0
     first_shape = None
-    with DatumWriter(db_name, COMMIT_EVERY, backend=backend) as writer, _progress(len(lines), "convert") as bar:
+    with DatumWriter(db_name, COMMIT_EVERY, backend=backend) as writer, \
+            _progress(len(lines), "convert") as bar:
         for line_id, (name, label) in enumerate(lines):
             encoding = encode_type
             if encoded and not encoding:

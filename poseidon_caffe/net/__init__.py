@@ -1,9 +1,9 @@
 """The net: ``Net`` (``from poseidon_caffe.net import Net``) and the steps it is built from.
 
 One module per idea: ``filtering`` (which layers a phase, level and stages keep), ``splits``
-(Split layers where one top feeds several bottoms), ``split_folding`` (their outputs'
-gradients added in as each consumer finishes, in shared buffers), ``diff_sharing`` (blobs
-whose gradients are never needed at once share buffers, for trainers), ``wiring`` (blobs, set-up, loss weights,
+(Split layers where one top feeds several bottoms), ``split_folding`` (their outputs' gradients
+added in as each consumer finishes, in shared buffers), ``diff_sharing`` (blobs whose gradients
+are never needed at once share buffers, for trainers), ``wiring`` (blobs, set-up, loss weights,
 parameter sharing), ``backward_plan`` (which layers need backward), ``execution`` (forward and
 backward, the engine's hooks), ``debug`` (Caffe's debug_info lines), ``weights`` (copy, share,
 save), ``footprint`` (memory before allocation), ``pycaffe`` (pycaffe's conveniences) and

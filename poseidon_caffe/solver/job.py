@@ -1,13 +1,14 @@
 """The solver's seam to the job it belongs to.
 
-The training loop asks its job at a few fixed points: once an iteration's gradients are
-complete (``after_gradients``: exchange them and update), at every iteration boundary
+The training loop asks its job at a few fixed points: once an iteration's gradients are complete
+(``after_gradients``: exchange them and update), at every iteration boundary
 (``requested_action``: stop, snapshot or go on), between test batches (``pending_requests``),
 for each test pass (``test``), for each snapshot (``snapshot``), around a run
-(``claim_snapshot_prefix``) and when a data error ends it (``snapshot_after_failure``). A single process is a job of one: ``LocalJob`` answers every
-question from the solver itself. The distributed runner (``poseidon_caffe.sync``) gives the
-solver an object with the same methods through ``Solver.set_job``, so the loop never changes
-shape and nothing is replaced from outside.
+(``claim_snapshot_prefix``) and when a data error ends it (``snapshot_after_failure``). A single
+process is a job of one: ``LocalJob`` answers every question from the solver itself. The
+distributed runner (``poseidon_caffe.sync``) gives the solver an object with the same methods
+through ``Solver.set_job``, so the loop never changes shape and nothing is replaced from
+outside.
 """
 import contextlib
 
