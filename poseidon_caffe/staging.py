@@ -66,7 +66,8 @@ def discard(path):
         pass                            # gone already, or not ours to remove: leave it
 
 
-def _pid_running(pid):
+def pid_running(pid):
+    """Whether process ``pid`` of this host is alive (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -123,7 +124,7 @@ def is_stale(path, middle, now=None):
     if pid == os.getpid():
         with _live_lock:
             return os.path.abspath(path) not in _live
-    if not _pid_running(pid):
+    if not pid_running(pid):
         return True
     started = _process_start(pid)
     # the id was reused: the process that has it now began after the temporary was written

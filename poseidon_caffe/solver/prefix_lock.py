@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 
+from .. import staging
 from .snapshot import SnapshotError
 
 _held = {}                              # lock file (real path) -> [fd, claims]
@@ -99,7 +100,8 @@ def _lock(fd, prefix, path):
             raise SnapshotError("cannot lock the snapshot lock file %s: %s"
                                 % (path, exc.strerror or exc)) from None
         owner = holder(path)
-        if owner and owner[0] == _host() and owner[1] != os.getpid() and _alive(owner[1]):
+        if (owner and owner[0] == _host() and owner[1] != os.getpid()
+                and staging.pid_running(owner[1])):
             raise _refusal(prefix, path, owner)
         return                          # no flock here, and nobody alive named: take it
     # the holder writes its name right after locking: give it a moment to do so
@@ -126,13 +128,3 @@ def _write_holder(fd):
         os.pwrite(fd, text, 0)
     except OSError:
         pass                            # a full disk: the lock holds all the same, unnamed
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True                     # another user's process
-    return True
