@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from emulated_device import driver_under_test
-from poseidon_caffe.backend.cuda.driver import DriverError, open_driver
+from poseidon_caffe.backend.cuda.choice import open_driver
+from poseidon_caffe.backend.cuda.driver import DriverError
 
 RNG = np.random.default_rng(7)
 

@@ -38,7 +38,8 @@ class FullGradientAllgather(Strategy):
     def run(self, bucket, payloads, clock, what):
         flat = payloads[0] if len(payloads) == 1 else np.concatenate(payloads)
         key = bucket.name
-        self.transport.local_sum_to_leader(flat, key, what)
+        lane = self.transport.default_channel       # the host's devices
+        self.transport.drive(lane.sum_to_leader(flat, key), what)
         if self.peers is not None and self.peers.size > 1:
             comm = self.peers
             others = [p for p in range(comm.size) if p != comm.rank]
@@ -50,7 +51,7 @@ class FullGradientAllgather(Strategy):
             self.transport.wait(reqs, what, [self.topology.leader_ranks[p] for p in others])
             for p in others:
                 flat += incoming[p]
-        self.transport.local_broadcast(flat, key, what)
+        self.transport.drive(lane.broadcast(flat, key), what)
         sums, offset = [], 0
         for item in bucket.items:
             sums.append(flat[offset:offset + item.count])

@@ -21,7 +21,8 @@ from .device_transfers import DeviceTransfers, on_device
 from .dwbp import Scheduler, SyncError, make_buckets
 from .planner import make_plan
 from .offload import OFFLOAD_SIZE
-from .transport import Channel, Transport
+from .channels import Channel
+from .transport import Transport
 
 CHANNELS = 0      # exchanges in flight at once, by default: 0, one lane per bucket
 

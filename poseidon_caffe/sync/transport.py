@@ -10,48 +10,19 @@ the end on its own, waiting where it yields (snapshots, the end of a run, direct
 Every wait tests its requests together with the services' (the parameter-server shard of this
 rank, its pulls, the stop agreement) in one MPI_Testsome, so a rank that waits for its peers
 still serves them. A wait that passes its
-deadline raises SyncTimeout naming the ranks it waited for, instead of hanging.
-
-A ``Channel`` is the communicator one exchange at a time uses for its on-host collectives:
-exchanges in flight together use different channels, so that every communicator sees its
-collectives in the same order on every rank.
+deadline raises SyncTimeout naming the ranks it waited for, instead of hanging. The on-host
+collectives an exchange yields on are its channel's (``channels.py``).
 """
 import time
 
 from . import communicator
+from .channels import Channel
 from .offload import Offload
 from .steps import Until, Wait  # noqa: F401  (what exchanges yield; waited for here)
 
 
-
 class SyncTimeout(RuntimeError):
     pass
-
-
-class Channel:
-    """The lane of one exchange at a time: ``local``, its own duplicate of the communicator of
-    this host's devices (None with one device), for the exchange's on-host collectives.
-    Off-host messages travel on the strategies' communicators, told apart by tags that the
-    bucket's index makes unique (a bucket is never in flight twice)."""
-
-    def __init__(self, index, local, owned=False):
-        self.index = index
-        self.local = local
-        self.owned = owned
-
-    @classmethod
-    def duplicate(cls, index, topology, counters):
-        """A channel with a communicator of its own (collective over the host: every worker
-        makes its channels in the same order at start-up), counting into ``counters``."""
-        local = topology.local
-        if local is None or local.size == 1:
-            return cls(index, None, True)
-        return cls(index, local.dup(counters, local=True), True)
-
-    def free(self):
-        if self.owned and self.local is not None:
-            self.local.free()
-        self.local = None
 
 
 class Transport:
@@ -66,9 +37,7 @@ class Transport:
         self.services = []
         # the blocking calls' own lane (snapshots, the end of a run, strategies that only
         # offer the blocking run): the topology's communicators
-        local = topology.local
-        self.default_channel = Channel(-1, None if local is None else
-                                       local.with_counters(counters, local=True))
+        self.default_channel = Channel.default(topology, counters)
         # the exchanges' numeric work, on a thread of its own (offload.py)
         self.offload = Offload()
 
@@ -134,41 +103,3 @@ class Transport:
                 step = exchange.send(None)
         except StopIteration as done:
             return done.value
-
-    # -- on-host collectives (level 1), as steps of an exchange ----------------------------
-    def local_sum(self, channel, flat, key):
-        """Sum ``flat`` over the devices of this host into the leader's ``flat``."""
-        local = channel.local
-        if local is None or local.size == 1:
-            return
-        yield Wait([local.reduce_sum(flat, key)], self._local_peers())
-
-    def local_bcast(self, channel, flat, key):
-        """The leader's ``flat`` to every device of this host."""
-        local = channel.local
-        if local is None or local.size == 1:
-            return
-        yield Wait([local.broadcast(flat, key)], self._local_peers())
-
-    def local_gather(self, channel, flat, gathered, key):
-        """Concatenate every device's ``flat`` (equal sizes) into the leader's ``gathered``."""
-        local = channel.local
-        if local is None or local.size == 1:
-            gathered[...] = flat
-            return
-        yield Wait([local.gather(flat, gathered, key)], self._local_peers())
-
-    # -- the same, blocking (the topology's own communicators) -------------------------------
-    def local_sum_to_leader(self, flat, key, what):
-        self.drive(self.local_sum(self.default_channel, flat, key), what)
-
-    def local_broadcast(self, flat, key, what):
-        self.drive(self.local_bcast(self.default_channel, flat, key), what)
-
-    def local_gather_to_leader(self, flat, gathered, key, what):
-        self.drive(self.local_gather(self.default_channel, flat, gathered, key), what)
-
-    def _local_peers(self):
-        topo = self.topology
-        return [r for r in range(topo.size)
-                if topo.host_of_rank[r] == topo.host and r != topo.rank]

@@ -49,10 +49,10 @@ class RingAllreduce(Strategy):
     def reduce(self, channel, flat, key, lane=0):
         """The exchange's steps: level 1, the ring over the leaders, level 1 again. ``lane``
         (the bucket's index) keeps the ring's tags apart from other buckets' in flight."""
-        yield from self.transport.local_sum(channel, flat, key)
+        yield from channel.sum_to_leader(flat, key)
         if self.ring is not None and self.ring.size > 1:
             yield from self._ring_allreduce(self.ring, flat, key, lane * 2 * self.ring.size)
-        yield from self.transport.local_bcast(channel, flat, key)
+        yield from channel.broadcast(flat, key)
 
     def _ring_allreduce(self, ring, flat, key, tag):
         P, r = ring.size, ring.rank

@@ -174,7 +174,7 @@ class ParameterServer(Strategy):
         staleness read."""
         key = item.name
         topo = self.topology
-        yield from self.transport.local_sum(channel, flat_grad, key)
+        yield from channel.sum_to_leader(flat_grad, key)
         staleness_read = 0
         if topo.is_leader:
             me = None if self.dedicated else topo.host
@@ -199,7 +199,7 @@ class ParameterServer(Strategy):
             offload = self.transport.offload
             yield from offload.computed(lambda: data_out.__setitem__(Ellipsis, replica),
                                         item.count if self.staleness == 0 else 0)
-        yield from self.transport.local_bcast(channel, data_out, key)
+        yield from channel.broadcast(data_out, key)
         return staleness_read
 
     def wait(self, clock):
@@ -213,7 +213,8 @@ class ParameterServer(Strategy):
             flat = item.data_flat
             if self.topology.is_leader:
                 flat[...] = self.current_value(item.index)
-            self.transport.local_broadcast(flat, item.name, "refreshing " + item.name)
+            self.transport.drive(self.transport.default_channel.broadcast(flat, item.name),
+                                 "refreshing " + item.name)
 
     def wait_current(self, clock, what):
         """Wait until every shard has applied every clock before ``clock`` (for snapshots and

@@ -113,12 +113,12 @@ class SufficientFactors(Strategy):
         mine = np.concatenate([top_diff.reshape(-1), bottom_data.reshape(-1)]).astype(np.float32)
         topo = self.topology
         host_factors = np.empty(topo.local_size * mine.size, dtype=np.float32)
-        yield from self.transport.local_gather(channel, mine, host_factors, key)
+        yield from channel.gather(mine, host_factors, key)
         everything = np.empty(topo.num_hosts * host_factors.size, dtype=np.float32)
         if self.peers is not None:
             yield from self._exchange_between_hosts(self.peers, host_factors, everything, key,
                                                     tag)
-        yield from self.transport.local_bcast(channel, everything, key)
+        yield from channel.broadcast(everything, key)
         stacked = everything.reshape(-1, mine.size)
         return stacked[:, :K * N].reshape(-1, N), stacked[:, K * N:].reshape(-1, M)
 
