@@ -526,3 +526,30 @@ def test_dry_run_of_a_config_whose_key_is_elsewhere_notes_it_and_shows_the_comma
     code, _, err = main_here(["-c", config, "-o", out, "python t.py"], tmp_path, monkeypatch,
                              capsys)
     assert code == 2 and "pem_file %s does not exist" % missing in err
+
+
+@pytest.mark.parametrize("order", ["abort first", "kill first"])
+def test_a_survivor_aborted_by_mpi_is_not_named_as_the_cause(tmp_path, order):
+    """When a rank is killed, MPICH can abort a survivor (SIGABRT) whose line reaches the logs
+    first: the killed rank is still the job's cause, named first, the survivor after it."""
+    import io
+    import time
+    places = [("10.0.0.1", "worker 0"), ("10.0.0.2", "worker 1")]
+    lines = {0: "*** rank 0 on host a (pid 11) was killed by signal 6 (SIGABRT); ending the job\n",
+             1: "*** rank 1 on host b (pid 22) was killed by signal 9 (SIGKILL); ending the job\n"}
+    said = []
+    watch = runner.JobWatch(str(tmp_path), places, io.StringIO(),
+                            lambda text, error=False: said.append(text))
+    watch.start()
+    for rank in ([0, 1] if order == "abort first" else [1, 0]):
+        with open(tmp_path / ("rank%d.log" % rank), "a") as f:
+            f.write(lines[rank])
+        time.sleep(0.3)                # the watcher reads between the two
+    watch.stop()
+    assert watch.cause.rank == 1 and watch.cause.status == 128 + 9
+    assert said[0].startswith("rank 1 (worker 1 on node 10.0.0.2): rank 1 on host b")
+    if order == "abort first":
+        # held back while it could be the answer to another death, then named after it
+        assert len(said) == 2 and said[1].startswith("then rank 0") and "SIGABRT" in said[1]
+    else:
+        assert len(said) == 1          # rank 0's own line is on the console already

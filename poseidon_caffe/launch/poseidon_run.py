@@ -470,6 +470,10 @@ KILLED_GRACE_S = 1.0
 # a rank that reports its own failure ends the job with MPI_Abort within failure.ABORT_WAIT
 # (5 s) and half a second: only when that abort never lands does poseidon-run end the job
 ABORT_GRACE_S = 8.0
+# MPICH aborts a survivor (SIGABRT) when a peer's process vanishes under it, and the two
+# deaths can reach the logs in either order: a SIGABRT waits this long for the death that
+# caused it before it is named as the job's cause
+ABORTED_BY_PEER_S = 1.5
 # ssh's own logins for the cleanup after a job that ended abnormally
 CLEANUP_TIMEOUT_S = 20
 JOB_TAG_ENV = "POSEIDON_RUN_JOB"
@@ -506,6 +510,7 @@ class JobWatch:
         self.stream = stream
         self.log = log
         self.cause = None
+        self.unnamed_until = None      # a SIGABRT cause not named yet (see ABORTED_BY_PEER_S)
         self.expected = set()          # signals this job was sent on purpose
         self.done = threading.Event()
         self._offsets = [0] * len(places)
@@ -524,6 +529,10 @@ class JobWatch:
             finished = self.done.is_set()
             for rank in range(len(self.paths)):
                 self._read(rank)
+            if self.unnamed_until is not None and (finished or
+                                                   time.monotonic() > self.unnamed_until):
+                self.unnamed_until = None
+                self.log(self.cause.describe(), error=True)
             if finished:
                 return
             self.done.wait(0.1)
@@ -552,6 +561,7 @@ class JobWatch:
         if not ending:
             return
         node, role = self.places[rank]
+        signum = None
         if killed:
             signum = int(killed.group(3))
             if signum in self.expected:
@@ -561,7 +571,15 @@ class JobWatch:
             cause = Cause(rank, node, role, line, 1, ABORT_GRACE_S)
         if self.cause is None:
             self.cause = cause
+            if signum == signal.SIGABRT:
+                self.unnamed_until = time.monotonic() + ABORTED_BY_PEER_S
+            else:
+                self.log(cause.describe(), error=True)
+        elif self.unnamed_until is not None and killed and signum != signal.SIGABRT:
+            # the death that made the first one abort: it is the job's cause
+            aborted, self.cause, self.unnamed_until = self.cause, cause, None
             self.log(cause.describe(), error=True)
+            self.log("then %s" % aborted.describe(), error=True)
         elif rank != 0:
             # rank 0's lines are on the console already; another rank's is named here
             self.log("then rank %d (%s on node %s): %s"
