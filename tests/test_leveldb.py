@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -311,12 +310,10 @@ def test_two_ranks_on_one_leveldb_equal_one_worker_of_twice_the_batch(tmp_path):
     net = tmp_path / "two.prototxt"
     net.write_text(net.read_text().replace("backend: LMDB", "backend: LEVELDB"))
     mpiexec = os.path.join(os.path.dirname(PY), "mpiexec")
-    started = time.monotonic()
     proc = subprocess.run([mpiexec, "-n", "2", PY, "-m", "poseidon_caffe.cli", "train",
                            "-solver=%s" % two], capture_output=True, text=True, timeout=120,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert time.monotonic() - started < 120
     assert "Opened leveldb %s" % leveldbs[0] in proc.stderr
     _, single = read_net_weights(str(tmp_path / "one_iter_4.caffemodel"))
     _, joint = read_net_weights(str(tmp_path / "two_iter_4.caffemodel"))

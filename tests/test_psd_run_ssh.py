@@ -70,7 +70,11 @@ def config(rig, servers=(), **extra):
     return path
 
 
-def start(rig, cluster_json, command, timeout_s="20"):
+# the ranks' sync timeout: a job still running then would end by it, not by what is tested
+SYNC_TIMEOUT_S = 20
+
+
+def start(rig, cluster_json, command, timeout_s=str(SYNC_TIMEOUT_S)):
     env = dict(os.environ, POSEIDON_NO_PROGRESS="1", POSEIDON_RUN_SSH=rig.ssh_command(),
                POSEIDON_SYNC_TIMEOUT=timeout_s)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
@@ -159,7 +163,9 @@ def test_a_rank_killed_outright_ends_the_job_naming_it(rig, digits, victim, serv
     seconds = time.monotonic() - killed
     print("%s killed: the job ended %.1f s later, status %d" % (victim, seconds, code))
     assert code == 128 + signal.SIGKILL, out[-3000:]
-    assert seconds < 10, out[-3000:]
+    # ended by the death being seen, long before any rank's sync timeout could end it (a
+    # liveness bound: before, the job waited for that timeout, or for ever)
+    assert seconds < SYNC_TIMEOUT_S / 2, out[-3000:]
     # the console names the dead rank, its node, its host and the signal, before any other
     deaths = [l for l in out.splitlines() if l.startswith("poseidon-run: rank ")]
     assert deaths, out[-3000:]
@@ -190,7 +196,9 @@ def test_a_signal_to_poseidon_runs_pid_reaches_every_rank(rig, digits, signum, s
     print("%s to poseidon-run: ended %.1f s later, status %d"
           % (signal.Signals(signum).name, seconds, code))
     assert code == status, out[-3000:]
-    assert seconds < 15
+    # ended by the signal (training would run on to max_iter, 100000 iterations), before
+    # any rank's sync timeout: a liveness bound, not a speed
+    assert seconds < SYNC_TIMEOUT_S - 5
     assert "%s: passed on to every rank" % signal.Signals(signum).name in out
     snapshots = [f for f in os.listdir(rig.folder) if re.match(r"lenet_iter_\d+\.caffemodel$", f)]
     if signum == signal.SIGINT:               # Caffe's stop: a snapshot, then the end

@@ -10,10 +10,10 @@ The view is removed when its reader closes, and by the next reader when a killed
 """
 import os
 import shutil
-import threading
 
 from .. import staging
 from .errors import DataError, key_text
+from .shared_handles import SharedHandles
 
 KIND = "LevelDB"
 # Caffe's db_leveldb.cpp opens its databases with these
@@ -55,13 +55,8 @@ def _link_view(path, view):
             shutil.copy2(source, os.path.join(view, name))
 
 
-# LevelDB refuses a second open of one database even within a process: the readers of a
-# process (a train and a test net on one source) share one handle, closed with the last.
-_shared = {}
-_shared_lock = threading.Lock()
-
-
-def _open_shared(path):
+def _open_readable(path):
+    """(database, the private view read instead, or None)."""
     plyvel = _plyvel()
     staging.remove_stale(path)              # views killed readers left
     try:
@@ -86,20 +81,25 @@ def _open_shared(path):
                         "-backend lmdb)" % (path, held, _reason(exc))) from None
 
 
+def _close_opened(opened):
+    db, view = opened
+    db.close()
+    if view is not None:
+        staging.discard(view)
+
+
+# LevelDB refuses a second open of one database even within a process
+_shared = SharedHandles(_open_readable, _close_opened)
+
+
 class Store:
     """A LevelDB opened for reading (shared with the process's other readers of it)."""
     kind = KIND
 
     def __init__(self, path):
         self.path = str(path)
-        self._key = os.path.realpath(self.path)
-        with _shared_lock:
-            entry = _shared.get(self._key)
-            if entry is None:
-                db, view = _open_shared(self.path)
-                entry = _shared[self._key] = [db, view, 0]
-            entry[2] += 1
-        self.db = entry[0]
+        self._opened = _shared.acquire(self.path)
+        self.db = self._opened[0]
 
     def __len__(self):
         """LevelDB keeps no count: the keys are walked."""
@@ -113,18 +113,9 @@ class Store:
         return Cursor(self)
 
     def close(self):
-        if self.db is None:
-            return
-        with _shared_lock:
-            entry = _shared.get(self._key)
-            if entry is not None and entry[0] is self.db:
-                entry[2] -= 1
-                if entry[2] == 0:
-                    del _shared[self._key]
-                    self.db.close()
-                    if entry[1] is not None:
-                        staging.discard(entry[1])
-        self.db = None
+        if self.db is not None:
+            _shared.release(self.path, self._opened)
+            self.db = None
 
 
 class Cursor:

@@ -7,12 +7,12 @@ records (its last page) when it is opened, and again before each batch is read; 
 errors become one line naming the database and the record.
 """
 import os
-import threading
 
 import lmdb
 
 from .. import staging
 from .errors import DataError, key_text
+from .shared_handles import SharedHandles
 
 KIND = "LMDB"
 # Large enough for any dataset on a 64-bit machine; LMDB only reserves address space.
@@ -54,10 +54,20 @@ def _check_size(path, needed):
                         % (path, DATA_FILE, size, needed))
 
 
-# LMDB allows one environment per database per process; readers of the same database (a train
-# and a test net on one source, two nets in one process) share it, closed with its last reader.
-_shared = {}
-_shared_lock = threading.Lock()
+def _open_checked(path):
+    """(environment, the bytes data.mdb must hold) of a database whose file is whole."""
+    env = _open_env(path)
+    try:
+        needed = _needed_bytes(env)
+        _check_size(path, needed)
+    except BaseException:
+        env.close()
+        raise
+    return env, needed
+
+
+# LMDB allows one environment per database per process
+_shared = SharedHandles(_open_checked, lambda opened: opened[0].close())
 
 
 class Store:
@@ -66,21 +76,8 @@ class Store:
 
     def __init__(self, path):
         self.path = str(path)
-        key = os.path.realpath(self.path)
-        with _shared_lock:
-            entry = _shared.get(key)
-            if entry is None:
-                env = _open_env(self.path)
-                try:
-                    needed = _needed_bytes(env)
-                    _check_size(self.path, needed)
-                except BaseException:
-                    env.close()
-                    raise
-                entry = _shared[key] = [env, 0, needed]
-            entry[1] += 1
-        self.env, _, self._needed = entry
-        self._key = key
+        self._opened = _shared.acquire(self.path)
+        self.env, self._needed = self._opened
 
     def __len__(self):
         return self.env.stat()["entries"]
@@ -93,16 +90,9 @@ class Store:
         return Cursor(self)
 
     def close(self):
-        if self.env is None:
-            return
-        with _shared_lock:
-            entry = _shared.get(self._key)
-            if entry is not None and entry[0] is self.env:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del _shared[self._key]
-                    self.env.close()
-        self.env = None
+        if self.env is not None:
+            _shared.release(self.path, self._opened)
+            self.env = None
 
 
 class Cursor:
