@@ -1,9 +1,9 @@
-"""The optional compiled kernels (poseidon_caffe/backend/kernels.c); everything else about the
+"""The optional compiled kernels of the CPU backend (poseidon_caffe/backend/cpu/kernels/*.c); everything else about the
 package is in setup.cfg. Without a C compiler the install goes on and the numpy paths run."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("poseidon_caffe.backend._kernels",
-                             ["poseidon_caffe/backend/kernels.c",
-                              "poseidon_caffe/backend/lrn.c"],
+setup(ext_modules=[Extension("poseidon_caffe.backend.cpu._kernels",
+                             ["poseidon_caffe/backend/cpu/kernels/pooling.c",
+                              "poseidon_caffe/backend/cpu/kernels/lrn.c"],
                              extra_compile_args=["-O3", "-std=c99"],
                              optional=True)])

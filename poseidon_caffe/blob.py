@@ -19,7 +19,7 @@ class Blob:
     the blob is a ``SyncedBlob`` (Caffe's SyncedMemory rule, below)."""
 
     def __new__(cls, shape=(), backend=None, dtype=None):
-        if cls is Blob and getattr(backend or get_backend(), "on_device", False):
+        if cls is Blob and (backend or get_backend()).on_device:
             cls = SyncedBlob
         return object.__new__(cls)
 

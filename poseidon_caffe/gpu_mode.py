@@ -8,6 +8,7 @@ _noted = []
 def set_mode_gpu():
     backend.set_mode_gpu()
     device = backend.get_backend()
-    if getattr(device, "emulated", False) and not _noted:
+    if device.emulated and not _noted:
         _noted.append(True)
-        log.warning("GPU mode runs on %s", device.driver.NOTE)
+        log.warning("GPU mode runs on the emulated device: a test device that runs the "
+                    "kernels on the host, many times slower than the CPU backend")

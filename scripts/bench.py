@@ -401,7 +401,7 @@ def _profile(net, iters):
     of FFT convolution) and inside FFTs, found by timing those calls in place."""
     import numpy as np
     import scipy.fft as sfft
-    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.cpu import backend as cpu
     spent = {"gemm": 0.0, "fft": 0.0}
     depth = [0]
 

@@ -151,14 +151,15 @@ def time_ours(net_name, batch, iters):
 
 
 class _IterationMarks:
-    """pycaffe's solver callback that notes the driver's counts as each iteration starts."""
+    """pycaffe's solver callback that notes the device's transfer counts as each iteration
+    starts."""
 
-    def __init__(self, driver):
-        self.driver = driver
+    def __init__(self, backend):
+        self.backend = backend
         self.marks = []
 
     def on_start(self):
-        self.marks.append(self.driver.transfers_now())
+        self.marks.append(self.backend.transfers_now())
 
     def on_gradients_ready(self):
         pass
@@ -182,7 +183,7 @@ def train_waits(net_name, batch, iters, display=0):
     param.net_param.CopyFrom(_param(net_name, batch))
     solver = get_solver(param)
     solver.step(2)                              # warm-up: buffers, history, loss rows
-    marks = _IterationMarks(be.driver)
+    marks = _IterationMarks(be)
     solver.add_callback(marks)
     t0 = clock()
     solver.step(iters + 1)

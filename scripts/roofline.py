@@ -50,7 +50,7 @@ DEFAULT_NETS = ("alexnet", "vgg16", "googlenet")
 def sgemm_rate(threads, size=GEMM_SIZE, repeats=5):
     """GFLOP/s of numpy's float32 matmul at size^3 with BLAS on ``threads`` threads."""
     import numpy as np
-    from poseidon_caffe.backend.threads import set_blas_threads
+    from poseidon_caffe.backend.cpu.threads import set_blas_threads
     set_blas_threads(threads)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size), dtype=np.float32)

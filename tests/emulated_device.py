@@ -10,7 +10,7 @@ import pytest
 from poseidon_caffe import backend
 from poseidon_caffe.backend.cuda import build, choice
 from poseidon_caffe.backend.cuda.choice import open_driver
-from poseidon_caffe.backend.cuda.kernels import KernelSet
+from poseidon_caffe.backend.cuda.launch import KernelSet
 
 needs_compiler = pytest.mark.skipif(build.host_compiler() is None or
                                     shutil.which(build.host_compiler()) is None,
@@ -59,11 +59,11 @@ def gpu_mode(monkeypatch):
 
 
 class Device:
-    """A driver, its kernels, and buffers made from numpy arrays (freed by close())."""
+    """A driver, its kernel launcher, and buffers made from numpy arrays (freed by close())."""
 
     def __init__(self):
         self.driver = open_driver(driver_under_test())
-        self.kernels = KernelSet(self.driver)
+        self.launcher = KernelSet(self.driver)
         self.blas = self.driver.blas()
 
     def put(self, array, dtype=np.float32):

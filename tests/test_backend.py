@@ -31,9 +31,9 @@ STRIDE_ONE = [g for g in GEOMS if all(s == 1 for s in g.stride)]
 def _plans(geom):
     """Every plan for the geometry: im2col with channel-major columns, im2col image by image
     (one group), FFT (stride 1), Winograd (3x3 stride 1) and pointwise (1x1)."""
-    from poseidon_caffe.backend import pointwise, winograd
-    from poseidon_caffe.backend.conv import ConvPlan
-    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    from poseidon_caffe.backend.cpu import pointwise, winograd
+    from poseidon_caffe.backend.cpu.conv import ConvPlan
+    from poseidon_caffe.backend.cpu.fftconv import FFTConvPlan
     plans = [ConvPlan(geom)]
     plans[0].by_image = False
     if geom.group == 1 and not geom.is_pointwise:
@@ -52,7 +52,7 @@ def test_freed_temporaries_come_back_without_page_faults():
     """After keep_freed_memory, a freed block of several MB is reused by the next allocation
     of its size, not returned to the system and faulted in again page by page."""
     import resource
-    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.cpu import backend as cpu
     if not cpu.keep_freed_memory():
         pytest.skip("the C library is not glibc, or MALLOC_* thresholds are set in the "
                     "environment")
@@ -161,7 +161,7 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
                                                                      monkeypatch):
     """The same independent truth as above, with the batch worked in chunks of one image
     and in one chunk, and the pointwise plan in both of its layouts."""
-    from poseidon_caffe.backend import pointwise, winograd
+    from poseidon_caffe.backend.cpu import pointwise, winograd
     monkeypatch.setattr(winograd, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(pointwise, "CHUNK_BYTES", chunk_bytes)
     n = 3
@@ -187,7 +187,7 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
 
 def test_winograd_matrices_compute_a_correlation_exactly():
     """F(4, 3) in exact arithmetic: y[i] = sum_k d[i + k] g[k] for random d and g."""
-    from poseidon_caffe.backend.winograd import winograd_matrices
+    from poseidon_caffe.backend.cpu.winograd import winograd_matrices
     at, g, bt = winograd_matrices()
     assert at.shape == (4, 6) and g.shape == (6, 3) and bt.shape == (6, 6)
     rng = np.random.RandomState(18)
@@ -212,7 +212,7 @@ def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
 
 
 def test_conv_algorithm_choice_follows_the_cost_model():
-    from poseidon_caffe.backend.cpu import conv_algorithm
+    from poseidon_caffe.backend.cpu.backend import conv_algorithm
     cifar_conv2 = ConvGeometry(32, 32, (16, 16), (5, 5), (1, 1), (2, 2), (1, 1))
     cifar_conv1 = ConvGeometry(3, 32, (32, 32), (5, 5), (1, 1), (2, 2), (1, 1))
     alexnet_conv1 = ConvGeometry(3, 96, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
@@ -261,7 +261,7 @@ def test_pool_plan_max_mask_and_routed_backward():
 
 
 def test_lrn_window_sum_and_ops():
-    from poseidon_caffe.backend.lrn import window_sum
+    from poseidon_caffe.backend.cpu.lrn import window_sum
     a = np.arange(5, dtype=np.float32).reshape(1, 5, 1, 1)
     np.testing.assert_array_equal(window_sum(a, 3, (1,)).ravel(), [1, 3, 6, 9, 7])
     x = _rand((1, 3, 2, 2), 10)
@@ -272,7 +272,7 @@ def test_lrn_window_sum_and_ops():
 
 @pytest.mark.parametrize("accumulating", [False, True])
 def test_gemm_transposes_and_accumulation(accumulating, monkeypatch):
-    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.cpu import backend as cpu
     if accumulating:
         pytest.importorskip("scipy")
     monkeypatch.setattr(cpu, "_ACCUMULATING_GEMM", cpu._sgemm if accumulating else None)
@@ -289,8 +289,8 @@ def test_gemm_transposes_and_accumulation(accumulating, monkeypatch):
 
 
 def test_fft_plan_never_uses_a_stale_weight_spectrum():
-    from poseidon_caffe.backend.conv import ConvPlan
-    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    from poseidon_caffe.backend.cpu.conv import ConvPlan
+    from poseidon_caffe.backend.cpu.fftconv import FFTConvPlan
     geom = ConvGeometry(3, 4, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1))
     plan, reference = FFTConvPlan(geom), ConvPlan(geom)
     x = _rand((2, 3, 6, 5), 13)
@@ -317,14 +317,14 @@ def test_fft_plan_never_uses_a_stale_weight_spectrum():
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
 def small_slices(request, monkeypatch):
     """Slices of a few hundred bytes (so a small batch splits into many), on 1 or 2 threads."""
-    from poseidon_caffe.backend import threads
+    from poseidon_caffe.backend.cpu import threads
     monkeypatch.setattr(threads, "SLICE_BYTES", 300)
     monkeypatch.setattr(threads, "thread_count", lambda: request.param)
     return request.param
 
 
 def test_slices_cover_the_range_once_with_a_slice_per_thread():
-    from poseidon_caffe.backend.threads import slices
+    from poseidon_caffe.backend.cpu.threads import slices
     for n, per_item, threads in [(10, 100, 1), (10, 10 ** 9, 2), (7, 1, 3), (1, 5, 4), (32, 50, 2)]:
         parts = slices(n, per_item, threads, slice_bytes=400)
         covered = [i for lo, hi in parts for i in range(lo, hi)]
@@ -336,7 +336,7 @@ def test_slices_cover_the_range_once_with_a_slice_per_thread():
 
 def test_over_batch_runs_slices_on_the_pool_threads():
     import threading
-    from poseidon_caffe.backend.threads import over_batch
+    from poseidon_caffe.backend.cpu.threads import over_batch
     seen = {}
 
     def work(lo, hi):
@@ -400,7 +400,7 @@ POOL_PATHS = ["stages", "taps", "native"]
 def _take_pool_path(plan, path):
     """Set ``plan`` (a PoolPlan or SplitPoolPlan) on one of its paths: the numpy stages, the
     numpy tap loop, or the compiled kernels (skipped where they were not built)."""
-    from poseidon_caffe.backend import native
+    from poseidon_caffe.backend.cpu import native
     if path == "native" and native.lib is None:
         pytest.skip("the compiled kernels are not built (no C compiler at install, or "
                     "POSEIDON_NATIVE=0)")
@@ -498,7 +498,7 @@ def test_native_pooling_equals_caffes_loops_bit_for_bit(spec):
     """MAX: the value and winner of Caffe's first strict maximum; AVE: Caffe's float32 sum in
     row-major order over its window size, and the backward's shares added in the order of
     Caffe's loop over the outputs."""
-    from poseidon_caffe.backend.pool import PoolPlan
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
     g = PoolGeometry(*spec)
     plan = PoolPlan(g)
     _take_pool_path(plan, "native")
@@ -537,7 +537,7 @@ def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, win
     the numpy tap loop's outputs and mask (flat input index, -1 for an empty window) exactly,
     and its gradient is Caffe's: each output's diff added in float32 at its mask, in the
     outputs' order."""
-    from poseidon_caffe.backend.pool import PoolPlan
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
     g = PoolGeometry(*spec)
     native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
     _take_pool_path(native_plan, "native")
@@ -573,7 +573,7 @@ def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
 def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slices, monkeypatch):
     """Slices of the batch (and, across channels, blocks of rows of one image) on 1 or 2
     threads give the same numbers as one pass over the whole batch, into given buffers."""
-    from poseidon_caffe.backend import lrn, threads
+    from poseidon_caffe.backend.cpu import lrn, threads
     x = _rand((3, 6, 5, 4), 24) * 3
     dy = _rand(x.shape, 25)
     top, dx = np.empty_like(x), np.empty_like(x)
@@ -605,7 +605,7 @@ def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch
     """The compiled across-channels kernels (lrn.c) give the numpy path's top and bottom
     gradient (remaking the scale the numpy path keeps), window wider than the channels
     included; a numpy backward after a compiled forward remakes the scale too."""
-    from poseidon_caffe.backend import lrn
+    from poseidon_caffe.backend.cpu import lrn
     if lrn._compiled() is None:
         pytest.skip("the compiled kernels are not built (no C compiler at install)")
     x = _rand((3, channels, 5, 6), 28) * 3
@@ -625,7 +625,7 @@ def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch
 # -- batch parts over threads: each thread runs a whole convolution / pooling chain ----------
 def test_over_parts_covers_the_range_once_on_two_threads():
     import threading
-    from poseidon_caffe.backend.threads import over_parts
+    from poseidon_caffe.backend.cpu.threads import over_parts
     seen = {}
 
     def work(i, lo, hi):
@@ -642,7 +642,7 @@ def test_over_parts_runs_each_part_on_the_same_thread_every_call():
     """A part's scratch (work arrays sized for the part) then lives in one thread per part,
     not in whichever pool thread took the part last."""
     import threading
-    from poseidon_caffe.backend import threads
+    from poseidon_caffe.backend.cpu import threads
     names, stores = set(), {}
 
     def work(i, lo, hi):
@@ -667,7 +667,7 @@ SPLIT_CONV = [   # (geometry, algorithm)
 
 
 def _split_and_whole_conv(geom, algorithm):
-    from poseidon_caffe.backend.split import SplitConvPlan
+    from poseidon_caffe.backend.cpu.split import SplitConvPlan
     whole = type(B)()
     whole.split_threads = 1
     split = SplitConvPlan(geom, lambda n: whole._conv_plan(geom, algorithm, 1), 2)
@@ -707,8 +707,8 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     """im2col two images at a time over a batch of 5 (chunks 2, 2, 1), against one plan over
     the whole batch: forward, backward with gradients added into given values, and a second
     backward on other data whose columns must be remade, not taken from the last chunk."""
-    from poseidon_caffe.backend.conv import ConvPlan
-    from poseidon_caffe.backend.split import ChunkedConvPlan
+    from poseidon_caffe.backend.cpu.conv import ConvPlan
+    from poseidon_caffe.backend.cpu.split import ChunkedConvPlan
     made = []
     chunked = ChunkedConvPlan(
         geom, lambda k, columns: made.append(k) or ConvPlan(geom, columns=columns), 2)
@@ -737,7 +737,7 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
 
 
 def test_large_im2col_layers_run_in_chunks(monkeypatch):
-    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.cpu import backend as cpu
     googlenet_conv1 = ConvGeometry(3, 64, (224, 224), (7, 7), (2, 2), (3, 3), (1, 1))
     whole = type(B)()
     whole.split_threads = 1
@@ -777,8 +777,8 @@ def test_split_conv_plan_serves_deconvolution_calls(geom, algorithm):
 @pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS[:3], ids=str)
 def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
-    from poseidon_caffe.backend.pool import PoolPlan
-    from poseidon_caffe.backend.split import SplitPoolPlan
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    from poseidon_caffe.backend.cpu.split import SplitPoolPlan
     g = PoolGeometry(*spec)
     split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2), PoolPlan(g)
     _take_pool_path(split, path)
@@ -818,7 +818,7 @@ def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
 def test_gemm_adds_into_its_output_a_block_of_rows_at_a_time(monkeypatch):
     """Without an accumulating BLAS call the product is made a few rows at a time (no
     temporary the size of the output); every row is still added once."""
-    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.cpu import backend as cpu
     monkeypatch.setattr(cpu, "_ACCUMULATING_GEMM", None)
     monkeypatch.setattr(cpu, "ACCUMULATE_BLOCK_BYTES", 2 * 5 * 4)      # two rows of 5
     a, dy = _rand((9, 7), 53), _rand((9, 5), 54)
@@ -833,9 +833,9 @@ def test_gemm_adds_into_its_output_a_block_of_rows_at_a_time(monkeypatch):
 
 
 def test_fft_batch_parts_share_one_weight_spectrum_and_never_a_stale_one(monkeypatch):
-    from poseidon_caffe.backend import cpu
-    from poseidon_caffe.backend.conv import ConvPlan
-    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    from poseidon_caffe.backend.cpu import backend as cpu
+    from poseidon_caffe.backend.cpu.conv import ConvPlan
+    from poseidon_caffe.backend.cpu.fftconv import FFTConvPlan
     monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch: "fft")
     made = []
     spectrum = FFTConvPlan._conj_weight_spectrum
@@ -868,7 +868,7 @@ def test_fft_batch_parts_share_one_weight_spectrum_and_never_a_stale_one(monkeyp
 def test_fft_plan_workspace_is_what_it_keeps():
     """workspace_bytes (the net's memory estimate) against the arrays the plan holds after a
     forward and backward: input spectrum, padded real buffers, weight spectrum."""
-    from poseidon_caffe.backend.fftconv import FFTConvPlan
+    from poseidon_caffe.backend.cpu.fftconv import FFTConvPlan
     geom = ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2)
     plan = FFTConvPlan(geom)
     x, w, dy = _rand((3, 4, 7, 6), 58), _rand(geom.weight_shape, 59), _rand((3, 6, 7, 6), 60)
@@ -880,7 +880,7 @@ def test_fft_plan_workspace_is_what_it_keeps():
 
 def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
     """GEMMs large enough to be cut over two threads, along rows and along columns."""
-    from poseidon_caffe.backend import cpu
+    from poseidon_caffe.backend.cpu import backend as cpu
     monkeypatch.setattr(B, "split_threads", 2)
     monkeypatch.setattr(cpu, "SPLIT_GEMM_FLOPS", 1.0)
     a, b = _rand((9, 4), 50), _rand((5, 4), 51)

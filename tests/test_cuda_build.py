@@ -7,7 +7,7 @@ import re
 import pytest
 
 from emulated_device import needs_compiler
-from poseidon_caffe.backend.cuda import build, kernels, nvrtc
+from poseidon_caffe.backend.cuda import build, launch, nvrtc
 
 SOURCES = build.sources()
 
@@ -37,7 +37,7 @@ def test_every_source_compiles_to_ptx_without_warnings(module, arch):
     text = ptx.decode()
     assert ".target sm_%d" % arch in text
     # every declared kernel is an entry point of the module
-    for name in kernels.source_signatures()[module]:
+    for name in launch.source_signatures()[module]:
         assert re.search(r"\.entry\s+%s\s*\(" % name, text), name
 
 
@@ -66,7 +66,7 @@ def test_every_source_builds_for_the_host_with_all_warnings_as_errors(module, tm
     assert os.path.dirname(path) == os.path.join(str(tmp_path), "kernels")
     import ctypes
     lib = ctypes.CDLL(path)
-    for name in kernels.source_signatures()[module]:
+    for name in launch.source_signatures()[module]:
         assert hasattr(lib, name), name
 
 
@@ -139,18 +139,47 @@ def test_signatures_are_read_from_the_declarations():
     KERNEL b(const int n,
              float* y) {}
     """
-    assert kernels.signatures(text) == {"a": "iPPfP", "b": "iP"}
-    with pytest.raises(kernels.SignatureError, match="index count"):
-        kernels.signatures("KERNEL c(float* y, const int n) {}")
-    with pytest.raises(kernels.SignatureError, match="double"):
-        kernels.signatures("KERNEL d(const int n, double x) {}")
+    assert launch.signatures(text) == {"a": "iPPfP", "b": "iP"}
+    with pytest.raises(launch.SignatureError, match="index count"):
+        launch.signatures("KERNEL c(float* y, const int n) {}")
+    with pytest.raises(launch.SignatureError, match="double"):
+        launch.signatures("KERNEL d(const int n, double x) {}")
 
 
 def test_every_kernel_has_a_signature_and_a_unique_name():
-    table = kernels.source_signatures()
+    table = launch.source_signatures()
     names = [name for module in table.values() for name in module]
     assert len(names) == len(set(names)) > 70
     assert table["pooling"]["max_pool_forward"] == "iPiiiiiiiiiiPPP"
+
+
+def test_every_source_has_its_kernels_as_named_objects():
+    """kernels/<module>.py lists exactly the kernels of kernels/<module>.cu, with their
+    signatures: stale after a kernel changes until scripts/kernel_stubs.py rewrites it."""
+    import importlib
+    import os
+    from poseidon_caffe.backend.cuda import kernels
+    from poseidon_caffe.backend.cuda.launch import Kernel
+    for module, source in build.sources().items():
+        path = os.path.splitext(source)[0] + ".py"
+        with open(path, encoding="utf-8") as f:
+            assert f.read() == launch.stub_text(module), \
+                "%s differs from %s: run scripts/kernel_stubs.py" % (path, source)
+        stubs = importlib.import_module(kernels.__name__ + "." + module)
+        listed = {k.name: k.signature for k in vars(stubs).values() if isinstance(k, Kernel)}
+        assert listed == launch.source_signatures()[module]
+        assert getattr(kernels, module) is stubs          # the package imports every one
+
+
+def test_a_changed_declaration_changes_the_stub(tmp_path, monkeypatch):
+    kernel_dir = tmp_path / "kernels"
+    kernel_dir.mkdir()
+    (kernel_dir / "demo.cu").write_text("KERNEL scale_by(const int n, float* y, const float a)"
+                                        " {}\n")
+    monkeypatch.setattr(build, "KERNEL_DIR", str(kernel_dir))
+    text = launch.stub_text("demo")
+    assert 'scale_by = Kernel("demo", "scale_by", "iPf")' in text
+    assert "# (n, y, a)" in text
 
 
 # -- what keeps the host build faithful ------------------------------------------------------
@@ -183,7 +212,7 @@ def test_a_source_compiles_to_a_cubin_whose_symbols_are_its_kernels(module):
     assert build.source_warnings(log) == ""
     assert image[:4] == b"\x7fELF" and image[4] == 2          # a 64-bit ELF: machine code
     names = _elf_function_names(image)
-    assert set(kernels.source_signatures()[module]) <= names
+    assert set(launch.source_signatures()[module]) <= names
 
 
 def _elf_function_names(image):

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from emulated_device import device, needs_compiler, on_emulated, driver_under_test  # noqa: F401
-from poseidon_caffe.backend.cuda import choice, cublas, emulated
+from poseidon_caffe.backend.cuda import choice, cublas, kernels
+from poseidon_caffe.backend.cuda.drivers import emulated
 from poseidon_caffe.backend.cuda.choice import open_driver
 from poseidon_caffe.backend.cuda.driver import DriverError
+from poseidon_caffe.backend.cuda.launch import Kernel
 from poseidon_caffe.backend.cuda.synced import (HEAD_AT_CPU, HEAD_AT_GPU, SYNCED,
                                                 UNINITIALIZED, SyncedMemory)
 
@@ -142,23 +144,27 @@ def test_async_copies_streams_and_events(dev):
 @needs_compiler
 @pytest.mark.faults_device
 def test_launch_catches_wild_pointers_and_overruns(device):
-    k = device.kernels
+    k = device.launcher
     y = device.put(np.zeros(4))
     with pytest.raises(DriverError, match="illegal address"):
-        k.vec_set(4, 99, 1.0)                            # a pointer into no allocation
+        k.run(kernels.math.vec_set, 4, 99, 1.0)  # a pointer into no allocation
     with pytest.raises(DriverError, match="wrote past the end of the 16-byte allocation"):
-        k.vec_set(5, y, 1.0)
+        k.run(kernels.math.vec_set, 5, y, 1.0)
     end = y + 16                                         # one past the end, as a zero-length view
-    k.vec_set(0, end, 1.0)                               # has: nothing runs, nothing faults
+    k.run(kernels.math.vec_set, 0, end, 1.0)  # has: nothing runs, nothing faults
     top, mask = device.empty(1), device.empty(1, np.int32)
-    k.max_pool_forward(1, device.put([[3.0]]), 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, top, mask, None)
+    k.run(kernels.pooling.max_pool_forward, 1, device.put([[3.0]]), 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+          top, mask, None)
     assert device.get(mask, 1, np.int32)[0] == 0       # None: no float mask asked for
-    with pytest.raises(AttributeError):
-        k.no_such_kernel
+    # a kernel object that its source no longer declares (a stale kernels/<module>.py)
+    with pytest.raises(DriverError, match=r"math.no_such_kernel\(iP\) is not in the sources"):
+        k.run(Kernel("math", "no_such_kernel", "iP"), 1, y)
+    with pytest.raises(DriverError, match=r"kernels/math.cu declares iPf"):
+        k.run(Kernel("math", "vec_set", "iPP"), 1, y, y)
 
 
 def test_grid_sizes_cover_the_count_within_the_device_limits(dev):
-    from poseidon_caffe.backend.cuda.kernels import BLOCK, grid_for
+    from poseidon_caffe.backend.cuda.launch import BLOCK, grid_for
     info = dev.info
     assert grid_for(0, info) == 1 and grid_for(1, info) == 1
     assert grid_for(BLOCK + 1, info) == 2
@@ -168,11 +174,11 @@ def test_grid_sizes_cover_the_count_within_the_device_limits(dev):
 
 @needs_compiler
 def test_launch_refuses_what_no_driver_can_pass(device):
-    d, k = device.driver, device.kernels
+    d, k = device.driver, device.launcher
     y = device.put(np.zeros(4))
-    k.vec_set(4, y, 2.5)
+    k.run(kernels.math.vec_set, 4, y, 2.5)
     np.testing.assert_array_equal(device.get(y, 4), 2.5)
-    fn = k.function("vec_set")
+    fn = k.function(kernels.math.vec_set)
     assert fn.signature == "iPf"
     with pytest.raises(DriverError, match="takes 3 arguments"):
         d.launch(fn, 1, 32, [4, y])
@@ -180,8 +186,8 @@ def test_launch_refuses_what_no_driver_can_pass(device):
         d.launch(fn, 1, 2048, [4, y, 1.0])
     with pytest.raises(DriverError, match="beyond a 32-bit int"):
         d.launch(fn, 1, 32, [2 ** 31, y, 1.0])
-    with pytest.raises(DriverError, match="no kernel named"):
-        k.function("no_such_kernel")
+    with pytest.raises(DriverError, match="not in the sources"):
+        k.function(Kernel("math", "no_such_kernel", "iPf"))
 
 
 def test_a_machine_without_an_nvidia_driver_is_told_so_in_one_line(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 from emulated_device import assert_kernel_equal, device, needs_compiler  # noqa: F401
 from gradcheck import blob_from, make_layer
 from poseidon_caffe.backend.cpu import CPUBackend
+from poseidon_caffe.backend.cuda import kernels
 from poseidon_caffe.backend.geometry import ConvGeometry, PoolGeometry
 from poseidon_caffe.blob import Blob
 from poseidon_caffe.solver import updates
@@ -64,12 +65,12 @@ def test_im2col_and_col2im_2d(device, g):
     ho, wo = geom.out_shape
     col = device.empty((2, geom.col_rows, ho, wo))
     args = (6, 7) + g["kernel"] + g["pad"] + g["stride"] + g["dilation"] + (ho, wo)
-    device.kernels.im2col_2d(2 * 3 * ho * wo, device.put(x), *args, col)
+    device.launcher.run(kernels.im2col.im2col_2d, 2 * 3 * ho * wo, device.put(x), *args, col)
     expected = CPUBackend().im2col(x, geom)
     np.testing.assert_array_equal(device.get(col, expected.shape), expected)
     cols = rand(expected.shape, 1)
     im = device.empty(x.shape)
-    device.kernels.col2im_2d(x.size, device.put(cols), *args, im)
+    device.launcher.run(kernels.im2col.col2im_2d, x.size, device.put(cols), *args, im)
     close(device.get(im, x.shape), CPUBackend().col2im(cols, geom))
 
 
@@ -86,11 +87,12 @@ def test_im2col_and_col2im_nd(device, in_shape, g):
                                           g["stride"], g["dilation"]]), np.int32)
     expected = CPUBackend().im2col(x, geom)
     col = device.empty(expected.shape)
-    device.kernels.im2col_nd(2 * 2 * geom.out_count, device.put(x), nd, geometry, col)
+    device.launcher.run(kernels.im2col.im2col_nd, 2 * 2 * geom.out_count, device.put(x), nd,
+                       geometry, col)
     np.testing.assert_array_equal(device.get(col, expected.shape), expected)
     cols = rand(expected.shape, 3)
     im = device.empty(x.shape)
-    device.kernels.col2im_nd(x.size, device.put(cols), nd, geometry, im)
+    device.launcher.run(kernels.im2col.col2im_nd, x.size, device.put(cols), nd, geometry, im)
     close(device.get(im, x.shape), CPUBackend().col2im(cols, geom))
 
 
@@ -125,7 +127,8 @@ def test_max_pooling_forward_mask_and_backward(device, in_hw, k, s, p):
     plan.max_forward(x, y_cpu)
     top, mask, top_mask = device.empty(y_cpu.shape), device.empty(y_cpu.shape, np.int32), \
         device.empty(y_cpu.shape)
-    device.kernels.max_pool_forward(y_cpu.size, device.put(x), *args, *p, top, mask, top_mask)
+    device.launcher.run(kernels.pooling.max_pool_forward, y_cpu.size, device.put(x), *args, *p, top,
+                       mask, top_mask)
     np.testing.assert_array_equal(device.get(top, y_cpu.shape), y_cpu)
     np.testing.assert_array_equal(device.get(mask, y_cpu.shape, np.int32), plan.mask())
     np.testing.assert_array_equal(device.get(top_mask, y_cpu.shape), plan.mask())
@@ -133,9 +136,11 @@ def test_max_pooling_forward_mask_and_backward(device, in_hw, k, s, p):
     dx_cpu = np.empty_like(x)
     plan.routed_backward(dy, dx_cpu)
     dx = device.empty(x.shape)
-    device.kernels.max_pool_backward(x.size, device.put(dy), mask, *args, *p, dx)
+    device.launcher.run(kernels.pooling.max_pool_backward, x.size, device.put(dy), mask, *args, *p,
+                       dx)
     close(device.get(dx, x.shape), dx_cpu)
-    device.kernels.max_pool_forward(y_cpu.size, device.put(x), *args, *p, top, mask, 0)
+    device.launcher.run(kernels.pooling.max_pool_forward, y_cpu.size, device.put(x), *args, *p, top,
+                       mask, 0)
 
 
 @pytest.mark.parametrize("in_hw,k,s,p", POOLINGS)
@@ -146,13 +151,13 @@ def test_average_pooling_forward_and_backward(device, in_hw, k, s, p):
     with np.errstate(invalid="ignore"):
         plan.ave_forward(x, y_cpu)
     top = device.empty(y_cpu.shape)
-    device.kernels.ave_pool_forward(y_cpu.size, device.put(x), *args, *p, top)
+    device.launcher.run(kernels.pooling.ave_pool_forward, y_cpu.size, device.put(x), *args, *p, top)
     close(device.get(top, y_cpu.shape), y_cpu)
     dy = rand(y_cpu.shape, 6)
     dx_cpu = np.empty_like(x)
     plan.ave_backward(dy, dx_cpu)
     dx = device.empty(x.shape)
-    device.kernels.ave_pool_backward(x.size, device.put(dy), *args, *p, dx)
+    device.launcher.run(kernels.pooling.ave_pool_backward, x.size, device.put(dy), *args, *p, dx)
     close(device.get(dx, x.shape), dx_cpu)
 
 
@@ -170,22 +175,25 @@ def test_stochastic_pooling_train_and_test(device, in_hw, k, s, p):
     plan.stochastic_forward_train(x, y_cpu, uniform)
     top, mask = device.empty(shape), device.empty(shape, np.int32)
     xd = device.put(x)
-    device.kernels.sto_pool_forward_train(y_cpu.size, xd, *args, device.put(uniform), top, mask)
+    device.launcher.run(kernels.pooling.sto_pool_forward_train, y_cpu.size, xd, *args,
+                       device.put(uniform), top, mask)
     np.testing.assert_array_equal(device.get(top, shape), y_cpu)
     np.testing.assert_array_equal(device.get(mask, shape, np.int32), plan.mask())
     dy = rand(shape, 10)
     dx_cpu = np.empty_like(x)
     plan.routed_backward(dy, dx_cpu)
     dx = device.empty(x.shape)
-    device.kernels.max_pool_backward(x.size, device.put(dy), mask, *args, 0, 0, dx)
+    device.launcher.run(kernels.pooling.max_pool_backward, x.size, device.put(dy), mask, *args, 0,
+                       0, dx)
     close(device.get(dx, x.shape), dx_cpu)
     # TEST: sum(x^2) / sum(x) and its exact gradient
     plan.stochastic_forward_test(x, y_cpu)
     num, den = device.empty(shape), device.empty(shape)
-    device.kernels.sto_pool_forward_test(y_cpu.size, xd, *args, top, num, den)
+    device.launcher.run(kernels.pooling.sto_pool_forward_test, y_cpu.size, xd, *args, top, num, den)
     assert_kernel_equal(device.driver, device.get(top, shape), y_cpu)
     plan.stochastic_backward_test(x, dy, dx_cpu)
-    device.kernels.sto_pool_backward_test(x.size, xd, device.put(dy), num, den, *args, dx)
+    device.launcher.run(kernels.pooling.sto_pool_backward_test, x.size, xd, device.put(dy), num,
+                       den, *args, dx)
     close(device.get(dx, x.shape), dx_cpu, rtol=1e-5, atol=1e-5)
 
 
@@ -220,10 +228,10 @@ def test_lrn_forward_and_backward(device, across, size, beta):
     xd, scale, top = device.put(x), device.empty(x.shape), device.empty(x.shape)
     coef = np.float32(alpha / norm)
     if across:
-        device.kernels.lrn_scale_across(x.size, xd, c, h, w, size, coef, k, scale)
+        device.launcher.run(kernels.lrn.lrn_scale_across, x.size, xd, c, h, w, size, coef, k, scale)
     else:
-        device.kernels.lrn_scale_within(x.size, xd, h, w, size, coef, scale)
-    device.kernels.lrn_output(x.size, xd, scale, beta, top)
+        device.launcher.run(kernels.lrn.lrn_scale_within, x.size, xd, h, w, size, coef, scale)
+    device.launcher.run(kernels.lrn.lrn_output, x.size, xd, scale, beta, top)
     close(device.get(scale, x.shape), _lrn_scale(x, size, alpha / norm, k, across))
     close(device.get(top, x.shape), top_cpu)
     dy = rand(x.shape, 4)
@@ -231,11 +239,11 @@ def test_lrn_forward_and_backward(device, across, size, beta):
     dx = device.empty(x.shape)
     coef = np.float32(2.0 * alpha * beta / norm)
     if across:
-        device.kernels.lrn_diff_across(x.size, xd, top, scale, device.put(dy), c, h, w, size,
-                                       beta, coef, dx)
+        device.launcher.run(kernels.lrn.lrn_diff_across, x.size, xd, top, scale, device.put(dy), c,
+                           h, w, size, beta, coef, dx)
     else:
-        device.kernels.lrn_diff_within(x.size, xd, top, scale, device.put(dy), h, w, size,
-                                       beta, coef, dx)
+        device.launcher.run(kernels.lrn.lrn_diff_within, x.size, xd, top, scale, device.put(dy), h,
+                           w, size, beta, coef, dx)
     close(device.get(dx, x.shape), dx_cpu)
 
 
@@ -244,13 +252,13 @@ def _softmax_on_device(device, x, axis):
     outer = int(np.prod(x.shape[:axis]))
     channels = x.shape[axis]
     inner = int(np.prod(x.shape[axis + 1:]))
-    k = device.kernels
+    k = device.launcher
     data, per = device.put(x), device.empty((outer, inner))
-    k.channel_max(outer * inner, data, channels, inner, per)
-    k.channel_subtract(x.size, channels, inner, per, data)
-    k.vec_exp(x.size, data, data)
-    k.channel_sum(outer * inner, data, channels, inner, per)
-    k.channel_div(x.size, channels, inner, per, data)
+    k.run(kernels.softmax.channel_max, outer * inner, data, channels, inner, per)
+    k.run(kernels.softmax.channel_subtract, x.size, channels, inner, per, data)
+    k.run(kernels.math.vec_exp, x.size, data, data)
+    k.run(kernels.softmax.channel_sum, outer * inner, data, channels, inner, per)
+    k.run(kernels.softmax.channel_div, x.size, channels, inner, per, data)
     return data, (outer, channels, inner)
 
 
@@ -263,9 +271,9 @@ def test_softmax_forward_and_backward(device, shape, axis):
     y, (outer, channels, inner) = _softmax_on_device(device, x, axis)
     close(device.get(y, shape), y_cpu)
     dot, diff = device.empty((outer, inner)), device.put(dy)
-    device.kernels.channel_dot(outer * inner, diff, y, channels, inner, dot)
-    device.kernels.channel_subtract(x.size, channels, inner, dot, diff)
-    device.kernels.vec_mul(x.size, diff, y, diff)
+    device.launcher.run(kernels.softmax.channel_dot, outer * inner, diff, y, channels, inner, dot)
+    device.launcher.run(kernels.softmax.channel_subtract, x.size, channels, inner, dot, diff)
+    device.launcher.run(kernels.math.vec_mul, x.size, diff, y, diff)
     close(device.get(diff, shape), dx_cpu)
 
 
@@ -284,15 +292,15 @@ def test_softmax_loss_forward_and_backward(device, extra, ignore):
     loss, counts = device.empty((outer, inner)), device.empty((outer, inner))
     has_ignore = int(ignore is not None)
     label = device.put(labels)
-    device.kernels.softmax_loss_forward(outer * inner, prob, label, channels, inner, has_ignore,
-                                       ignore or 0, loss, counts)
+    device.launcher.run(kernels.softmax.softmax_loss_forward, outer * inner, prob, label, channels,
+                       inner, has_ignore, ignore or 0, loss, counts)
     blas = device.blas
     valid = blas.sasum(outer * inner, counts, 1)
     assert valid == (labels != ignore).sum()
     norm = layer.norm                                   # the CPU layer's divisor for this mode
     assert float(loss_cpu) == pytest.approx(blas.sasum(outer * inner, loss, 1) / norm, rel=1e-6)
-    device.kernels.softmax_loss_backward(outer * inner, label, channels, inner, has_ignore,
-                                        ignore or 0, prob, counts)
+    device.launcher.run(kernels.softmax.softmax_loss_backward, outer * inner, label, channels,
+                       inner, has_ignore, ignore or 0, prob, counts)
     blas.sscal(x.size, np.float32(1.0 / norm), prob, 1)
     close(device.get(prob, x.shape), dx_cpu)
 
@@ -301,10 +309,11 @@ def test_softmax_loss_marks_a_label_out_of_range_with_nan(device):
     prob = device.put(np.full((2, 3), 1 / 3.0))
     loss, counts, diff = device.empty(2), device.empty(2), device.put(np.full((2, 3), 0.5))
     label = device.put([1, 3])
-    device.kernels.softmax_loss_forward(2, prob, label, 3, 1, 0, 0, loss, counts)
+    device.launcher.run(kernels.softmax.softmax_loss_forward, 2, prob, label, 3, 1, 0, 0, loss,
+                       counts)
     out = device.get(loss, 2)
     assert out[0] == pytest.approx(math.log(3), rel=1e-6) and np.isnan(out[1])
-    device.kernels.softmax_loss_backward(2, label, 3, 1, 0, 0, diff, counts)
+    device.launcher.run(kernels.softmax.softmax_loss_backward, 2, label, 3, 1, 0, 0, diff, counts)
     got = device.get(diff, (2, 3))
     np.testing.assert_array_equal(got[0], [0.5, -0.5, 0.5])
     assert np.isnan(got[1]).all() and list(device.get(counts, 2)) == [1, 0]
@@ -320,9 +329,9 @@ def test_accuracy(device, extra, top_k, ignore):
                         ntops=2)
     hits, counts = device.empty(6), device.empty(6)
     class_hits, class_counts = device.put(np.zeros((4, 6))), device.put(np.zeros((4, 6)))
-    device.kernels.accuracy_forward(6, device.put(scores), device.put(labels), 4, 1, top_k,
-                                    int(ignore is not None), ignore or 0, hits, counts,
-                                    class_hits, class_counts)
+    device.launcher.run(kernels.accuracy.accuracy_forward, 6, device.put(scores),
+                       device.put(labels), 4, 1, top_k, int(ignore is not None), ignore or 0, hits,
+                       counts, class_hits, class_counts)
     h, c = device.get(hits, 6), device.get(counts, 6)
     assert h.sum() / c.sum() == pytest.approx(float(tops[0]), rel=1e-6)
     ch, cc = device.get(class_hits, (4, 6)).sum(1), device.get(class_counts, (4, 6)).sum(1)
@@ -350,85 +359,91 @@ X = rand((2, 3, 4), 12, -2.0, 2.0)
 
 
 def test_relu_and_leaky_relu(device):
-    k = device.kernels
+    k = device.launcher
     for slope in (0.0, 0.1):
         _neuron_case(device, 'type: "ReLU" relu_param { negative_slope: %g }' % slope, X,
-                     lambda x, y: k.relu_forward(X.size, x, y, slope),
-                     lambda dy, x, y, dx: k.relu_backward(X.size, dy, x, dx, slope))
+                     lambda x, y: k.run(kernels.neuron.relu_forward, X.size, x, y, slope),
+                     lambda dy, x, y, dx: k.run(kernels.neuron.relu_backward, X.size, dy, x, dx,
+                                                slope))
 
 
 def test_sigmoid_tanh_abs_bnll(device):
-    k, n = device.kernels, X.size
-    _neuron_case(device, 'type: "Sigmoid"', X, lambda x, y: k.sigmoid_forward(n, x, y),
-                 lambda dy, x, y, dx: k.sigmoid_backward(n, dy, y, dx))
-    _neuron_case(device, 'type: "TanH"', X, lambda x, y: k.tanh_forward(n, x, y),
-                 lambda dy, x, y, dx: k.tanh_backward(n, dy, y, dx))
-    _neuron_case(device, 'type: "AbsVal"', X, lambda x, y: k.abs_forward(n, x, y),
-                 lambda dy, x, y, dx: k.abs_backward(n, dy, x, dx))
+    k, n = device.launcher, X.size
+    _neuron_case(device, 'type: "Sigmoid"', X, lambda x, y: k.run(kernels.neuron.sigmoid_forward,
+                                                                  n, x, y),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.sigmoid_backward, n, dy, y, dx))
+    _neuron_case(device, 'type: "TanH"', X, lambda x, y: k.run(kernels.neuron.tanh_forward, n, x,
+                                                               y),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.tanh_backward, n, dy, y, dx))
+    _neuron_case(device, 'type: "AbsVal"', X, lambda x, y: k.run(kernels.neuron.abs_forward, n, x,
+                                                                 y),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.abs_backward, n, dy, x, dx))
     big = X * 40                                        # past BNLL's exponent limit too
-    _neuron_case(device, 'type: "BNLL"', big, lambda x, y: k.bnll_forward(n, x, y),
-                 lambda dy, x, y, dx: k.bnll_backward(n, dy, x, dx))
+    _neuron_case(device, 'type: "BNLL"', big, lambda x, y: k.run(kernels.neuron.bnll_forward, n, x,
+                                                                 y),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.bnll_backward, n, dy, x, dx))
 
 
 def test_elu(device):
-    k, n = device.kernels, X.size
+    k, n = device.launcher, X.size
     _neuron_case(device, 'type: "ELU" elu_param { alpha: 0.7 }', X,
-                 lambda x, y: k.elu_forward(n, x, y, 0.7),
-                 lambda dy, x, y, dx: k.elu_backward(n, dy, x, y, dx, 0.7))
+                 lambda x, y: k.run(kernels.neuron.elu_forward, n, x, y, 0.7),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.elu_backward, n, dy, x, y, dx, 0.7))
 
 
 @pytest.mark.parametrize("power,scale,shift", [(2.0, 0.5, 3.0), (1.0, 2.0, 1.0),
                                                (0.5, 1.0, 2.5), (3.0, 0.0, 1.0)])
 def test_power(device, power, scale, shift):
-    k, n = device.kernels, X.size
+    k, n = device.launcher, X.size
     _neuron_case(device, 'type: "Power" power_param { power: %g scale: %g shift: %g }'
                  % (power, scale, shift), X,
-                 lambda x, y: k.power_forward(n, x, y, power, scale, shift),
-                 lambda dy, x, y, dx: k.power_backward(n, dy, x, dx, power, scale, shift,
-                                                       np.float32(power * scale)))
+                 lambda x, y: k.run(kernels.neuron.power_forward, n, x, y, power, scale, shift),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.power_backward, n, dy, x, dx, power,
+                                            scale, shift, np.float32(power * scale)))
 
 
 @pytest.mark.parametrize("base,scale,shift", [(-1, 1.0, 0.0), (2.0, 0.5, 1.5)])
 def test_exp_and_log(device, base, scale, shift):
-    k, n = device.kernels, X.size
+    k, n = device.launcher, X.size
     log_base = 1.0 if base == -1 else math.log(base)
     inner, outer = log_base * scale, 1.0 if shift == 0 else math.exp(log_base * shift)
     params = "base: %g scale: %g shift: %g" % (base, scale, shift)
     _neuron_case(device, 'type: "Exp" exp_param { %s }' % params, X,
-                 lambda x, y: k.exp_forward(n, x, y, inner, outer),
-                 lambda dy, x, y, dx: k.exp_backward(n, dy, y, dx, inner))
+                 lambda x, y: k.run(kernels.neuron.exp_forward, n, x, y, inner, outer),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.exp_backward, n, dy, y, dx, inner))
     positive = X + 2.5
     base_scale = 1.0 / log_base
     _neuron_case(device, 'type: "Log" log_param { %s }' % params, positive,
-                 lambda x, y: k.log_forward(n, x, y, scale, shift, base_scale),
-                 lambda dy, x, y, dx: k.log_backward(n, dy, x, dx, scale, shift,
-                                                     np.float32(scale * base_scale)))
+                 lambda x, y: k.run(kernels.neuron.log_forward, n, x, y, scale, shift, base_scale),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.log_backward, n, dy, x, dx, scale,
+                                            shift, np.float32(scale * base_scale)))
 
 
 def test_threshold_clip_swish(device):
-    k, n = device.kernels, X.size
+    k, n = device.launcher, X.size
     _neuron_case(device, 'type: "Threshold" threshold_param { threshold: 0.3 }', X,
-                 lambda x, y: k.threshold_forward(n, x, y, 0.3))
+                 lambda x, y: k.run(kernels.neuron.threshold_forward, n, x, y, 0.3))
     _neuron_case(device, 'type: "Clip" clip_param { min: -0.5 max: 0.8 }', X,
-                 lambda x, y: k.clip_forward(n, x, y, -0.5, 0.8),
-                 lambda dy, x, y, dx: k.clip_backward(n, dy, x, dx, -0.5, 0.8))
+                 lambda x, y: k.run(kernels.neuron.clip_forward, n, x, y, -0.5, 0.8),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.clip_backward, n, dy, x, dx, -0.5, 0.8))
     sig = device.empty(X.shape)
     _neuron_case(device, 'type: "Swish" swish_param { beta: 1.5 }', X,
-                 lambda x, y: k.swish_forward(n, x, y, sig, 0.5 * 1.5),
-                 lambda dy, x, y, dx: k.swish_backward(n, dy, y, sig, dx, 1.5))
+                 lambda x, y: k.run(kernels.neuron.swish_forward, n, x, y, sig, 0.5 * 1.5),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.swish_backward, n, dy, y, sig, dx, 1.5))
 
 
 def test_dropout_with_the_layers_uniform_draws(device):
     from poseidon_caffe import rng
-    k, n, ratio = device.kernels, X.size, 0.4
+    k, n, ratio = device.launcher, X.size, 0.4
     rng.set_random_seed(5)
     uniform = rng.get_rng().random(X.shape, dtype=np.float32)    # what the layer will draw
     rng.set_random_seed(5)
     scale = np.float32(1.0 / (1.0 - ratio))
     u = device.put(uniform)
     _neuron_case(device, 'type: "Dropout" dropout_param { dropout_ratio: %g }' % ratio, X,
-                 lambda x, y: k.dropout_forward(n, x, u, y, ratio, scale),
-                 lambda dy, x, y, dx: k.dropout_backward(n, dy, u, dx, ratio, scale))
+                 lambda x, y: k.run(kernels.neuron.dropout_forward, n, x, u, y, ratio, scale),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.dropout_backward, n, dy, u, dx, ratio,
+                                            scale))
 
 
 # -- elementwise -----------------------------------------------------------------------------
@@ -436,61 +451,61 @@ def test_eltwise_sum_prod_max(device):
     a, b, c = rand((3, 4), 1), rand((3, 4), 2), rand((3, 4), 3)
     b[0, :2] = a[0, :2]                                   # ties between bottoms 0 and 1
     c[1, :2] = np.maximum(a[1, :2], b[1, :2])             # a later bottom ties the max
-    k, n = device.kernels, a.size
+    k, n = device.launcher, a.size
     pa, pb, pc = device.put(a), device.put(b), device.put(c)
     (sum_cpu,), _ = cpu_layer('type: "Eltwise" eltwise_param { operation: SUM coeff: 0.5 '
                               'coeff: -2 coeff: 1.5 }', [a, b, c])
     y = device.empty(a.shape)
-    k.vec_axpby(n, 0.5, pa, 0.0, y)                       # y holds NaN bytes: beta 0 skips it
-    k.vec_axpby(n, -2.0, pb, 1.0, y)
-    k.vec_axpby(n, 1.5, pc, 1.0, y)
+    k.run(kernels.math.vec_axpby, n, 0.5, pa, 0.0, y)  # y holds NaN bytes: beta 0 skips it
+    k.run(kernels.math.vec_axpby, n, -2.0, pb, 1.0, y)
+    k.run(kernels.math.vec_axpby, n, 1.5, pc, 1.0, y)
     assert_kernel_equal(device.driver, device.get(y, a.shape), sum_cpu)
     dy = rand(a.shape, 4)
     (prod_cpu,), diffs, _ = cpu_layer('type: "Eltwise" eltwise_param { operation: PROD }',
                                       [a, b, c], top_diffs=[dy])
-    k.vec_mul(n, pa, pb, y)
-    k.vec_mul(n, y, pc, y)
+    k.run(kernels.math.vec_mul, n, pa, pb, y)
+    k.run(kernels.math.vec_mul, n, y, pc, y)
     np.testing.assert_array_equal(device.get(y, a.shape), prod_cpu)
     d, pdy = device.empty(a.shape), device.put(dy)
-    k.vec_mul(n, pa, pc, d)                               # stable: the product of the others
-    k.vec_mul(n, d, pdy, d)
+    k.run(kernels.math.vec_mul, n, pa, pc, d)  # stable: the product of the others
+    k.run(kernels.math.vec_mul, n, d, pdy, d)
     np.testing.assert_array_equal(device.get(d, a.shape), diffs[1])
     _, diffs, _ = cpu_layer('type: "Eltwise" eltwise_param { operation: PROD '
                             'stable_prod_grad: false }', [a, b, c], top_diffs=[dy])
-    k.vec_div(n, y, pb, d)                                # top / bottom 1, times dy
-    k.vec_mul(n, d, pdy, d)
+    k.run(kernels.math.vec_div, n, y, pb, d)  # top / bottom 1, times dy
+    k.run(kernels.math.vec_mul, n, d, pdy, d)
     np.testing.assert_array_equal(device.get(d, a.shape), diffs[1])
     (max_cpu,), diffs, _ = cpu_layer('type: "Eltwise" eltwise_param { operation: MAX }',
                                      [a, b, c], top_diffs=[dy])
     mask = device.empty(a.shape, np.int32)
-    k.eltwise_max_forward(n, pa, pb, 1, y, mask)
-    k.eltwise_max_forward(n, y, pc, 2, y, mask)
+    k.run(kernels.eltwise.eltwise_max_forward, n, pa, pb, 1, y, mask)
+    k.run(kernels.eltwise.eltwise_max_forward, n, y, pc, 2, y, mask)
     np.testing.assert_array_equal(device.get(y, a.shape), max_cpu)
     for i in range(3):
-        k.eltwise_max_backward(n, pdy, mask, i, d)
+        k.run(kernels.eltwise.eltwise_max_backward, n, pdy, mask, i, d)
         np.testing.assert_array_equal(device.get(d, a.shape), diffs[i])
 
 
 def test_vector_math(device):
     a, b = rand(7, 1, 0.5, 2.0), rand(7, 2, 0.5, 2.0)
-    k, pa, pb, y = device.kernels, device.put(a), device.put(b), device.empty(7)
+    k, pa, pb, y = device.launcher, device.put(a), device.put(b), device.empty(7)
     for name, expected in [("vec_add", a + b), ("vec_sub", a - b), ("vec_mul", a * b),
                            ("vec_div", a / b)]:
-        getattr(k, name)(7, pa, pb, y)
+        k.run(getattr(kernels.math, name), 7, pa, pb, y)
         np.testing.assert_array_equal(device.get(y, 7), expected)
     for name, expected in [("vec_abs", np.abs(-a)), ("vec_exp", np.exp(-a)),
                            ("vec_sign", np.sign(-a))]:
-        getattr(k, name)(7, device.put(-a), y)
+        k.run(getattr(kernels.math, name), 7, device.put(-a), y)
         close(device.get(y, 7), expected)
     for name, expected in [("vec_log", np.log(a)), ("vec_sqrt", np.sqrt(a))]:
-        getattr(k, name)(7, pa, y)
+        k.run(getattr(kernels.math, name), 7, pa, y)
         close(device.get(y, 7), expected)
-    k.vec_powx(7, pa, y, 1.5)
+    k.run(kernels.math.vec_powx, 7, pa, y, 1.5)
     close(device.get(y, 7), a ** np.float32(1.5))
-    k.vec_scale(7, 3.0, pa, y)
+    k.run(kernels.math.vec_scale, 7, 3.0, pa, y)
     np.testing.assert_array_equal(device.get(y, 7), 3 * a)
-    k.vec_set(7, y, -1.25)
-    k.vec_add_scalar(7, y, 0.25)
+    k.run(kernels.math.vec_set, 7, y, -1.25)
+    k.run(kernels.math.vec_add_scalar, 7, y, 0.25)
     np.testing.assert_array_equal(device.get(y, 7), -1.0)
 
 
@@ -501,7 +516,8 @@ def test_concat_and_slice(device):
     whole = device.empty(whole_cpu.shape)
     offset = 0
     for part in parts:
-        device.kernels.concat(part.size, device.put(part), 1, 3, 6, part.shape[1], offset, whole)
+        device.launcher.run(kernels.copy.concat, part.size, device.put(part), 1, 3, 6,
+                           part.shape[1], offset, whole)
         offset += part.shape[1]
     np.testing.assert_array_equal(device.get(whole, whole_cpu.shape), whole_cpu)
     tops, _ = cpu_layer('type: "Slice" slice_param { axis: 1 slice_point: 1 slice_point: 4 }',
@@ -509,7 +525,7 @@ def test_concat_and_slice(device):
     pw, offset = device.put(whole_cpu), 0
     for top in tops:
         out = device.empty(top.shape)
-        device.kernels.concat(top.size, pw, 0, 3, 6, top.shape[1], offset, out)
+        device.launcher.run(kernels.copy.concat, top.size, pw, 0, 3, 6, top.shape[1], offset, out)
         np.testing.assert_array_equal(device.get(out, top.shape), top)
         offset += top.shape[1]
 
@@ -524,10 +540,10 @@ def test_crop_forward_and_backward(device):
     geometry = device.put(np.concatenate([strides(a.shape), strides(ref.shape),
                                           [0, 1, 2, 3]]), np.int32)
     top = device.empty(ref.shape)
-    device.kernels.crop_copy(ref.size, 4, geometry, device.put(a), top, 1)
+    device.launcher.run(kernels.copy.crop_copy, ref.size, 4, geometry, device.put(a), top, 1)
     np.testing.assert_array_equal(device.get(top, ref.shape), top_cpu)
     dx = device.put(np.zeros(a.shape))
-    device.kernels.crop_copy(ref.size, 4, geometry, device.put(dy), dx, 0)
+    device.launcher.run(kernels.copy.crop_copy, ref.size, 4, geometry, device.put(dy), dx, 0)
     np.testing.assert_array_equal(device.get(dx, a.shape), dx_cpu)
 
 
@@ -538,9 +554,9 @@ def test_tile_forward_and_backward(device):
     (top_cpu,), (dx_cpu,), _ = cpu_layer('type: "Tile" tile_param { axis: 1 tiles: 3 }', [x],
                                          top_diffs=[dy])
     top, dx = device.empty(top_shape), device.empty(x.shape)
-    device.kernels.tile_forward(top_cpu.size, device.put(x), 12, 3, top)
+    device.launcher.run(kernels.copy.tile_forward, top_cpu.size, device.put(x), 12, 3, top)
     np.testing.assert_array_equal(device.get(top, top_shape), top_cpu)
-    device.kernels.tile_backward(x.size, device.put(dy), 12, 3, dx)
+    device.launcher.run(kernels.copy.tile_backward, x.size, device.put(dy), 12, 3, dx)
     np.testing.assert_array_equal(device.get(dx, x.shape), dx_cpu)
 
 
@@ -552,23 +568,25 @@ def test_batchnorm_statistics_normalisation_and_backward(device):
     (y_cpu,), (dx_cpu,), layer = cpu_layer(
         'type: "BatchNorm" batch_norm_param { use_global_stats: false eps: %g }' % eps, [x],
         top_diffs=[dy])
-    k = device.kernels
+    k = device.launcher
     xd, mean, var, std = device.put(x), device.empty(3), device.empty(3), device.empty(3)
-    k.channel_mean(3, xd, 0, 4, 5, mean)
-    k.channel_variance(3, xd, mean, 4, 5, eps, var, std)
+    k.run(kernels.batchnorm.channel_mean, 3, xd, 0, 4, 5, mean)
+    k.run(kernels.batchnorm.channel_variance, 3, xd, mean, 4, 5, eps, var, std)
     np.testing.assert_array_equal(device.get(mean, 3),
                                   x.mean(axis=(0, 2), dtype=np.float64).astype(np.float32))
     np.testing.assert_array_equal(device.get(std, 3), layer._std)
     y = device.empty(x.shape)
-    k.batchnorm_normalize(x.size, xd, mean, std, 3, 5, y)
+    k.run(kernels.batchnorm.batchnorm_normalize, x.size, xd, mean, std, 3, 5, y)
     np.testing.assert_array_equal(device.get(y, x.shape), y_cpu)
     dyd, mean_dy, mean_dy_y, dx = device.put(dy), device.empty(3), device.empty(3), \
         device.empty(x.shape)
-    k.channel_mean(3, dyd, 0, 4, 5, mean_dy)
-    k.channel_mean(3, dyd, y, 4, 5, mean_dy_y)
-    k.batchnorm_backward(x.size, dyd, y, mean_dy, mean_dy_y, std, 3, 5, 0, dx)
+    k.run(kernels.batchnorm.channel_mean, 3, dyd, 0, 4, 5, mean_dy)
+    k.run(kernels.batchnorm.channel_mean, 3, dyd, y, 4, 5, mean_dy_y)
+    k.run(kernels.batchnorm.batchnorm_backward, x.size, dyd, y, mean_dy, mean_dy_y, std, 3, 5, 0,
+          dx)
     close(device.get(dx, x.shape), dx_cpu, rtol=1e-5, atol=1e-6)
-    k.batchnorm_backward(x.size, dyd, y, 0, 0, std, 3, 5, 1, dx)       # global statistics
+    # global statistics
+    k.run(kernels.batchnorm.batchnorm_backward, x.size, dyd, y, 0, 0, std, 3, 5, 1, dx)
     close(device.get(dx, x.shape), dy / layer._std.reshape(1, 3, 1))
 
 
@@ -586,16 +604,16 @@ def test_embed_forward_and_backward(device):
     w_diff0 = rand((5, 3), 4)
     layer.blobs[0].diff[...] = w_diff0
     layer.backward(top, [False], bottom)
-    k, pi = device.kernels, device.put(indices)
+    k, pi = device.launcher, device.put(indices)
     w, b, y = device.put(layer.blobs[0].data), device.put(layer.blobs[1].data), \
         device.empty(top[0].shape)
-    k.embed_forward(top[0].count, pi, w, 5, 3, b, y)
+    k.run(kernels.embed.embed_forward, top[0].count, pi, w, 5, 3, b, y)
     np.testing.assert_array_equal(device.get(y, top[0].shape), top[0].data)
     wd = device.put(w_diff0)
-    k.embed_backward(15, pi, device.put(dy), 6, 3, wd)
+    k.run(kernels.embed.embed_backward, 15, pi, device.put(dy), 6, 3, wd)
     np.testing.assert_array_equal(device.get(wd, (5, 3)), layer.blobs[0].diff)
     bad = device.put([1, 2.5, -1, 5])
-    k.embed_forward(12, bad, w, 5, 3, 0, y)
+    k.run(kernels.embed.embed_forward, 12, bad, w, 5, 3, 0, y)
     rows = device.get(y, (4, 3))
     np.testing.assert_array_equal(rows[0], layer.blobs[0].data[1])
     assert np.isnan(rows[1:]).all()                        # non-integer, negative, too large
@@ -607,14 +625,14 @@ def _update_case(device, kernel, cpu, n_hist, *args):
     g_cpu, h_cpu = g.copy(), [h.copy() for h in hists]
     cpu(g_cpu, *h_cpu)
     gd, hd = device.put(g), [device.put(h) for h in hists]
-    kernel(9, gd, *hd, *args)
+    device.launcher.run(kernel, 9, gd, *hd, *args)
     close(device.get(gd, 9), g_cpu)
     for h, expected in zip(hd, h_cpu):
         close(device.get(h, 9), expected)
 
 
 def test_update_rules(device):
-    k, lr = device.kernels, 0.01
+    lr, k = 0.01, kernels.updates
     _update_case(device, k.sgd_update, lambda g, h: updates.sgd(g, h, lr, 0.9), 1, 0.9, lr)
     _update_case(device, k.nesterov_update, lambda g, h: updates.nesterov(g, h, lr, 0.9), 1,
                  0.9, lr)

@@ -122,7 +122,7 @@ def test_run_local_devices_list_gives_one_rank_per_gpu(tmp_path, monkeypatch):
 
 # -- the emulated device's injected faults ------------------------------------------------------
 def test_fault_setting_is_checked(monkeypatch):
-    from poseidon_caffe.backend.cuda import emulated
+    from poseidon_caffe.backend.cuda.drivers import emulated
     from poseidon_caffe.backend.cuda.driver import DriverError
     assert emulated.parse_fault("kernel:relu_forward") == ("kernel", "relu_forward", 1)
     assert emulated.parse_fault("kernel:relu_forward:3") == ("kernel", "relu_forward", 3)

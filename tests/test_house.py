@@ -123,8 +123,8 @@ def test_the_walk_sees_the_package():
     assert any(t == "poseidon_caffe.backend.cuda.choice" and place == "gpu_available"
                for _, t, place in imports)
     # a compiled module is a module, not its package
-    _, imports = ALL["poseidon_caffe.backend.native"]
-    assert [t for _, t, _ in imports] == ["poseidon_caffe.backend._kernels"]
+    _, imports = ALL["poseidon_caffe.backend.cpu.native"]
+    assert [t for _, t, _ in imports] == ["poseidon_caffe.backend.cpu._kernels"]
 
 
 def test_layers_never_import_sync_solver_tools_or_cli():

@@ -123,7 +123,7 @@ def naive_pool(x, k, s, p, method, out=None):
 def algorithm(request, monkeypatch):
     """Run a test once per convolution algorithm (FFT where the geometry allows it; im2col
     with columns image by image wherever it takes the geometry, i.e. one group)."""
-    from poseidon_caffe.backend import conv, cpu
+    from poseidon_caffe.backend.cpu import backend as cpu, conv
     choice = request.param
     monkeypatch.setattr(conv, "BY_IMAGE_MIN_OUTPUTS", 1 if choice == "im2col_by_image" else 10 ** 9)
     if choice == "im2col_by_image":

@@ -1,11 +1,12 @@
-"""The seam between layers and the hardware: a backend carries an op set that layers call.
+"""The seam between layers and the hardware: a backend carries the op set of ops.py, which
+layers, the solver and the sync engine call.
 
-``cpu`` (numpy) is always available. ``cuda/`` is the CUDA backend (a driver interface over
+``cpu/`` (numpy) is always available. ``cuda/`` is the CUDA backend (a driver interface over
 NVIDIA's cuda-bindings, pycuda or an emulated device, the kernels, cuBLAS); set_mode_gpu()
 chooses it for the device of set_device(), through the driver POSEIDON_CAFFE_DRIVER names
-(cuda/choice.py; "emulated" is the test device). Layers never import
-numpy-specific or CUDA-specific code for their heavy work; they call the current backend's
-ops (see ops.md for the op set).
+(cuda/choice.py; "emulated" is the test device). Layers never import numpy-specific or
+CUDA-specific code for their heavy work; they call the current backend's ops (README.md).
+This module imports either backend only when a mode asks for it.
 """
 _state = {"backend": None, "mode": "cpu", "device": 0, "devices": {}}
 

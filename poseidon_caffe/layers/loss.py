@@ -144,7 +144,7 @@ class SoftmaxWithLossLayer(_LabelledLoss):
         split = (self.outer, self.channels, self.inner)
         prob = be.softmax_forward(bottom[0].dev_data.reshape(split), be.empty(split))
         self.prob = prob
-        if getattr(be, "on_device", False):
+        if be.on_device:
             self._forward_on_device(prob, bottom, top)
             return
         loss, count = be.softmax_loss_forward(prob, bottom[1].dev_data, self._ignored())
@@ -238,7 +238,7 @@ class EuclideanLossLayer(LossLayer):
         be = self.backend
         a = bottom[0].dev_data
         be.subtract(a, bottom[1].dev_data.reshape(a.shape), self.delta)
-        if getattr(be, "on_device", False):
+        if be.on_device:
             out = top[0].mutable_dev_data.reshape(1)
             be.sum_into(self.delta, out, squares=True)
             # one division by 2 num rounds as the host's s / num / 2 (halving is exact)

@@ -62,7 +62,7 @@ def _unknown_message(unknown):
 def create_layer(layer_param, phase=None):
     """Build a layer from a LayerParameter; ``phase`` defaults to the parameter's own."""
     cls = layer_class(layer_param.type, layer_param.name)
-    if not cls.device_ready and getattr(get_backend(), "on_device", False):
+    if not cls.device_ready and get_backend().on_device:
         # no hidden host fallback: a net runs wholly on the device or says which layer cannot
         raise LayerError("layer %r (type %s) has no GPU implementation yet; run it on the CPU"
                          % (layer_param.name, layer_param.type))

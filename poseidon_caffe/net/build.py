@@ -196,7 +196,7 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
                     - {l.name for l in filtered.layer})
         self._split_folding = None
         self._diff_pool = None      # set by share_diffs
-        if inserted and not getattr(self.layers[0].backend, "on_device", False):
+        if inserted and not self.layers[0].backend.on_device:
             self._split_folding = SplitFolding(self, inserted) or None
         self._check_memory()
         # Caffe collects the remaining blobs in a std::set: the outputs come by name
@@ -211,8 +211,7 @@ class Net(Wiring, BackwardPlan, Execution, DebugOutput, Weights, MemoryFootprint
         (net.diff_sharing): a trainer's choice, since intermediate diffs read after backward
         no longer hold their gradients. Once; a no-op on a device or a net with no backward.
         Returns the bytes the shared diffs take."""
-        if self._diff_pool is None and self.layers and not getattr(
-                self.layers[0].backend, "on_device", False):
+        if self._diff_pool is None and self.layers and not self.layers[0].backend.on_device:
             before = self.memory_estimate()["diff"]
             self._diff_pool = share_diffs(self)
             after = self.memory_estimate()["diff"]

@@ -807,7 +807,7 @@ class _CallbackPair:
 # -- helpers shared with the command line ----------------------------------------------------
 def _on_device(net):
     """Whether the net's blobs live on a device (its layers share one backend)."""
-    return bool(net.layers) and getattr(net.layers[0].backend, "on_device", False)
+    return bool(net.layers) and net.layers[0].backend.on_device
 
 
 def _copy(message):

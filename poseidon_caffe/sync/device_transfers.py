@@ -30,9 +30,8 @@ from .dwbp import SyncError
 def on_device(items):
     """The backend the items' blobs live on, when that is a device; else None."""
     for item in items:
-        backend = getattr(item.blob, "backend", None)
-        if getattr(backend, "on_device", False):
-            return backend
+        if item.blob.backend.on_device:
+            return item.blob.backend
     return None
 
 
@@ -54,13 +53,12 @@ class DeviceTransfers:
 
     def __init__(self, backend, items, iter_size=1, workers=1, depth=2):
         self.backend = backend
-        self.driver = backend.driver
-        self.stream = self.driver.stream()
+        self.stream = backend.stream()
         self.iter_size = int(iter_size)
         self.workers = int(workers)
         # a gradient buffer is reused ``depth`` clocks later: by then its exchange has ended
         self.depth = max(2, int(depth))
-        pinned = self.driver.pinned_empty
+        pinned = backend.pinned_empty
         self.slots = {}
         for item in items:
             # the weights as the exchanges see them; the same bytes as the device's at start
@@ -77,7 +75,7 @@ class DeviceTransfers:
     def _stage_factors(self, item, slot):
         source = item.sfb
         rows = self.iter_size * int(source.rows_per_pass)
-        pinned = self.driver.pinned_empty
+        pinned = self.backend.pinned_empty
         slot.staged = (pinned((rows, source.N), np.float32),
                        pinned((rows, source.M), np.float32))
         # every worker's factors, stacked as [all top diffs | all bottom data]: one upload
@@ -101,10 +99,10 @@ class DeviceTransfers:
     def enter_thread(self):
         """Make the device current on the communication thread, which queries the copy
         events (a CUDA driver call needs a current context there)."""
-        self.driver.make_current()
+        self.backend.enter_thread()
 
     def leave_thread(self):
-        self.driver.release_current()
+        self.backend.leave_thread()
 
     # -- out (compute thread) ----------------------------------------------------------------
     def copy_gradient(self, item, clock):
@@ -112,10 +110,10 @@ class DeviceTransfers:
         returns that buffer (complete once the next recorded event has)."""
         slot = self.slots[item.index]
         if slot.grads is None:
-            slot.grads = [self.driver.pinned_empty((item.count,), np.float32)
+            slot.grads = [self.backend.pinned_empty((item.count,), np.float32)
                           for _ in range(self.depth)]
         buf = slot.grads[clock % self.depth]
-        self.driver.copy_dtoh(buf, item.blob.dev_diff.ptr, self.stream)
+        self.backend.copy_to_host(buf, item.blob.dev_diff, self.stream)
         return buf
 
     def copy_factors(self, item):
@@ -131,20 +129,20 @@ class DeviceTransfers:
         slot.passes_read += 1
         diff_rows = slot.staged[0][p * m:(p + 1) * m]
         data_rows = slot.staged[1][p * m:(p + 1) * m]
-        self.driver.copy_dtoh(diff_rows, top.dev_diff.ptr, self.stream)
-        self.driver.copy_dtoh(data_rows, bottom.dev_data.ptr, self.stream)
+        self.backend.copy_to_host(diff_rows, top.dev_diff, self.stream)
+        self.backend.copy_to_host(data_rows, bottom.dev_data, self.stream)
         return diff_rows, data_rows
 
     def record(self):
         """An event after every copy queued so far: the exchanges' trigger."""
-        event = self.driver.event()
+        event = self.backend.event()
         event.record(self.stream)
         return event
 
     # -- what crossed ------------------------------------------------------------------------
     def end_iteration(self):
         """Mark the end of an iteration (compute thread, after its gradients were queued)."""
-        now = self.driver.transfers_now()
+        now = self.backend.transfers_now()
         if self._first_mark is None:
             self._first_mark = now
         else:
@@ -152,7 +150,7 @@ class DeviceTransfers:
         self._last_mark = now
 
     def moved(self):
-        """The driver's copies and host waits over the iterations after the first: a dict of
+        """The device's copies and host waits over the iterations after the first: a dict of
         ``Transfers``' counts (the prefetch thread's batches included) and ``iterations``;
         None before two iterations have ended."""
         if not self._marked:
@@ -170,7 +168,7 @@ class DeviceTransfers:
                 self._apply_factors(item, slot, rule, fresh - 1)
             else:
                 device = item.blob.mutable_dev_data
-                self.driver.copy_htod(device.ptr, item.host_data)
+                self.backend.upload(item.host_data, device)
             slot.device_version = fresh
 
     def _apply_factors(self, item, slot, rule, clock):
@@ -182,7 +180,7 @@ class DeviceTransfers:
         slot.factors_in = None
         n = rows * (source.N + source.M)
         stacked = be.empty((n,))
-        self.driver.copy_htod(stacked.ptr, slot.stacked[:n])
+        be.upload(slot.stacked[:n], stacked)
         D = stacked.rows(0, rows * source.N).reshape(rows, source.N)
         A = stacked.rows(rows * source.N, n).reshape(rows, source.M)
         # the blob's diff holds nothing of use until backward: it lends its memory here and

@@ -69,7 +69,7 @@ class Item:
 
     def __post_init__(self):
         # a device blob's shape is read without touching its host copy
-        self.shape = tuple(self.blob.shape if _lives_on_device(self.blob)
+        self.shape = tuple(self.blob.shape if self.blob.backend.on_device
                            else self.blob.data.shape)
         self.count = int(np.prod(self.shape)) if self.shape else 1
         self.rows = self.shape[0] if self.shape else 1
@@ -86,10 +86,6 @@ class Item:
     @property
     def diff_flat(self):
         return self.blob.diff.reshape(-1)
-
-
-def _lives_on_device(blob):
-    return getattr(getattr(blob, "backend", None), "on_device", False)
 
 
 class SyncEngine:

@@ -35,7 +35,7 @@ def _device():
     from .. import backend
     if backend.mode() != "gpu":
         return ""
-    device = getattr(backend.get_backend(), "device", None)
+    device = backend.get_backend().device
     return "" if device is None else ", GPU %d" % device
 
 

@@ -32,7 +32,7 @@ def build_items(net):
     for index, name, blob, first, offer in planner.exchanged_params(net):
         factors = None
         if offer is not None:
-            if getattr(blob.backend, "on_device", False):
+            if blob.backend.on_device:
                 # the offer is made only by the one layer using the blob: ``first``
                 bottoms, tops = net.layer_blobs(first)
                 factors = _device_factor_source(offer, (bottoms[0], tops[0]))

@@ -47,7 +47,7 @@ class SolverRule(ClockedRule):
         super().__init__(solver.update_rule, self.rates.__getitem__)
         self.host_copies = None
         params = self.net.learnable_params
-        if any(getattr(blob.backend, "on_device", False) for blob in params):
+        if any(blob.backend.on_device for blob in params):
             self.host_copies = {
                 index: [blob.backend.to_host(h).reshape(-1)
                         for h in solver.param_history(index)]

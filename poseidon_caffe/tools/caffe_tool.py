@@ -455,11 +455,10 @@ def time_model(values):
     net.share_diffs()                  # as train runs it
     from .. import backend
     # a device runs its work queued: every time read waits for it first (Caffe's events)
-    clock_device = getattr(backend.get_backend(), "synchronize", None)
+    wait_for_device = backend.get_backend().synchronize
 
     def now():
-        if clock_device is not None:
-            clock_device()
+        wait_for_device()
         return time.perf_counter()
     log.info("Memory needed for blobs: %s", net.memory_summary())
     log.info("Performing Forward")
@@ -519,9 +518,8 @@ def device_query(values):
             backend.set_mode_gpu()
         except backend.GPUUnavailable as exc:
             raise CommandError("cannot query GPU %d: %s" % (gpu, exc)) from None
-        describe = getattr(backend.get_backend(), "describe", None)
         log.info("Querying GPU %d", gpu)
-        for line in (describe() if describe else ["Device id: %d" % gpu]):
+        for line in backend.get_backend().describe():
             log.info("%s", line)
     return 0
 

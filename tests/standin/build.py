@@ -4,7 +4,7 @@ process uses them.
 ``prepare()`` compiles libcuda.so.1 (with the entry points generated from the headers) and
 libcublas.so.13 into a folder named by a hash of their sources, the headers and the compiler,
 builds the host library of every kernel source (build.host_library, cached by the backend),
-and writes the kernels' signatures (kernels.source_signatures) for CUBIN modules. A second
+and writes the kernels' signatures (launch.source_signatures) for CUBIN modules. A second
 call finds everything built and costs a few hashes. The environment variables of the
 returned StandIn are what a subprocess needs to run a real driver over the stand-ins: they
 must be set before it starts (the loader reads LD_LIBRARY_PATH once).
@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 
 from poseidon_caffe.backend.cuda import build as kernel_build
-from poseidon_caffe.backend.cuda import kernels
+from poseidon_caffe.backend.cuda import launch
 
 from . import entry_points, headers
 from .errors import StandInUnavailable
@@ -108,7 +108,7 @@ def _host_library(path):
 
 def _signatures(root):
     """A file of "kernel signature" lines for every kernel of the sources."""
-    text = "".join("%s %s\n" % item for module in kernels.source_signatures().values()
+    text = "".join("%s %s\n" % item for module in launch.source_signatures().values()
                    for item in sorted(module.items()))
     path = os.path.join(root, "signatures-%s.txt" % _digest([text.encode()]))
     if not os.path.exists(path):

@@ -1,4 +1,4 @@
-"""CUDABackend: the op set of backend/ops.md on one device, over the driver interface.
+"""CUDABackend: the op set of backend/ops.py on one device, over the driver interface.
 
 Arrays are ``DeviceArray``s: a shape, float32 (or int32), a device pointer and the object
 that owns the memory (an ``Allocation``, or the SyncedMemory of a blob), so a reshape or a
@@ -15,10 +15,12 @@ import weakref
 import numpy as np
 
 from ..geometry import PoolGeometry
+from ..ops import Backend
 from .choice import driver_kind
 from .choice import open_driver
 from .driver import DriverError
-from .kernels import KernelSet
+from . import kernels
+from .launch import KernelSet
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
@@ -113,16 +115,16 @@ class _NoArrayNamespace:
                              "backend's named ops" % name)
 
 
-class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
+class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
+    """The op set of backend/ops.py on one device, over a driver."""
     name = "cuda"
-    dtype = np.float32
     xp = _NoArrayNamespace()
     on_device = True
 
     def __init__(self, device=0, kind=None, driver=None):
         self.driver = driver or open_driver(kind or driver_kind(), device)
         self.device = int(device)
-        self.kernels = KernelSet(self.driver)
+        self.launcher = KernelSet(self.driver)
         self.blas = self.driver.blas()
         self._ones = None
 
@@ -131,8 +133,30 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         return self.driver.info.emulated
 
     def synchronize(self):
-        """Wait for the work queued on the device (timings read after it)."""
         self.driver.synchronize()
+
+    # -- the host side: pinned buffers, streams, events, asynchronous copies ---------------
+    def pinned_empty(self, shape, dtype=np.float32):
+        return self.driver.pinned_empty(shape, dtype)
+
+    def stream(self, non_blocking=False):
+        return self.driver.stream(non_blocking)
+
+    def event(self):
+        return self.driver.event()
+
+    def copy_to_host(self, dst, src, stream=None):
+        self._same_size(dst, src, "copy_to_host")
+        self.driver.copy_dtoh(dst, src.ptr, stream)
+
+    def enter_thread(self):
+        self.driver.make_current()
+
+    def leave_thread(self):
+        self.driver.release_current()
+
+    def transfers_now(self):
+        return self.driver.transfers_now()
 
     # -- memory ----------------------------------------------------------------------------
     def empty(self, shape, dtype=None):
@@ -185,10 +209,10 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         if a.size != b.size:
             raise ValueError("%s: %s values into %s" % (what, a.shape, b.shape))
 
-    # -- light work (the named ops; cpu.py has the same names) -----------------------------
+    # -- light work (the named ops; cpu/backend.py has the same names) ---------------------
     def fill(self, out, value):
         if out.size:
-            self.kernels.vec_set(out.size, out.ptr, float(value))
+            self.launcher.run(kernels.math.vec_set, out.size, out.ptr, float(value))
         return out
 
     def copy(self, src, out):
@@ -200,13 +224,14 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         """y = alpha x + beta y."""
         self._same_size(x, y, "axpby")
         if y.size:
-            self.kernels.vec_axpby(y.size, float(alpha), x.ptr, float(beta), y.ptr)
+            self.launcher.run(kernels.math.vec_axpby, y.size, float(alpha), x.ptr, float(beta),
+                              y.ptr)
         return y
 
     def scale(self, alpha, x, out=None):
         out = x if out is None else out
         if x.size:
-            self.kernels.vec_scale(x.size, float(alpha), x.ptr, out.ptr)
+            self.launcher.run(kernels.math.vec_scale, x.size, float(alpha), x.ptr, out.ptr)
         return out
 
     def sum(self, x):
@@ -229,7 +254,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         """out = x / divisor (a host float), rounded as one float division."""
         self._same_size(x, out, "divide")
         if out.size:
-            self.kernels.vec_div_scalar(out.size, x.ptr, float(divisor), out.ptr)
+            self.launcher.run(kernels.math.vec_div_scalar, out.size, x.ptr, float(divisor), out.ptr)
         return out
 
     def _ones_of(self, count):
@@ -264,26 +289,27 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         return dbias
 
     def relu_forward(self, x, y, slope):
-        self.kernels.relu_forward(x.size, x.ptr, y.ptr, float(slope))
+        self.launcher.run(kernels.neuron.relu_forward, x.size, x.ptr, y.ptr, float(slope))
 
     def relu_backward(self, x, dy, dx, slope):
-        self.kernels.relu_backward(x.size, dy.ptr, x.ptr, dx.ptr, float(slope))
+        self.launcher.run(kernels.neuron.relu_backward, x.size, dy.ptr, x.ptr, dx.ptr, float(slope))
 
     def neuron_forward(self, kind, x, y, *params):
-        """The neuron map ``kind`` (kernels/neuron.cu, backend/neuron.py's names)."""
+        """The neuron map ``kind`` (kernels/neuron.cu, cpu/neuron.py's names)."""
         if kind == "swish":
             sigmoid = self.empty(x.shape)
-            self.kernels.swish_forward(x.size, x.ptr, y.ptr, sigmoid.ptr, float(params[0]))
+            self.launcher.run(kernels.neuron.swish_forward, x.size, x.ptr, y.ptr, sigmoid.ptr,
+                              float(params[0]))
             return sigmoid
-        self.kernels.launch(kind + "_forward",
-                            (x.size, x.ptr, y.ptr) + tuple(float(p) for p in params))
+        self.launcher.run(getattr(kernels.neuron, kind + "_forward"), x.size, x.ptr, y.ptr,
+                          *(float(p) for p in params))
         return None
 
     def neuron_backward(self, kind, dy, *arrays_and_params):
         count = (2 if kind in ("elu", "swish") else 1) + 1
         arrays, params = arrays_and_params[:count], arrays_and_params[count:]
-        self.kernels.launch(kind + "_backward", (dy.size, dy.ptr) +
-                            tuple(a.ptr for a in arrays) + tuple(float(p) for p in params))
+        self.launcher.run(getattr(kernels.neuron, kind + "_backward"), dy.size, dy.ptr,
+                          *(a.ptr for a in arrays), *(float(p) for p in params))
         return arrays[-1]
 
     def axis_copy(self, part, whole, axis, offset, to_whole):
@@ -291,45 +317,46 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
             return
         inner = math.prod(part.shape[axis + 1:])
         if to_whole:
-            self.kernels.concat(part.size, part.ptr, 1, inner, whole.shape[axis],
-                                part.shape[axis], offset, whole.ptr)
+            self.launcher.run(kernels.copy.concat, part.size, part.ptr, 1, inner,
+                              whole.shape[axis], part.shape[axis], offset, whole.ptr)
         else:
-            self.kernels.concat(part.size, whole.ptr, 0, inner, whole.shape[axis],
-                                part.shape[axis], offset, part.ptr)
+            self.launcher.run(kernels.copy.concat, part.size, whole.ptr, 0, inner,
+                              whole.shape[axis], part.shape[axis], offset, part.ptr)
 
     def eltwise_forward(self, op, xs, coeffs, y):
-        k, n = self.kernels, y.size
+        k, n = self.launcher, y.size
         if op == "prod":
-            k.vec_mul(n, xs[0].ptr, xs[1].ptr, y.ptr)
+            k.run(kernels.math.vec_mul, n, xs[0].ptr, xs[1].ptr, y.ptr)
             for x in xs[2:]:
-                k.vec_mul(n, y.ptr, x.ptr, y.ptr)
+                k.run(kernels.math.vec_mul, n, y.ptr, x.ptr, y.ptr)
         elif op == "sum":
             self.scale(coeffs[0], xs[0], y)
             for c, x in zip(coeffs[1:], xs[1:]):
                 self.axpby(c, x, 1.0, y)
         else:
             argmax = self.empty(y.shape, I32)
-            k.eltwise_max_forward(n, xs[0].ptr, xs[1].ptr, 1, y.ptr, argmax.ptr)
+            k.run(kernels.eltwise.eltwise_max_forward, n, xs[0].ptr, xs[1].ptr, 1, y.ptr,
+                  argmax.ptr)
             for i, x in enumerate(xs[2:], 2):
-                k.eltwise_max_forward(n, y.ptr, x.ptr, i, y.ptr, argmax.ptr)
+                k.run(kernels.eltwise.eltwise_max_forward, n, y.ptr, x.ptr, i, y.ptr, argmax.ptr)
             return argmax
         return None
 
     def eltwise_backward(self, op, i, xs, y, dy, dx, coeffs, argmax, stable_prod_grad):
-        k, n = self.kernels, dy.size
+        k, n = self.launcher, dy.size
         if op == "prod":
             if stable_prod_grad:
                 others = [x for j, x in enumerate(xs) if j != i]
                 self.copy(others[0], dx)
                 for x in others[1:]:
-                    k.vec_mul(n, dx.ptr, x.ptr, dx.ptr)
+                    k.run(kernels.math.vec_mul, n, dx.ptr, x.ptr, dx.ptr)
             else:
-                k.vec_div(n, y.ptr, xs[i].ptr, dx.ptr)
-            k.vec_mul(n, dx.ptr, dy.ptr, dx.ptr)
+                k.run(kernels.math.vec_div, n, y.ptr, xs[i].ptr, dx.ptr)
+            k.run(kernels.math.vec_mul, n, dx.ptr, dy.ptr, dx.ptr)
         elif op == "sum":
             self.scale(coeffs[i], dy, dx)
         else:
-            k.eltwise_max_backward(n, dy.ptr, argmax.ptr, i, dx.ptr)
+            k.run(kernels.eltwise.eltwise_max_backward, n, dy.ptr, argmax.ptr, i, dx.ptr)
 
     def crop_copy(self, big, small, offsets, to_small):
         if not small.size:
@@ -339,40 +366,42 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         geometry = self.to_device(np.asarray(strides(big.shape) + strides(small.shape) +
                                              list(offsets), np.int32), dtype=np.int32)
         if to_small:
-            self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, big.ptr, small.ptr, 1)
+            self.launcher.run(kernels.copy.crop_copy, small.size, small.ndim, geometry.ptr,
+                              big.ptr, small.ptr, 1)
         else:
-            self.kernels.crop_copy(small.size, small.ndim, geometry.ptr, small.ptr, big.ptr, 0)
+            self.launcher.run(kernels.copy.crop_copy, small.size, small.ndim, geometry.ptr,
+                              small.ptr, big.ptr, 0)
 
     def tile_forward(self, x, y):
         """y (outer, tiles, inner) = x (outer, 1, inner) repeated."""
         outer, tiles, inner = y.shape
         if y.size:
-            self.kernels.tile_forward(y.size, x.ptr, inner, tiles, y.ptr)
+            self.launcher.run(kernels.copy.tile_forward, y.size, x.ptr, inner, tiles, y.ptr)
 
     def tile_backward(self, dy, dx):
         """dx (outer, 1, inner) = dy (outer, tiles, inner) summed over the tiles."""
         outer, tiles, inner = dy.shape
         if dx.size:
-            self.kernels.tile_backward(dx.size, dy.ptr, inner, tiles, dx.ptr)
+            self.launcher.run(kernels.copy.tile_backward, dx.size, dy.ptr, inner, tiles, dx.ptr)
 
     # -- Embed (kernels/embed.cu) ---------------------------------------------------------
     def embed_forward(self, indices, index_values, weight, y):
         input_dim, num_output = weight.shape
         if y.size:
-            self.kernels.embed_forward(y.size, index_values.ptr, weight.ptr, input_dim,
-                                       num_output, None, y.ptr)
+            self.launcher.run(kernels.embed.embed_forward, y.size, index_values.ptr, weight.ptr,
+                              input_dim, num_output, None, y.ptr)
 
     def embed_backward(self, indices, index_values, dy, weight_diff):
         input_dim, num_output = weight_diff.shape
-        self.kernels.embed_backward(weight_diff.size, index_values.ptr, dy.ptr, dy.shape[0],
-                                    num_output, weight_diff.ptr)
+        self.launcher.run(kernels.embed.embed_backward, weight_diff.size, index_values.ptr, dy.ptr,
+                          dy.shape[0], num_output, weight_diff.ptr)
 
     # -- Scale and Bias over (outer, dim, inner) ------------------------------------------
     def scale_forward(self, x, scale, bias, y):
         outer, dim, inner = x.shape
         if x.size:
-            self.kernels.channel_scale(x.size, x.ptr, scale.ptr,
-                                       None if bias is None else bias.ptr, dim, inner, y.ptr)
+            self.launcher.run(kernels.math.channel_scale, x.size, x.ptr, scale.ptr,
+                              None if bias is None else bias.ptr, dim, inner, y.ptr)
 
     def scale_backward(self, x, scale, dy, dx):
         self.scale_forward(dy, scale, None, dx)
@@ -380,7 +409,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
     def broadcast_grad(self, dy, grad, accumulate, x=None):
         if x is not None:
             product = self.empty(dy.shape)
-            self.kernels.vec_mul(dy.size, dy.ptr, x.ptr, product.ptr)
+            self.launcher.run(kernels.math.vec_mul, dy.size, dy.ptr, x.ptr, product.ptr)
             dy = product
         if not accumulate:
             self.fill(grad, 0.0)
@@ -389,35 +418,38 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
     # -- BatchNorm over (num, channels, spatial) (kernels/batchnorm.cu) --------------------
     def batchnorm_batch(self, x, eps, out):
         num, channels, spatial = x.shape
-        k = self.kernels
+        k = self.launcher
         mean, variance, std = (self.empty((channels,)) for _ in range(3))
-        k.channel_mean(channels, x.ptr, None, num, spatial, mean.ptr)
-        k.channel_variance(channels, x.ptr, mean.ptr, num, spatial, float(eps), variance.ptr,
-                           std.ptr)
-        k.batchnorm_normalize(x.size, x.ptr, mean.ptr, std.ptr, channels, spatial, out.ptr)
+        k.run(kernels.batchnorm.channel_mean, channels, x.ptr, None, num, spatial, mean.ptr)
+        k.run(kernels.batchnorm.channel_variance, channels, x.ptr, mean.ptr, num, spatial,
+              float(eps), variance.ptr, std.ptr)
+        k.run(kernels.batchnorm.batchnorm_normalize, x.size, x.ptr, mean.ptr, std.ptr, channels,
+              spatial, out.ptr)
         return std, mean, variance
 
     def batchnorm_global(self, x, mean_sum, variance_sum, factor, eps, out):
         num, channels, spatial = x.shape
-        k = self.kernels
+        k = self.launcher
         mean = self.scale(factor, mean_sum, self.empty((channels,)))
         std = self.scale(factor, variance_sum, self.empty((channels,)))
-        k.vec_add_scalar(channels, std.ptr, float(eps))
-        k.vec_sqrt(channels, std.ptr, std.ptr)
-        k.batchnorm_normalize(x.size, x.ptr, mean.ptr, std.ptr, channels, spatial, out.ptr)
+        k.run(kernels.math.vec_add_scalar, channels, std.ptr, float(eps))
+        k.run(kernels.math.vec_sqrt, channels, std.ptr, std.ptr)
+        k.run(kernels.batchnorm.batchnorm_normalize, x.size, x.ptr, mean.ptr, std.ptr, channels,
+              spatial, out.ptr)
         return std
 
     def batchnorm_backward(self, dy, y, std, global_stats, dx):
         num, channels, spatial = dy.shape
-        k = self.kernels
+        k = self.launcher
         mean_dy = mean_dy_y = None
         if not global_stats:
             mean_dy, mean_dy_y = self.empty((channels,)), self.empty((channels,))
-            k.channel_mean(channels, dy.ptr, None, num, spatial, mean_dy.ptr)
-            k.channel_mean(channels, dy.ptr, y.ptr, num, spatial, mean_dy_y.ptr)
-        k.batchnorm_backward(dy.size, dy.ptr, y.ptr, None if global_stats else mean_dy.ptr,
-                             None if global_stats else mean_dy_y.ptr, std.ptr, channels, spatial,
-                             int(bool(global_stats)), dx.ptr)
+            k.run(kernels.batchnorm.channel_mean, channels, dy.ptr, None, num, spatial, mean_dy.ptr)
+            k.run(kernels.batchnorm.channel_mean, channels, dy.ptr, y.ptr, num, spatial,
+                  mean_dy_y.ptr)
+        k.run(kernels.batchnorm.batchnorm_backward, dy.size, dy.ptr, y.ptr,
+              None if global_stats else mean_dy.ptr, None if global_stats else mean_dy_y.ptr,
+              std.ptr, channels, spatial, int(bool(global_stats)), dx.ptr)
 
     def running_average(self, stat, fraction, value, scale=1.0):
         self.axpby(scale, value, fraction, stat)
@@ -426,12 +458,13 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
         on the device)."""
         mask = self.to_device(uniform)
-        self.kernels.dropout_forward(x.size, x.ptr, mask.ptr, y.ptr, float(ratio), float(scale))
+        self.launcher.run(kernels.neuron.dropout_forward, x.size, x.ptr, mask.ptr, y.ptr,
+                          float(ratio), float(scale))
         return mask
 
     def dropout_backward(self, mask, dy, dx, ratio, scale):
-        self.kernels.dropout_backward(dy.size, dy.ptr, mask.ptr, dx.ptr, float(ratio),
-                                      float(scale))
+        self.launcher.run(kernels.neuron.dropout_backward, dy.size, dy.ptr, mask.ptr, dx.ptr,
+                          float(ratio), float(scale))
 
     def softmax_forward(self, x, y):
         """y = softmax of x (outer, channels, inner) along channels."""
@@ -439,24 +472,24 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         if x.ptr != y.ptr:
             self.copy(x, y)
         per = self.empty((outer * inner,))
-        k = self.kernels
-        k.channel_max(outer * inner, y.ptr, channels, inner, per.ptr)
-        k.channel_subtract(y.size, channels, inner, per.ptr, y.ptr)
-        k.vec_exp(y.size, y.ptr, y.ptr)
-        k.channel_sum(outer * inner, y.ptr, channels, inner, per.ptr)
-        k.channel_div(y.size, channels, inner, per.ptr, y.ptr)
+        k = self.launcher
+        k.run(kernels.softmax.channel_max, outer * inner, y.ptr, channels, inner, per.ptr)
+        k.run(kernels.softmax.channel_subtract, y.size, channels, inner, per.ptr, y.ptr)
+        k.run(kernels.math.vec_exp, y.size, y.ptr, y.ptr)
+        k.run(kernels.softmax.channel_sum, outer * inner, y.ptr, channels, inner, per.ptr)
+        k.run(kernels.softmax.channel_div, y.size, channels, inner, per.ptr, y.ptr)
         return y
 
     def softmax_backward(self, y, dy, dx):
         """dx = (dy - sum_c dy y) y along channels of (outer, channels, inner)."""
         outer, channels, inner = y.shape
         per = self.empty((outer * inner,))
-        k = self.kernels
-        k.channel_dot(outer * inner, dy.ptr, y.ptr, channels, inner, per.ptr)
+        k = self.launcher
+        k.run(kernels.softmax.channel_dot, outer * inner, dy.ptr, y.ptr, channels, inner, per.ptr)
         if dx.ptr != dy.ptr:
             self.copy(dy, dx)
-        k.channel_subtract(dx.size, channels, inner, per.ptr, dx.ptr)
-        k.vec_mul(dx.size, dx.ptr, y.ptr, dx.ptr)
+        k.run(kernels.softmax.channel_subtract, dx.size, channels, inner, per.ptr, dx.ptr)
+        k.run(kernels.math.vec_mul, dx.size, dx.ptr, y.ptr, dx.ptr)
         return dx
 
     def _softmax_loss_terms(self, prob, labels, ignore_label):
@@ -464,9 +497,9 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         outer, channels, inner = prob.shape
         n = outer * inner
         loss, counts = self.empty((n,)), self.empty((n,))
-        self.kernels.softmax_loss_forward(n, prob.ptr, labels.ptr, channels, inner,
-                                          int(ignore_label is not None), int(ignore_label or 0),
-                                          loss.ptr, counts.ptr)
+        self.launcher.run(kernels.softmax.softmax_loss_forward, n, prob.ptr, labels.ptr, channels,
+                          inner, int(ignore_label is not None), int(ignore_label or 0), loss.ptr,
+                          counts.ptr)
         return loss, counts
 
     def softmax_loss_forward_on_device(self, prob, labels, ignore_label, out, count=False):
@@ -490,9 +523,9 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         if dx.ptr != prob.ptr:
             self.copy(prob, dx)
         counts = self.empty((n,))
-        self.kernels.softmax_loss_backward(n, labels.ptr, channels, inner,
-                                           int(ignore_label is not None),
-                                           int(ignore_label or 0), dx.ptr, counts.ptr)
+        self.launcher.run(kernels.softmax.softmax_loss_backward, n, labels.ptr, channels, inner,
+                          int(ignore_label is not None), int(ignore_label or 0), dx.ptr,
+                          counts.ptr)
         self.scale(scale, dx)
         return dx
 
@@ -505,11 +538,10 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         class_hits = class_counts = None
         if per_class:
             class_hits, class_counts = self.zeros((channels, n)), self.zeros((channels, n))
-        self.kernels.accuracy_forward(n, scores.ptr, labels.ptr, channels, inner, int(top_k),
-                                      int(ignore_label is not None), int(ignore_label or 0),
-                                      hits.ptr, counts.ptr,
-                                      class_hits.ptr if per_class else None,
-                                      class_counts.ptr if per_class else None)
+        self.launcher.run(kernels.accuracy.accuracy_forward, n, scores.ptr, labels.ptr, channels,
+                          inner, int(top_k), int(ignore_label is not None), int(ignore_label or 0),
+                          hits.ptr, counts.ptr, class_hits.ptr if per_class else None,
+                          class_counts.ptr if per_class else None)
         result = (self.sum(hits), self.sum(counts))
         if per_class:
             seen = self.to_host(class_counts).sum(axis=1)
@@ -523,7 +555,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         """One parameter's update on the device, in Caffe's order: normalise by iter_size,
         regularise, turn diff into the update value, data -= diff."""
         n = diff.size
-        k = self.kernels
+        k = self.launcher
         if iter_size != 1:
             self.scale(1.0 / iter_size, diff)
         if local_decay:
@@ -531,7 +563,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
                 self.axpby(local_decay, data, 1.0, diff)
             elif regularization_type == "L1":
                 sign = self.empty(data.shape)
-                k.vec_sign(n, data.ptr, sign.ptr)
+                k.run(kernels.math.vec_sign, n, data.ptr, sign.ptr)
                 self.axpby(local_decay, sign, 1.0, diff)
             else:
                 raise ValueError("Unknown regularization type: %r (expected L2 or L1)"
@@ -539,22 +571,23 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         h = [a.ptr for a in history]
         rate = float(local_rate)
         if kind == "SGD":
-            k.sgd_update(n, diff.ptr, h[0], float(param.momentum), rate)
+            k.run(kernels.updates.sgd_update, n, diff.ptr, h[0], float(param.momentum), rate)
         elif kind == "Nesterov":
-            k.nesterov_update(n, diff.ptr, h[0], float(param.momentum), rate)
+            k.run(kernels.updates.nesterov_update, n, diff.ptr, h[0], float(param.momentum), rate)
         elif kind == "AdaGrad":
-            k.adagrad_update(n, diff.ptr, h[0], float(param.delta), rate)
+            k.run(kernels.updates.adagrad_update, n, diff.ptr, h[0], float(param.delta), rate)
         elif kind == "RMSProp":
-            k.rmsprop_update(n, diff.ptr, h[0], float(param.rms_decay), float(param.delta), rate)
+            k.run(kernels.updates.rmsprop_update, n, diff.ptr, h[0], float(param.rms_decay),
+                  float(param.delta), rate)
         elif kind == "AdaDelta":
-            k.adadelta_update(n, diff.ptr, h[0], h[1], float(param.momentum),
-                              float(param.delta), rate)
+            k.run(kernels.updates.adadelta_update, n, diff.ptr, h[0], h[1], float(param.momentum),
+                  float(param.delta), rate)
         elif kind == "Adam":
             t = iteration + 1
             correction = math.sqrt(1.0 - math.pow(param.momentum2, t)) / \
                 (1.0 - math.pow(param.momentum, t))
-            k.adam_update(n, diff.ptr, h[0], h[1], float(param.momentum),
-                          float(param.momentum2), float(param.delta), rate * correction)
+            k.run(kernels.updates.adam_update, n, diff.ptr, h[0], h[1], float(param.momentum),
+                  float(param.momentum2), float(param.delta), rate * correction)
         else:
             raise ValueError("no update rule for solver type %r" % kind)
         self.axpby(-1.0, diff, 1.0, data)
@@ -583,38 +616,38 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
 
     # -- vision ----------------------------------------------------------------------------
     def conv_plan(self, geom, batch=None):
-        from .plans import ConvPlan
+        from .conv import ConvPlan
         return ConvPlan(self, geom)
 
     def im2col(self, x, geom):
-        from .plans import im2col
+        from .conv import im2col
         n = x.shape[0]
         col = self.empty((n, geom.col_rows) + geom.out_shape)
         im2col(self, x, geom, col)
         return col
 
     def col2im(self, col, geom):
-        from .plans import col2im
+        from .conv import col2im
         n = col.shape[0]
         x = self.empty((n, geom.channels) + geom.in_shape)
         col2im(self, col, geom, x)
         return x
 
     def pool_plan(self, geom):
-        from .plans import PoolPlan
+        from .pool import PoolPlan
         return PoolPlan(self, geom)
 
     def lrn_forward(self, x, size, alpha, beta, k, across_channels, out=None, state=None):
         n, c, h, w = x.shape
         scale = state if state is not None and state.shape == x.shape else self.empty(x.shape)
         if across_channels:
-            self.kernels.lrn_scale_across(x.size, x.ptr, c, h, w, size, alpha / size, k,
-                                          scale.ptr)
+            self.launcher.run(kernels.lrn.lrn_scale_across, x.size, x.ptr, c, h, w, size,
+                              alpha / size, k, scale.ptr)
         else:
-            self.kernels.lrn_scale_within(x.size, x.ptr, h, w, size, alpha / (size * size),
-                                          scale.ptr)
+            self.launcher.run(kernels.lrn.lrn_scale_within, x.size, x.ptr, h, w, size,
+                              alpha / (size * size), scale.ptr)
         top = out if out is not None else self.empty(x.shape)
-        self.kernels.lrn_output(x.size, x.ptr, scale.ptr, beta, top.ptr)
+        self.launcher.run(kernels.lrn.lrn_output, x.size, x.ptr, scale.ptr, beta, top.ptr)
         return top, scale
 
     def lrn_backward(self, x, top, state, dy, size, alpha, beta, across_channels, out=None):
@@ -623,11 +656,11 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         norm = size if across_channels else size * size
         coef = 2.0 * alpha * beta / norm
         if across_channels:
-            self.kernels.lrn_diff_across(x.size, x.ptr, top.ptr, state.ptr, dy.ptr, c, h, w,
-                                         size, beta, coef, dx.ptr)
+            self.launcher.run(kernels.lrn.lrn_diff_across, x.size, x.ptr, top.ptr, state.ptr,
+                              dy.ptr, c, h, w, size, beta, coef, dx.ptr)
         else:
-            self.kernels.lrn_diff_within(x.size, x.ptr, top.ptr, state.ptr, dy.ptr, h, w, size,
-                                         beta, coef, dx.ptr)
+            self.launcher.run(kernels.lrn.lrn_diff_within, x.size, x.ptr, top.ptr, state.ptr,
+                              dy.ptr, h, w, size, beta, coef, dx.ptr)
         return dx
 
     def describe(self):

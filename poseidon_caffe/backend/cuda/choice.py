@@ -1,8 +1,9 @@
 """Which driver opens a GPU, and why none can: the one place that reads the driver settings.
 
 ``POSEIDON_CAFFE_DRIVER`` chooses: ``cuda-bindings`` (NVIDIA's ``cuda-bindings`` wheel, the
-default), ``pycuda``, ``emulated`` (the test device of emulated.py), or ``auto``/unset: pycuda
-when it is importable (a user who installed ``.[pycuda]`` asked for it), else cuda-bindings.
+default), ``pycuda``, ``emulated`` (the test device of drivers/emulated.py), or
+``auto``/unset: pycuda when it is importable (a user who installed ``.[pycuda]`` asked for
+it), else cuda-bindings.
 The older ``POSEIDON_CAFFE_GPU=emulated`` still selects the emulated device.
 
 A real driver first checks that the machine has NVIDIA's driver library at all, so a machine
@@ -21,10 +22,9 @@ KINDS = REAL + ("emulated",)
 ALIASES = {"": "auto", "auto": "auto", "cuda": "auto", "real": "auto",
            "cuda-bindings": "cuda-bindings", "cuda_bindings": "cuda-bindings",
            "bindings": "cuda-bindings", "pycuda": "pycuda", "emulated": "emulated"}
-# each driver's module and class, found by name: the interface (driver.py) imports none of them
-DRIVERS = {"cuda-bindings": ("bindings_driver", "CudaBindingsDriver"),
-           "pycuda": ("pycuda_driver", "PyCUDADriver"),
-           "emulated": ("emulated", "EmulatedDriver")}
+# a driver is found by its name: drivers/<name, "-" as "_">.py, whose DRIVER is its class; the
+# interface (driver.py) and this module import none of them
+DRIVERS_PACKAGE = __package__ + ".drivers"
 LIBCUDA = "libcuda.so.1"
 HOW_ELSE = ("train on the CPU (leave out -gpu, or solver_mode: CPU), or try the emulated "
             "test device with %s=emulated" % DRIVER_ENV)
@@ -104,8 +104,7 @@ def driver_class(kind):
     except ChoiceError as exc:
         from .driver import DriverError
         raise DriverError(str(exc)) from None
-    module, name = DRIVERS[kind]
-    return getattr(importlib.import_module("%s.%s" % (__package__, module)), name)
+    return importlib.import_module("%s.%s" % (DRIVERS_PACKAGE, kind.replace("-", "_"))).DRIVER
 
 
 def open_driver(kind, device=0):

@@ -4,10 +4,10 @@ The rest of the backend talks to a device only through a ``Driver``: memory, cop
 events, modules and launches, and a BLAS handle. Three implementations exist (choice.py says
 which one opens):
 
-- ``bindings_driver.CudaBindingsDriver``: a real GPU through NVIDIA's cuda-bindings, with
+- ``drivers/cuda_bindings.CudaBindingsDriver``: a real GPU through NVIDIA's cuda-bindings, with
   cuBLAS (``cublas.py``): the default;
-- ``pycuda_driver.PyCUDADriver``: a real GPU through pycuda, with the same cuBLAS binding;
-- ``emulated.EmulatedDriver``: host buffers, the kernels built for the host, numpy for BLAS,
+- ``drivers/pycuda.PyCUDADriver``: a real GPU through pycuda, with the same cuBLAS binding;
+- ``drivers/emulated.EmulatedDriver``: host buffers, the kernels built for the host, numpy for BLAS,
   so the backend's own code runs unchanged on a machine without a GPU.
 
 Device memory is addressed by plain integers (device pointers), so pointer arithmetic (an
@@ -17,6 +17,8 @@ and so is every wait of the host for the device (``host_syncs``).
 """
 import threading
 from dataclasses import dataclass, field
+
+from ..ops import Transfers
 
 INT32 = (-2 ** 31, 2 ** 31 - 1)
 POINTER, INT, FLOAT = "P", "i", "f"       # kernel parameter types (pycuda's struct letters)
@@ -71,33 +73,6 @@ class DeviceInfo:
             ("Number of multiprocessors", self.multiprocessors),
             ("Kernel execution timeout", yes(self.kernel_execution_timeout)),
         ]
-
-
-@dataclass
-class Transfers:
-    """Copies made through one driver: calls and bytes, host to device, device to host,
-    device to device; and the host's waits for the device. SyncedMemory and tests read these
-    to see what crossed the bus and how often the host stood still.
-
-    ``host_syncs`` counts the waits of the thread that opened the driver (the one that drives
-    the computation): ``synchronize()``, a stream's or an event's ``synchronize()``, a copy to
-    the host without a stream, and a BLAS call that returns a scalar to the host (sdot, sasum).
-    ``background_syncs`` counts the same waits made on other threads (a prefetch thread
-    waiting for its own stream), which do not hold the computation up."""
-    htod_calls: int = 0
-    htod_bytes: int = 0
-    dtoh_calls: int = 0
-    dtoh_bytes: int = 0
-    dtod_calls: int = 0
-    dtod_bytes: int = 0
-    host_syncs: int = 0
-    background_syncs: int = 0
-
-    def snapshot(self):
-        return Transfers(**self.__dict__)
-
-    def since(self, earlier):
-        return Transfers(**{k: v - getattr(earlier, k) for k, v in self.__dict__.items()})
 
 
 @dataclass

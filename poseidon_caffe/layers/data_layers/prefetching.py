@@ -110,7 +110,7 @@ class PrefetchingDataLayer(Layer):
         loader = self._loader      # the thread holds the loader, never the layer
         depth = self.param.data_param.prefetch
         leave = None
-        if getattr(self.backend, "on_device", False):
+        if self.backend.on_device:
             ring = self._resources.ring = self.backend.batch_ring(depth)
             labelled = self.output_labels
 

@@ -1,6 +1,6 @@
 // im2col and its adjoint col2im, over a whole batch: images (num, C, *in) <-> columns
 // (num, C * taps, *out), rows ordered (channel, kernel taps), Caffe's per-image layout with
-// the images one after another (backend/ops.md "Im2col"). 2-d kernels with the geometry as
+// the images one after another (backend/ops.py, im2col). 2-d kernels with the geometry as
 // arguments, and N-d kernels (any number of spatial axes up to MAX_SPATIAL_AXES) that read
 // it from one device array: [in shape, out shape, kernel, pad, stride, dilation], num_axes
 // ints each. col2im gathers: each image element sums the column entries that read it.

@@ -1,5 +1,5 @@
-// Pooling over (num * channels) maps of height x width, Caffe's window rules (backend/ops.md,
-// backend/pool.py): MAX ignores padding and the first maximum in row-major order wins; its
+// Pooling over (num * channels) maps of height x width, Caffe's window rules (backend/ops.py,
+// backend/cpu/pool.py): MAX ignores padding and the first maximum in row-major order wins; its
 // mask is the winner's h * width + w, -1 for a window wholly past the input (output -FLT_MAX,
 // no gradient). AVE divides by the window clipped to input + padding. STOCHASTIC has no
 // padding: at TRAIN it draws the element where the running sum first reaches uniform * sum

@@ -1,5 +1,6 @@
-"""The optional compiled kernels: kernels.c, built at install as the module ``_kernels`` and
-called through ctypes (which releases the GIL, so batch parts run side by side).
+"""The optional compiled kernels: kernels/pooling.c and kernels/lrn.c, built at install as the
+module ``_kernels`` and called through ctypes (which releases the GIL, so batch parts run side
+by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
 windows). ``lib`` is None where the library was not built (no compiler at install) or when
@@ -14,7 +15,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 4                  # kernels_version() of the kernels.c these calls are written for
+VERSION = 4                  # kernels_version() of the pooling.c these calls are written for
 
 
 def _load():
@@ -27,7 +28,7 @@ def _load():
     lib = ctypes.CDLL(_kernels.__file__)
     version = getattr(lib, "kernels_version", None)
     if version is None or version() != VERSION:
-        # built from another kernels.c (rebuild: python setup.py build_ext --inplace)
+        # built from another pooling.c (rebuild: python setup.py build_ext --inplace)
         return None
     lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW
     lib.pool_max_forward.restype = _I

@@ -262,7 +262,7 @@ class WinogradConvPlan:
     # -- backward-data: a forward convolution of dy ---------------------------------------------
     def _flipped_plan(self):
         if self._flipped is None:
-            from .geometry import ConvGeometry
+            from ..geometry import ConvGeometry
             g = self.geom
             pad = tuple(KERNEL - 1 - p for p in g.pad)
             self._flipped = WinogradConvPlan(

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from . import build
-from .driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
+from .. import build
+from ..driver import FLOAT, INT, POINTER, DeviceInfo, Driver, DriverError, Function
 
 ALIGNMENT = 256                      # cudaMalloc's
 GUARD = 64
@@ -298,6 +298,9 @@ class EmulatedDriver(Driver):
     def blas(self, stream=None):
         key = None if stream is None else stream.handle
         if key not in self._blas:
-            from .emulated_blas import EmulatedBlas
+            from ..emulated_blas import EmulatedBlas
             self._blas[key] = EmulatedBlas(self, stream)
         return self._blas[key]
+
+
+DRIVER = EmulatedDriver          # what choice.driver_class finds by this module's name

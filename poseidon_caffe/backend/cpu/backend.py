@@ -1,9 +1,11 @@
 """The numpy backend: float32 arrays in host memory, every op vectorised over the whole batch."""
 import ctypes
 import os
+import time
 
 import numpy as np
 
+from ..ops import Backend, Transfers
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
@@ -136,10 +138,37 @@ def keep_freed_memory():
                 mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
-class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
+class HostStream:
+    """The CPU's queue of copies: every copy is done when it returns, so there is nothing to
+    wait for."""
+
+    def synchronize(self):
+        pass
+
+
+class HostEvent:
+    """An event on the CPU: complete as soon as it is recorded."""
+
+    def __init__(self):
+        self._at = time.perf_counter()
+
+    def record(self, stream=None):
+        self._at = time.perf_counter()
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_ms(self, start):
+        return (self._at - start._at) * 1000.0
+
+
+class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
+    """The op set of backend/ops.py over numpy."""
     name = "cpu"
     xp = np                    # the array namespace layers use for light elementwise work
-    dtype = np.float32
 
     def __init__(self):
         # With several threads, convolution and pooling run per batch part, one part per
@@ -163,6 +192,35 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
 
     def to_host(self, array):
         return np.asarray(array)
+
+    def synchronize(self):
+        pass
+
+    def describe(self):
+        return ["Backend: CPU (numpy %s)" % np.__version__,
+                "Threads: %d" % self.split_threads]
+
+    # -- the seam's device side, as it is on the host --------------------------------------
+    def pinned_empty(self, shape, dtype=np.float32):
+        return np.empty(shape, dtype)
+
+    def stream(self, non_blocking=False):
+        return HostStream()
+
+    def event(self):
+        return HostEvent()
+
+    def copy_to_host(self, dst, src, stream=None):
+        dst.reshape(-1)[...] = np.asarray(src).reshape(-1)
+
+    def enter_thread(self):
+        pass
+
+    def leave_thread(self):
+        pass
+
+    def transfers_now(self):
+        return Transfers()
 
     # -- BLAS ------------------------------------------------------------------------------
     def gemm(self, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None):
@@ -308,9 +366,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps):
         return lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=out)
 
     # -- light work: the named ops layers call, so one layer runs on every backend ---------
-    # (the CUDA backend has the same names over its kernels; see ops.md "Light work")
-    on_device = False
-
+    # (the CUDA backend has the same names over its kernels; see backend/ops.py)
     def upload(self, host, out):
         """out <- host, values of the same count (a batch into its blob)."""
         out[...] = host if host.shape == out.shape else host.reshape(out.shape)

@@ -16,9 +16,9 @@ import weakref
 
 import numpy as np
 
-from . import choice
-from .driver import FLOAT, INT, POINTER, DeviceInfo, DriverError, Function
-from .real_driver import RealDriver
+from .. import choice
+from ..driver import FLOAT, INT, POINTER, DeviceInfo, DriverError, Function
+from ..real_driver import RealDriver
 
 _CTYPES = {POINTER: ctypes.c_void_p, INT: ctypes.c_int, FLOAT: ctypes.c_float}
 
@@ -276,3 +276,6 @@ class CudaBindingsDriver(RealDriver):
         fn, types = function.handle
         self.call("cuLaunchKernel", fn, grid, 1, 1, block, 1, 1, 0, _raw(stream),
                   (tuple(args), types), 0)
+
+
+DRIVER = CudaBindingsDriver          # what choice.driver_class finds by this module's name

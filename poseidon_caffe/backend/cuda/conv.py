@@ -1,4 +1,4 @@
-"""The CUDA backend's convolution and pooling plans (the call contracts of backend/ops.md).
+"""The CUDA backend's convolution plan (the call contract of backend/ops.py's conv_plan).
 
 Convolution: im2col of the whole batch into per-image columns (N, C*taps, outputs), then one
 strided-batched sgemm per group for the forward (the weights' stride 0) and for the columns of
@@ -7,6 +7,8 @@ bias goes through the backend's add_bias / add_bias_grad (GEMMs against a vector
 The columns of the last forward are kept for the backward that follows on the same input.
 """
 import numpy as np
+
+from . import kernels
 
 I32 = np.int32
 
@@ -26,11 +28,11 @@ def im2col(backend, x, geom, col, geometry=None):
     if geom.nd == 2:
         (h, w), (kh, kw), (ph, pw), (sh, sw), (dh, dw), (oh, ow) = (
             geom.in_shape, geom.kernel, geom.pad, geom.stride, geom.dilation, geom.out_shape)
-        backend.kernels.im2col_2d(count, x.ptr, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow,
-                                  col.ptr)
+        backend.launcher.run(kernels.im2col.im2col_2d, count, x.ptr, h, w, kh, kw, ph, pw, sh, sw,
+                             dh, dw, oh, ow, col.ptr)
     else:
         geometry = geometry or _geometry_array(backend, geom)
-        backend.kernels.im2col_nd(count, x.ptr, geom.nd, geometry.ptr, col.ptr)
+        backend.launcher.run(kernels.im2col.im2col_nd, count, x.ptr, geom.nd, geometry.ptr, col.ptr)
     return col
 
 
@@ -43,11 +45,11 @@ def col2im(backend, col, geom, x, geometry=None):
     if geom.nd == 2:
         (h, w), (kh, kw), (ph, pw), (sh, sw), (dh, dw), (oh, ow) = (
             geom.in_shape, geom.kernel, geom.pad, geom.stride, geom.dilation, geom.out_shape)
-        backend.kernels.col2im_2d(count, col.ptr, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow,
-                                  x.ptr)
+        backend.launcher.run(kernels.im2col.col2im_2d, count, col.ptr, h, w, kh, kw, ph, pw, sh,
+                             sw, dh, dw, oh, ow, x.ptr)
     else:
         geometry = geometry or _geometry_array(backend, geom)
-        backend.kernels.col2im_nd(count, col.ptr, geom.nd, geometry.ptr, x.ptr)
+        backend.launcher.run(kernels.im2col.col2im_nd, count, col.ptr, geom.nd, geometry.ptr, x.ptr)
     return x
 
 
@@ -124,60 +126,3 @@ class ConvPlan:
                     work.ptr + 4 * gi * kg * out, out, g.col_rows * out, n)
             col2im(be, work, g, dx, self._geometry)
 
-
-class PoolPlan:
-    """Max, average and stochastic pooling over (N, C, H, W) with the pooling kernels; keeps
-    the winners of the last forward (an int mask, and a float copy for the mask top)."""
-
-    def __init__(self, backend, geom):
-        self.backend = backend
-        self.geom = geom
-        self._mask = self._top_mask = None
-        self._num = self._den = None
-
-    def _args(self):
-        g = self.geom
-        return g.in_shape + g.out_shape + g.kernel + g.stride
-
-    def _winners(self, shape):
-        if self._mask is None or self._mask.shape != shape:
-            self._mask = self.backend.empty(shape, I32)
-            self._top_mask = self.backend.empty(shape)
-        return self._mask
-
-    def max_forward(self, x, y):
-        mask = self._winners(y.shape)
-        self.backend.kernels.max_pool_forward(y.size, x.ptr, *self._args(), *self.geom.pad,
-                                              y.ptr, mask.ptr, self._top_mask.ptr)
-
-    def mask(self):
-        return self._top_mask
-
-    def routed_backward(self, dy, dx):
-        # stochastic pooling has no padding, so its winners route with the same geometry
-        self.backend.kernels.max_pool_backward(dx.size, dy.ptr, self._mask.ptr, *self._args(),
-                                               *self.geom.pad, dx.ptr)
-
-    def ave_forward(self, x, y):
-        self.backend.kernels.ave_pool_forward(y.size, x.ptr, *self._args(), *self.geom.pad,
-                                              y.ptr)
-
-    def ave_backward(self, dy, dx):
-        self.backend.kernels.ave_pool_backward(dx.size, dy.ptr, *self._args(), *self.geom.pad,
-                                               dx.ptr)
-
-    def stochastic_forward_train(self, x, y, uniform):
-        mask = self._winners(y.shape)
-        draws = self.backend.to_device(uniform)
-        self.backend.kernels.sto_pool_forward_train(y.size, x.ptr, *self._args(), draws.ptr,
-                                                    y.ptr, mask.ptr)
-
-    def stochastic_forward_test(self, x, y):
-        be = self.backend
-        self._num, self._den = be.empty(y.shape), be.empty(y.shape)
-        be.kernels.sto_pool_forward_test(y.size, x.ptr, *self._args(), y.ptr, self._num.ptr,
-                                         self._den.ptr)
-
-    def stochastic_backward_test(self, x, dy, dx):
-        self.backend.kernels.sto_pool_backward_test(dx.size, x.ptr, dy.ptr, self._num.ptr,
-                                                    self._den.ptr, *self._args(), dx.ptr)

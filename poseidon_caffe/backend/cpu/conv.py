@@ -18,7 +18,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .geometry import ConvGeometry
+from ..geometry import ConvGeometry
 
 
 def _tap_slices(geom, tap):

@@ -12,7 +12,7 @@ passes of one slice stay in cache, so memory is read and written about once per 
 slices run side by side when two threads are configured. Only ``scale`` is kept for the
 backward; scale^-beta is recomputed there from it, in cache, rather than stored and re-read.
 
-Where the compiled kernels are built (native.py, lrn.c), ACROSS_CHANNELS runs there instead:
+Where the compiled kernels are built (native.py, kernels/lrn.c), ACROSS_CHANNELS runs there instead:
 one pass over each image's planes in each direction, the window's planes read from cache
 (the same values up to the order of float rounding); the scale is not kept but remade in the
 backward, an image at a time, so a layer holds nothing the size of its input between the two.
@@ -27,7 +27,7 @@ _COMPILED = {}
 
 
 def _compiled():
-    """The compiled across-channels kernels (lrn.c), or None."""
+    """The compiled across-channels kernels (kernels/lrn.c), or None."""
     if "lib" not in _COMPILED:
         lib = native.lib
         if lib is not None and hasattr(lib, "lrn_across_forward"):
