@@ -19,6 +19,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A loop over whole planes, kept a call of its own (inlined into its pass, the compiler loses
+ * the restrict promises and runs it a cell at a time), and on x86-64 built also for AVX2 and
+ * AVX-512, the widest the CPU has chosen at load: the install's flags target the oldest x86-64
+ * so the library runs anywhere. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(POSEIDON_NO_CLONES)
+#define VECTOR_LOOP __attribute__((noinline, target_clones("avx512f", "avx2", "default")))
+#elif defined(__GNUC__)
+#define VECTOR_LOOP __attribute__((noinline))
+#else
+#define VECTOR_LOOP
+#endif
+
 /* The version of the functions' signatures below and in lrn.c (raise it with any change to
  * one); native.py refuses a library built from another version (an in-place build older
  * than this source). */
@@ -40,9 +52,7 @@ static void window(int o, int stride, int pad, int kernel, int size, int *start,
  * a NaN becomes best[q] (and stays: no value is greater than NaN) but does not move at[q].
  * Masks, not branches, so the loop runs on vectors (kept a call of its own: inlined into
  * the pass, the compiler loses the restrict promises and runs the loop a cell at a time). */
-#if defined(__GNUC__)
-__attribute__((noinline))
-#endif
+VECTOR_LOOP
 static void take_greater_tap(const float *restrict g, int32_t t, int n,
                                     float *restrict best, int32_t *restrict at)
 {
@@ -179,9 +189,7 @@ static void phased_take(const phased *q, const float *restrict base, float *rest
 }
 
 /* to += from over n cells (a call of its own, as take_greater_tap). */
-#if defined(__GNUC__)
-__attribute__((noinline))
-#endif
+VECTOR_LOOP
 static void add_into(float *restrict to, const float *restrict from, size_t n)
 {
     for (size_t q = 0; q < n; ++q)
