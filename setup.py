@@ -4,6 +4,7 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("poseidon_caffe.backend.cpu._kernels",
                              ["poseidon_caffe/backend/cpu/kernels/pooling.c",
-                              "poseidon_caffe/backend/cpu/kernels/lrn.c"],
-                             extra_compile_args=["-O3", "-std=c99"],
+                              "poseidon_caffe/backend/cpu/kernels/lrn.c",
+                              "poseidon_caffe/backend/cpu/kernels/direct.c"],
+                             extra_compile_args=["-O3", "-std=c99", "-fno-wrapv"],
                              optional=True)])

@@ -155,6 +155,34 @@ def _check_plan(plan, geom, x, w, bias, dy, col, wg, want):
     np.testing.assert_allclose(dx, dx_want, rtol=1e-4, atol=1e-4)
 
 
+# 2-D stride 1, one group: output channels below, at and past a block of 32 lanes, rows not a
+# multiple of the 8 outputs computed together, kernels not square, pads of 0 and kernel - 1
+DIRECT_GEOMS = [
+    ConvGeometry(3, 5, (9, 11), (3, 5), (1, 1), (1, 2), (1, 1), 1),
+    ConvGeometry(33, 40, (6, 13), (5, 5), (1, 1), (2, 0), (1, 1), 1),
+    ConvGeometry(4, 64, (5, 5), (2, 2), (1, 1), (0, 1), (1, 1), 1),
+    ConvGeometry(2, 3, (12, 14), (3, 9), (1, 1), (2, 4), (1, 1), 1),     # two groups of taps
+]
+
+
+@pytest.mark.parametrize("geom", DIRECT_GEOMS, ids=str)
+def test_direct_plan_matches_im2col_matrix_products(geom):
+    from poseidon_caffe.backend.cpu import direct
+    if not direct.serves(geom):
+        pytest.skip("no compiled kernels or no AVX-512 here")
+    n = 3
+    x, w, bias = _rand((n, geom.channels) + geom.in_shape, 4), _rand(geom.weight_shape, 5), \
+        _rand((geom.num_output,), 6)
+    dy = _rand((n, geom.num_output) + geom.out_shape, 7)
+    col = B.im2col(x, geom).reshape(n, 1, -1, geom.out_count).astype(np.float64)
+    wg = w.reshape(1, geom.num_output, -1).astype(np.float64)
+    want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(
+        (n, geom.num_output) + geom.out_shape) + bias.reshape(1, -1, 1, 1)
+    plan = direct.DirectConvPlan(geom)
+    _check_plan(plan, geom, x, w, bias, dy, col, wg, want)
+    assert plan.workspace_bytes(n) > 0              # the net's memory estimate asks every plan
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 1 << 30], ids=["image by image", "one chunk"])
 @pytest.mark.parametrize("geom", WINOGRAD_GEOMS + POINTWISE_GEOMS, ids=str)
 def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_bytes,
@@ -212,12 +240,15 @@ def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
 
 
 def test_conv_algorithm_choice_follows_the_cost_model():
+    from poseidon_caffe.backend.cpu import direct
     from poseidon_caffe.backend.cpu.backend import conv_algorithm
     cifar_conv2 = ConvGeometry(32, 32, (16, 16), (5, 5), (1, 1), (2, 2), (1, 1))
     cifar_conv1 = ConvGeometry(3, 32, (32, 32), (5, 5), (1, 1), (2, 2), (1, 1))
     alexnet_conv1 = ConvGeometry(3, 96, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
     inception_1x1 = ConvGeometry(192, 64, (28, 28), (1, 1), (1, 1), (0, 0), (1, 1))
-    assert conv_algorithm(cifar_conv2, 100) == "fft"
+    # tens of channels: FFT, or the direct kernels where they run
+    assert conv_algorithm(cifar_conv2, 100) == ("direct" if direct.serves(cifar_conv2) else
+                                                "fft")
     assert conv_algorithm(cifar_conv1, 100) == "im2col"           # three input channels
     assert conv_algorithm(inception_1x1, 32) == "pointwise"       # a plain GEMM
     googlenet_conv2 = ConvGeometry(64, 192, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1))
@@ -225,15 +256,16 @@ def test_conv_algorithm_choice_follows_the_cost_model():
     assert conv_algorithm(googlenet_conv2, 32) == "winograd"      # a quarter of the products
     assert conv_algorithm(vgg_conv3, 32) == "winograd"
     assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
+    plan_name = "DirectConvPlan" if direct.serves(cifar_conv2) else "FFTConvPlan"
     whole = type(B)()
     whole.split_threads = 1
-    assert type(whole.conv_plan(cifar_conv2, 100)).__name__ == "FFTConvPlan"
+    assert type(whole.conv_plan(cifar_conv2, 100)).__name__ == plan_name
     assert type(whole.conv_plan(cifar_conv2)).__name__ == "ConvPlan"
     split = type(B)()
     split.split_threads = 2
     plan = split.conv_plan(cifar_conv2, 100)
     assert type(plan).__name__ == "SplitConvPlan"
-    assert type(plan._make_plan(50)).__name__ == "FFTConvPlan"
+    assert type(plan._make_plan(50)).__name__ == plan_name
     assert type(split.conv_plan(cifar_conv2)).__name__ == "ConvPlan"      # batch unknown
 
 

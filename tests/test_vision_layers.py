@@ -119,17 +119,22 @@ def naive_pool(x, k, s, p, method, out=None):
     return y, mask
 
 
-@pytest.fixture(params=["im2col", "im2col_by_image", "fft"])
+@pytest.fixture(params=["im2col", "im2col_by_image", "fft", "direct"])
 def algorithm(request, monkeypatch):
     """Run a test once per convolution algorithm (FFT where the geometry allows it; im2col
-    with columns image by image wherever it takes the geometry, i.e. one group)."""
-    from poseidon_caffe.backend.cpu import backend as cpu, conv
+    with columns image by image wherever it takes the geometry, i.e. one group; the direct
+    kernels where they serve the geometry on this CPU)."""
+    from poseidon_caffe.backend.cpu import backend as cpu, conv, direct
     choice = request.param
     monkeypatch.setattr(conv, "BY_IMAGE_MIN_OUTPUTS", 1 if choice == "im2col_by_image" else 10 ** 9)
     if choice == "im2col_by_image":
         choice = "im2col"
-    monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch: (
-        choice if all(s == 1 for s in geom.stride) else "im2col"))
+
+    def chosen(geom, batch):
+        if choice == "direct":
+            return "direct" if direct.serves(geom) else "im2col"
+        return choice if all(s == 1 for s in geom.stride) else "im2col"
+    monkeypatch.setattr(cpu, "conv_algorithm", chosen)
     return choice
 
 
@@ -168,11 +173,14 @@ def test_convolution_forward_matches_naive_loops(extra, shape, m, bias, algorith
     assert top[0].shape == want.shape
     assert layer.blobs[0].shape == (m, shape[1] // cp.group) + tuple(layer.kernel)
     assert len(layer.blobs) == (2 if bias else 1) and nd == len(layer.kernel)
+    from poseidon_caffe.backend.cpu import direct
     fft = algorithm == "fft" and all(s == 1 for s in layer.stride)
     plan = layer._plans[0]
     if type(plan).__name__ == "SplitConvPlan":         # batch parts on two threads
         plan = plan._make_plan(1)
-    assert type(plan).__name__ == ("FFTConvPlan" if fft else "ConvPlan")
+    served = algorithm == "direct" and direct.serves(plan.geom)
+    assert type(plan).__name__ == ("FFTConvPlan" if fft else
+                                   "DirectConvPlan" if served else "ConvPlan")
     np.testing.assert_allclose(top[0].data, want, rtol=1e-4, atol=1e-4)
 
 

@@ -38,6 +38,17 @@ WINOGRAD_GEMM_SHARE = 0.7
 KEEPS_NOTHING_MARGIN = 1.5
 # tiles in a row from which the copies in and out of tiles run at COPY_BYTES
 WINOGRAD_FULL_ROW = 8
+# the direct kernels' rate (kernels/direct.c, AVX-512) in the units of the rates above, which
+# this machine reaches only about half of on another day: set from their times beside the
+# other plans' on one day (CIFAR-10's 5x5 layers, forward + backward: direct 54 and 25 ms,
+# FFT 62 and 31 ms, im2col 162 and 53 ms; LeNet's conv2 18.6 against FFT's 14.8 ms; AlexNet's
+# conv2 and 3x3 layers of 96 channels and more, where the weights one pass streams for 32
+# output channels (inputs x taps x 32 floats) outgrow the core's L2 share, at two thirds of
+# that rate: AlexNet's conv2 324 ms against FFT's 240)
+DIRECT_FLOPS = 150e9
+DIRECT_FLOPS_BEYOND_CACHE = 100e9
+DIRECT_CACHE_BYTES = 112 * 1024
+DIRECT_LANES = 32
 # the im2col columns a plan keeps at most: larger batches run a chunk of images at a time
 # (a chunk's GEMMs stay thousands of columns wide)
 IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
@@ -50,7 +61,7 @@ FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
 def conv_algorithm(geom, batch):
-    """'pointwise', 'winograd', 'fft' or 'im2col': whichever a cost model of one forward +
+    """'pointwise', 'winograd', 'fft', 'direct' or 'im2col': whichever a cost model of one forward +
     backward says is cheaper.
 
     pointwise: 1x1 stride-1 unpadded layers are plain GEMMs on the arrays as they lie.
@@ -61,6 +72,9 @@ def conv_algorithm(geom, batch):
     transforms of the outputs outweigh the small GEMMs they replace.
     Winograd F(4x4, 3x3) (3x3 stride 1): three GEMMs with a quarter of im2col's multiplies on
     the tiles that cover the map, plus the tiles' transforms (small GEMMs) and copies.
+    direct (2-D stride 1, one group, AVX-512): forward, backward-data and backward-filter with
+    the output channels as vector lanes (a direction with few of them wastes the rest); it
+    wins on 5x5 layers of tens of channels, where a GEMM's one narrow side slows the library.
     """
     if geom.is_pointwise:
         return "pointwise"
@@ -84,12 +98,29 @@ def conv_algorithm(geom, batch):
         transforms = 2 * (n * c + n * m)      # the weights' few taps go by small DFT GEMMs
         times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
             3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
+    from . import direct
+    if direct.serves(geom):
+        times["direct"] = direct_time(geom, batch)
     best = min(times, key=times.get)
     if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
         # FFT keeps its input's and its weights' spectra from forward to backward (80 MB on
         # a 14x14 map of 160 -> 320 channels); Winograd keeps nothing
         return "winograd"
     return best
+
+
+def direct_time(geom, batch):
+    """Seconds of one forward + backward by the direct kernels on ``batch`` images: each
+    direction's multiply-adds with its output channels rounded up to whole lanes."""
+    c, m, taps = geom.channels, geom.num_output, geom.taps
+
+    def direction(positions, inputs, outputs):
+        lanes = -(-outputs // DIRECT_LANES) * DIRECT_LANES
+        streamed = inputs * taps * DIRECT_LANES * 4
+        rate = DIRECT_FLOPS if streamed <= DIRECT_CACHE_BYTES else DIRECT_FLOPS_BEYOND_CACHE
+        return 2.0 * batch * positions * lanes * inputs * taps / rate
+    return (2 * direction(geom.out_count, c, m) +          # forward and backward-filter
+            direction(geom.in_count, m, c))                # backward-data
 
 
 def winograd_time(geom, batch):
@@ -312,6 +343,9 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         if algorithm == "winograd":
             from .winograd import WinogradConvPlan
             return WinogradConvPlan(geom, self.dtype)
+        if algorithm == "direct":
+            from .direct import DirectConvPlan
+            return DirectConvPlan(geom, self.dtype)
         if algorithm == "fft":
             from .fftconv import FFTConvPlan
             plan = FFTConvPlan(geom, self.dtype, weights=weights)

@@ -1,0 +1,115 @@
+"""Direct convolution (kernels/direct.c): 2-D, stride 1, no dilation, one group, on CPUs with
+AVX-512 where the compiled kernels were built.
+
+A GEMM library runs the products of a layer with tens of output channels (CIFAR-10's 5x5
+layers: (32 x 800) times (800 x 25600)) at a third of its rate, and an FFT's forward pays for
+three transforms. Here the output channels are the vector lanes and each input value is
+broadcast once per tap: forward, backward-data (the forward of dy with the weights flipped in
+space and their channel axes swapped) and backward-filter each run near the machine's
+multiply-add rate on such layers. Nothing is kept between calls; results equal the other
+plans' up to float summation order.
+"""
+import ctypes
+
+import numpy as np
+
+from . import native
+
+_COMPILED = {}
+
+
+def _compiled():
+    """The direct kernels, or None (not built, POSEIDON_NATIVE=0, or no AVX-512)."""
+    if "lib" not in _COMPILED:
+        lib = native.lib
+        if lib is not None and hasattr(lib, "conv_direct_available") and \
+                lib.conv_direct_available() == 1:
+            p, i, l = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+            lib.conv_direct_forward.argtypes = [p, p, p, p, l] + [i] * 9
+            lib.conv_direct_filter.argtypes = [p, p, p, l] + [i] * 8
+            lib.conv_direct_forward.restype = lib.conv_direct_filter.restype = ctypes.c_int
+        else:
+            lib = None
+        _COMPILED["lib"] = lib
+    return _COMPILED["lib"]
+
+
+def serves(geom):
+    """Whether the direct kernels run this geometry here."""
+    return (_compiled() is not None and len(geom.kernel) == 2 and geom.group == 1
+            and all(s == 1 for s in geom.stride) and all(d == 1 for d in geom.dilation)
+            and all(p < k for p, k in zip(geom.pad, geom.kernel)) and not geom.is_pointwise)
+
+
+def _address(a):
+    return None if a is None else a.__array_interface__["data"][0]
+
+
+def _contiguous(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _check(status, what):
+    if status == -1:
+        raise MemoryError("direct convolution: no memory for %s" % what)
+    if status:
+        raise RuntimeError("direct convolution: the kernels are not available on this CPU")
+
+
+class DirectConvPlan:
+    """The plan contract of backend/ops.py's conv_plan by the direct kernels."""
+
+    def __init__(self, geom, dtype=np.float32):
+        self.geom = geom
+        self.dtype = dtype
+        self.lib = _compiled()
+
+    def prepare(self, x):
+        """Nothing to keep: backward-filter reads x itself."""
+
+    def workspace_bytes(self, n):
+        """The kernels' buffers while a call runs (a padded image, the weights in lanes, one
+        image's output gradient and the weight gradient in lanes); none is kept."""
+        g = self.geom
+        lanes = -(-max(g.channels, g.num_output) // 32) * 32
+        padded = max(g.channels, g.num_output) * int(np.prod(
+            [s + 2 * p for s, p in zip(g.in_shape, g.pad)]))
+        return 4 * (padded + 2 * g.taps * max(g.channels, g.num_output) * lanes +
+                    g.out_count * lanes)
+
+    def _run_forward(self, x, w, bias, y, channels, outputs, pad, flip):
+        g = self.geom
+        x, w = _contiguous(x), _contiguous(w)
+        bias = None if bias is None else _contiguous(bias).reshape(-1)
+        out = y if y.flags.c_contiguous and y.dtype == np.float32 else \
+            np.empty(y.shape, np.float32)
+        h, wd = x.shape[2:]
+        _check(self.lib.conv_direct_forward(
+            _address(x), _address(w), _address(bias), _address(out), x.shape[0], channels, h,
+            wd, outputs, g.kernel[0], g.kernel[1], pad[0], pad[1], int(flip)),
+            "an image of %d channels" % channels)
+        if out is not y:
+            y[...] = out
+
+    def forward(self, x, w, bias, y):
+        g = self.geom
+        self._run_forward(x, w, bias, y, g.channels, g.num_output, g.pad, False)
+
+    def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
+        g = self.geom
+        if dx is not None:
+            flipped_pad = tuple(k - 1 - p for k, p in zip(g.kernel, g.pad))
+            self._run_forward(dy, w, None, dx, g.num_output, g.channels, flipped_pad, True)
+        if dw is not None:
+            x, dy_c = _contiguous(x), _contiguous(dy)
+            target = dw if dw.flags.c_contiguous and dw.dtype == np.float32 else \
+                np.ascontiguousarray(dw, dtype=np.float32)
+            h, wd = x.shape[2:]
+            _check(self.lib.conv_direct_filter(
+                _address(x), _address(dy_c), _address(target), x.shape[0], g.channels, h, wd,
+                g.num_output, g.kernel[0], g.kernel[1], g.pad[0], g.pad[1]),
+                "the weight gradient")
+            if target is not dw:
+                dw[...] = target
+        if dbias is not None:
+            dbias += dy.sum(axis=(0, 2, 3), dtype=np.float32).reshape(dbias.shape)
