@@ -49,6 +49,12 @@ DIRECT_FLOPS = 150e9
 DIRECT_FLOPS_BEYOND_CACHE = 100e9
 DIRECT_CACHE_BYTES = 112 * 1024
 DIRECT_LANES = 32
+# below this many products per output (input channels x taps) a block of outputs has too few
+# multiply-adds to pay for storing it (a 3x3 layer on 3 channels: 27; 2x slower than im2col)
+DIRECT_MIN_PRODUCTS = 64
+# a layer with at most this many input channels reads the images themselves (a net's first:
+# gray or colour), whose gradient nobody asks for: the model leaves its backward-data out
+IMAGE_CHANNELS = 4
 # the im2col columns a plan keeps at most: larger batches run a chunk of images at a time
 # (a chunk's GEMMs stay thousands of columns wide)
 IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
@@ -82,8 +88,9 @@ def conv_algorithm(geom, batch):
         return "im2col"
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
     gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
-    times = {"im2col": 3 * gemm / GEMM_FLOPS +
-             2 * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
+    directions = 2 if c <= IMAGE_CHANNELS else 3          # no backward-data on images
+    times = {"im2col": directions * gemm / GEMM_FLOPS +
+             (directions - 1) * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
     from . import winograd
     if winograd.serves(geom):
         times["winograd"] = winograd_time(geom, batch)
@@ -99,7 +106,7 @@ def conv_algorithm(geom, batch):
         times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
             3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
     from . import direct
-    if direct.serves(geom):
+    if direct.serves(geom) and c * geom.taps >= DIRECT_MIN_PRODUCTS:
         times["direct"] = direct_time(geom, batch)
     best = min(times, key=times.get)
     if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
@@ -119,8 +126,8 @@ def direct_time(geom, batch):
         streamed = inputs * taps * DIRECT_LANES * 4
         rate = DIRECT_FLOPS if streamed <= DIRECT_CACHE_BYTES else DIRECT_FLOPS_BEYOND_CACHE
         return 2.0 * batch * positions * lanes * inputs * taps / rate
-    return (2 * direction(geom.out_count, c, m) +          # forward and backward-filter
-            direction(geom.in_count, m, c))                # backward-data
+    data = direction(geom.in_count, m, c) if c > IMAGE_CHANNELS else 0.0
+    return 2 * direction(geom.out_count, c, m) + data      # forward, filter; backward-data
 
 
 def winograd_time(geom, batch):
