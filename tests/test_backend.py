@@ -931,3 +931,28 @@ def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
     np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-5)
     np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
                                rtol=1e-5)
+
+
+def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
+    """Large ReLU passes run a flat part per thread: the same values as one pass, leaky and
+    in place included."""
+    from poseidon_caffe.backend.cpu import backend as cpu
+    be = type(B)()
+    be.split_threads = 2
+    monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 1000)
+    parts = []
+    real = cpu.over_parts
+    monkeypatch.setattr(cpu, "over_parts", lambda fn, n, threads: parts.append(
+        real(fn, n, threads)))
+    x = _rand((3, 5, 17, 19), 40)
+    dy = _rand(x.shape, 41)
+    for slope in (0.0, 0.1):
+        y, dx = np.empty_like(x), np.empty_like(x)
+        be.relu_forward(x, y, slope)
+        np.testing.assert_array_equal(y, np.where(x > 0, x, np.float32(slope) * x))
+        be.relu_backward(x, dy, dx, slope)
+        np.testing.assert_array_equal(dx, np.where(x > 0, dy, np.float32(slope) * dy))
+    inplace = x.copy()
+    be.relu_forward(inplace, inplace, 0.0)
+    np.testing.assert_array_equal(inplace, np.maximum(x, 0))
+    assert len(parts) == 5 and all(len(bounds) == 2 for bounds in parts)

@@ -52,6 +52,10 @@ DIRECT_LANES = 32
 # below this many products per output (input channels x taps) a block of outputs has too few
 # multiply-adds to pay for storing it (a 3x3 layer on 3 channels: 27; 2x slower than im2col)
 DIRECT_MIN_PRODUCTS = 64
+# beyond this many output positions an image's output gradient in lanes (positions x 32
+# floats), which backward-filter streams once per tap, leaves the cache: VGG's 64x64 maps ran
+# its backward at a tenth of the rate
+DIRECT_MAX_POSITIONS = 1024
 # a layer with at most this many input channels reads the images themselves (a net's first:
 # gray or colour), whose gradient nobody asks for: the model leaves its backward-data out
 IMAGE_CHANNELS = 4
@@ -60,6 +64,8 @@ IMAGE_CHANNELS = 4
 IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
+# elementwise passes (ReLU) of at least this many values run a part per thread
+ELEMENTWISE_SPLIT = 1 << 18
 # the product a GEMM adds into its output is made this many bytes of rows at a time
 ACCUMULATE_BLOCK_BYTES = 2 * 1024 * 1024
 # Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
@@ -106,7 +112,8 @@ def conv_algorithm(geom, batch):
         times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
             3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
     from . import direct
-    if direct.serves(geom) and c * geom.taps >= DIRECT_MIN_PRODUCTS:
+    if direct.serves(geom) and c * geom.taps >= DIRECT_MIN_PRODUCTS and \
+            geom.out_count <= DIRECT_MAX_POSITIONS:
         times["direct"] = direct_time(geom, batch)
     best = min(times, key=times.get)
     if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
@@ -456,18 +463,34 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
             dbias += dy.sum(axis=(0, 2), dtype=np.float64).astype(np.float32)
         return dbias
 
+    def _over_flat_parts(self, fn, *arrays):
+        """fn(*parts) on flat parts of same-size contiguous arrays, one per thread where the
+        arrays are large enough for the parts to pay (a pass over memory uses one core's
+        share of the bandwidth), else fn(*arrays) once."""
+        n = arrays[0].size
+        if self.split_threads <= 1 or n < ELEMENTWISE_SPLIT or \
+                not all(a.flags.c_contiguous for a in arrays):
+            fn(*arrays)
+            return
+        flat = [a.reshape(-1) for a in arrays]
+        over_parts(lambda i, lo, hi: fn(*(a[lo:hi] for a in flat)), n, self.split_threads)
+
     def relu_forward(self, x, y, slope):
-        if slope:
-            y[...] = np.maximum(x, 0) + slope * np.minimum(x, 0)
-        else:
-            np.maximum(x, 0, out=y)
+        def run(x, y):
+            if slope:
+                y[...] = np.maximum(x, 0) + slope * np.minimum(x, 0)
+            else:
+                np.maximum(x, 0, out=y)
+        self._over_flat_parts(run, x, y)
 
     def relu_backward(self, x, dy, dx, slope):
-        positive = x > 0
-        if slope:
-            dx[...] = dy * np.where(positive, 1.0, slope).astype(dy.dtype)
-        else:
-            np.multiply(dy, positive, out=dx)     # no temporary, one pass
+        def run(x, dy, dx):
+            positive = x > 0
+            if slope:
+                dx[...] = dy * np.where(positive, 1.0, slope).astype(dy.dtype)
+            else:
+                np.multiply(dy, positive, out=dx)     # no temporary, one pass
+        self._over_flat_parts(run, x, dy, dx)
 
     def neuron_forward(self, kind, x, y, *params):
         """y = the neuron map ``kind`` of x (neuron.py); returns what its backward also
