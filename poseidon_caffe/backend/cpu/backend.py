@@ -41,13 +41,12 @@ WINOGRAD_FULL_ROW = 8
 # the direct kernels' rate (kernels/direct.c, AVX-512) in the units of the rates above, which
 # this machine reaches only about half of on another day: set from their times beside the
 # other plans' on one day (CIFAR-10's 5x5 layers, forward + backward: direct 54 and 25 ms,
-# FFT 62 and 31 ms, im2col 162 and 53 ms; LeNet's conv2 18.6 against FFT's 14.8 ms; AlexNet's
-# conv2 and 3x3 layers of 96 channels and more, where the weights one pass streams for 32
-# output channels (inputs x taps x 32 floats) outgrow the core's L2 share, at two thirds of
-# that rate: AlexNet's conv2 324 ms against FFT's 240)
+# FFT 62 and 31 ms, im2col 162 and 53 ms; LeNet's conv2 18.6 against FFT's 14.8 ms)
 DIRECT_FLOPS = 150e9
-DIRECT_FLOPS_BEYOND_CACHE = 100e9
-DIRECT_CACHE_BYTES = 112 * 1024
+# the weights a block of outputs streams (inputs x taps x 32 lanes of floats) must stay in the
+# core's share of L2: beyond it the kernels run at a fraction of that rate (AlexNet's conv2
+# 324 ms against FFT's 240; VGG's 4x4 layers of 512 channels 743 against im2col's 91)
+DIRECT_CACHE_BYTES = 104 * 1024
 DIRECT_LANES = 32
 # below this many products per output (input channels x taps) a block of outputs has too few
 # multiply-adds to pay for storing it (a 3x3 layer on 3 channels: 27; 2x slower than im2col)
@@ -56,6 +55,8 @@ DIRECT_MIN_PRODUCTS = 64
 # floats), which backward-filter streams once per tap, leaves the cache: VGG's 64x64 maps ran
 # its backward at a tenth of the rate
 DIRECT_MAX_POSITIONS = 1024
+# outputs of a row computed together: a shorter row wastes the rest of the block
+DIRECT_ROW = 8
 # a layer with at most this many input channels reads the images themselves (a net's first:
 # gray or colour), whose gradient nobody asks for: the model leaves its backward-data out
 IMAGE_CHANNELS = 4
@@ -112,8 +113,9 @@ def conv_algorithm(geom, batch):
         times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
             3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
     from . import direct
-    if direct.serves(geom) and c * geom.taps >= DIRECT_MIN_PRODUCTS and \
-            geom.out_count <= DIRECT_MAX_POSITIONS:
+    if direct.serves(geom) and DIRECT_MIN_PRODUCTS <= c * geom.taps and \
+            c * geom.taps * DIRECT_LANES * 4 <= DIRECT_CACHE_BYTES and \
+            geom.out_count <= DIRECT_MAX_POSITIONS and geom.out_shape[-1] >= DIRECT_ROW:
         times["direct"] = direct_time(geom, batch)
     best = min(times, key=times.get)
     if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
@@ -130,9 +132,7 @@ def direct_time(geom, batch):
 
     def direction(positions, inputs, outputs):
         lanes = -(-outputs // DIRECT_LANES) * DIRECT_LANES
-        streamed = inputs * taps * DIRECT_LANES * 4
-        rate = DIRECT_FLOPS if streamed <= DIRECT_CACHE_BYTES else DIRECT_FLOPS_BEYOND_CACHE
-        return 2.0 * batch * positions * lanes * inputs * taps / rate
+        return 2.0 * batch * positions * lanes * inputs * taps / DIRECT_FLOPS
     data = direction(geom.in_count, m, c) if c > IMAGE_CHANNELS else 0.0
     return 2 * direction(geom.out_count, c, m) + data      # forward, filter; backward-data
 
