@@ -2,7 +2,8 @@
 
     python scripts/bench.py [--threads 1,2] [--iters N] [--rounds R] [--nets lenet,
                             cifar10_quick,alexnet,googlenet,vgg16] [--torch PYTHON]
-                            [--profile] [--check] [--readme] [--max-load 1.5]
+                            [--profile] [--check] [--readme] [--max-others 0.25]
+                            [--max-load L]
     python scripts/bench.py --roofline [--nets ...] [--threads ...]   (scripts/roofline.py)
 
 Nets (batch, input):
@@ -29,10 +30,14 @@ shapes, fillers, in-place ReLU and dropout, loss weights); lenet, cifar10_quick 
 the hand-written equivalents below. --check runs both on the same weights without dropout and
 compares the losses. --profile adds a per-layer-type breakdown and the time inside GEMM and FFT.
 
-The 1-minute load average is read before and after every run of a row; a row's load is the
-highest. Figures move by tens of percent on a busy machine, so --readme prints the table in
-README's form only when every row ran below --max-load (1.5 on two cores): a row above it is
-marked in the table, the table is headed NOT FOR README, and the exit status is 3.
+Figures move by tens of percent on a busy machine, so --readme prints the table in README's
+form only when every row ran quiet: a row is busy when the processes this run did not start
+used more than --max-others cores on average while it ran (their CPU time in /proc; 0.25 by
+default). The 1-minute load average is recorded too (the highest read around the row's runs),
+but it counts the bench's own processes and remembers the previous row for a minute, so it
+cannot tell a busy machine from the bench itself; --max-load L also marks a row whose load,
+less its own threads past the first, is above L. A busy row is marked in the table, the table
+is headed NOT FOR README, and the exit status is 3.
 """
 import argparse
 import json
@@ -57,8 +62,8 @@ REFERENCE_1T = {"lenet": (20, 17), "cifar10_quick": (162, 82), "alexnet": (1908,
 README_NAME = {"lenet": "LeNet, 64", "cifar10_quick": "CIFAR-10 quick, 100",
                "alexnet": "AlexNet, 32", "googlenet": "GoogLeNet, 32",
                "vgg16": "VGG-16 at 64x64, 32"}
-# the highest 1-minute load average (on two cores) at which a row may go into README
-QUIET_LOAD = 1.5
+# the most cores other processes may use on average while a README row runs
+QUIET_OTHERS = 0.25
 VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
 
 
@@ -596,11 +601,48 @@ def _torch_python(requested):
     return None
 
 
-def readme_table(rows, max_load=QUIET_LOAD):
+def other_cpu_seconds():
+    """{pid: CPU seconds} of the processes this one did not start (itself and its descendants
+    left out), as /proc shows them; {} where there is none."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    parents, seconds = {}, {}
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                text = f.read()
+        except OSError:
+            continue                     # gone meanwhile
+        fields = text[text.rindex(")") + 2:].split()
+        parents[pid] = int(fields[1])
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / tick     # utime + stime
+    me = os.getpid()
+
+    def ours(pid):
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+    return {pid: s for pid, s in seconds.items() if not ours(pid)}
+
+
+def others_load(before, after, wall):
+    """The cores other processes used on average between two other_cpu_seconds() readings
+    ``wall`` seconds apart (a process that ended meanwhile is not counted)."""
+    used = sum(s - before.get(pid, 0.0) for pid, s in after.items())
+    return max(0.0, used) / max(wall, 1e-9)
+
+
+def readme_table(rows, max_others=QUIET_OTHERS, max_load=None):
     """(lines of README's table, whether every row is quiet) from the rows the driver
-    measured: dicts with net, threads, ours, theirs (results or None) and load."""
+    measured: dicts with net, threads, ours, theirs (results or None), load and others."""
     lines = ["| net, batch | threads | ours ms | PyTorch ms | ratio | "
-             "peak RSS MiB, ours / PyTorch | load |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "peak RSS MiB, ours / PyTorch | load, others |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     quiet = True
     for row in rows:
         key = "cpu_ms" if row["threads"] == 1 else "ms"
@@ -612,8 +654,10 @@ def readme_table(rows, max_load=QUIET_LOAD):
         ratio = "%.2f" % (ours[key] / theirs[key]) if ours and theirs else "-"
         rss = "%s / %s" % tuple("-" if r is None else "%.0f" % r["peak_mib"]
                                 for r in (ours, theirs))
-        load = "%.2f" % row["load"]
-        if row["load"] > max_load:
+        load = "%.2f, %.2f" % (row["load"], row["others"])
+        # the row's own threads past the first raise the load by as many (on a long row)
+        if row["others"] > max_others or (
+                max_load is not None and row["load"] - (row["threads"] - 1) > max_load):
             quiet = False
             load += " (busy)"
         lines.append("| %s | %d | %s | %s | %s | %s | %s |" % (
@@ -637,10 +681,13 @@ def main(argv=None):
                         help="compare the losses of googlenet and vgg16 with PyTorch's")
     parser.add_argument("--readme", action="store_true",
                         help="end with the table in README's form (refused, exit status 3, "
-                             "when a row ran above --max-load)")
-    parser.add_argument("--max-load", type=float, default=QUIET_LOAD,
-                        help="the highest 1-minute load average of a README row "
-                             "(default %(default)s)")
+                             "when a row ran busy)")
+    parser.add_argument("--max-others", type=float, default=QUIET_OTHERS,
+                        help="the most cores other processes may use on average during a "
+                             "README row (default %(default)s)")
+    parser.add_argument("--max-load", type=float, default=None,
+                        help="also the highest 1-minute load average of a README row, less "
+                             "its own threads past the first")
     parser.add_argument("--roofline", action="store_true",
                         help="each layer against this machine's sgemm rate and memory "
                              "bandwidth instead (scripts/roofline.py; --nets, --threads, "
@@ -670,11 +717,11 @@ def main(argv=None):
         return
     print("ms per training iteration, best of N (1 thread: ratio of process CPU times; more: "
           "of wall times); peak RSS in MiB (in brackets: above the libraries' own)")
-    print("load: the highest 1-minute load average seen during the row, on %d cores"
-          % (os.cpu_count() or 1))
-    print("%-13s %2s %3s %16s %16s %6s %13s %13s %5s %9s" % (
+    print("load: the highest 1-minute load average seen during the row, on %d cores; others: "
+          "the cores other processes used meanwhile" % (os.cpu_count() or 1))
+    print("%-13s %2s %3s %16s %16s %6s %13s %13s %5s %6s %9s" % (
         "net", "t", "N", "ours wall/cpu", "torch wall/cpu", "ratio", "ours RSS", "torch RSS",
-        "load", "ref c/t"))
+        "load", "others", "ref c/t"))
     rows = []
     for net in nets:
         iters = args.iters or ITERS[net]
@@ -682,6 +729,7 @@ def main(argv=None):
         for threads in (int(t) for t in args.threads.split(",")):
             ours = theirs = None
             loads = [os.getloadavg()[0]]
+            others_before, started = other_cpu_seconds(), time.perf_counter()
             for _ in range(args.rounds):
                 ours = _best(ours, _run(sys.executable, net, threads, iters, "ours",
                                         args.profile))
@@ -691,8 +739,10 @@ def main(argv=None):
                                                 False, layers))
                     loads.append(os.getloadavg()[0])
             load = max(loads)
+            others = others_load(others_before, other_cpu_seconds(),
+                                 time.perf_counter() - started)
             rows.append({"net": net, "threads": threads, "ours": ours, "theirs": theirs,
-                         "load": load})
+                         "load": load, "others": others})
             ref = REFERENCE_1T.get(net, ("-", "-")) if threads == 1 else ("-", "-")
             key = "cpu_ms" if threads == 1 else "ms"    # one thread: CPU time, steadier
             ratio = "%.2f" % (ours[key] / theirs[key]) if ours and theirs else "-"
@@ -702,9 +752,9 @@ def main(argv=None):
 
             def rss(r):
                 return "%.0f (%.0f)" % (r["peak_mib"], r["peak_mib"] - r["base_mib"]) if r else "-"
-            print("%-13s %2d %3d %16s %16s %6s %13s %13s %5.2f %9s" % (
+            print("%-13s %2d %3d %16s %16s %6s %13s %13s %5.2f %6.2f %9s" % (
                 net, threads, iters, times(ours), times(theirs), ratio, rss(ours), rss(theirs),
-                load, "%s/%s" % ref))
+                load, others, "%s/%s" % ref))
             if args.profile and ours:
                 prof = ours["profile"]
                 share = 100.0 / max(prof["total_ms"], 1e-9)
@@ -716,11 +766,13 @@ def main(argv=None):
                     print("      %-18s fwd %8.1f  bwd %8.1f" % (kind, fwd, bwd))
             sys.stdout.flush()
     if args.readme:
-        lines, quiet = readme_table(rows, args.max_load)
+        lines, quiet = readme_table(rows, args.max_others, args.max_load)
         print()
         if not quiet:
-            print("NOT FOR README: rows marked (busy) ran at a 1-minute load above %.2f; "
-                  "rerun on a quiet machine" % args.max_load)
+            print("NOT FOR README: rows marked (busy) ran while other processes used more "
+                  "than %.2f cores%s; rerun on a quiet machine" % (
+                      args.max_others, "" if args.max_load is None else
+                      " or at a 1-minute load above %.2f" % args.max_load))
         print("\n".join(lines))
         if not quiet:
             return 3

@@ -22,17 +22,19 @@ def _table_rows(stdout):
 
 def test_readme_table_of_a_quiet_run_has_every_row_in_readmes_form():
     proc = _run(BENCH, "--nets", "lenet", "--threads", "1,2", "--iters", "1", "--readme",
-                "--max-load", "1000", *NO_TORCH)
+                "--max-load", "1000", "--max-others", "1000", *NO_TORCH)
     assert proc.returncode == 0, proc.stderr
     assert "NOT FOR README" not in proc.stdout
     assert "| net, batch | threads | ours ms | PyTorch ms | ratio |" in proc.stdout
+    assert "| load, others |" in proc.stdout
     rows = _table_rows(proc.stdout)
     assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[2]) > 0                      # ours ms
         assert cells[3] == "-" and cells[4] == "-"      # no PyTorch here
-        assert float(cells[6]) >= 0 and "busy" not in cells[6]
+        load, others = (float(v) for v in cells[6].split(", "))
+        assert load >= 0 and 0 <= others < 1000 and "busy" not in cells[6]
 
 
 def test_readme_table_is_refused_when_a_row_ran_above_the_load_limit():
@@ -69,3 +71,62 @@ def test_roofline_reports_each_layer_against_the_measured_limits(tmp_path):
     assert all(layer["forward_s"] > 0 for layer in result["layers"])
     assert "conv1" in proc.stdout and "GF/s" in proc.stdout and "GB/s" in proc.stdout
     assert "convolutions overall" in proc.stdout
+
+
+def _bench_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_script", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _row(threads, load, others):
+    result = {"ms": 10.0, "cpu_ms": 10.0, "peak_mib": 90.0, "base_mib": 60.0}
+    return {"net": "lenet", "threads": threads, "ours": result, "theirs": None, "load": load,
+            "others": others}
+
+
+def test_a_row_is_busy_when_other_processes_used_the_cores():
+    """The guard is what other processes used while the row ran; the load average, which
+    counts the bench's own processes and lags a minute, only where --max-load asks."""
+    bench = _bench_module()
+    lines, quiet = bench.readme_table([_row(1, 1.9, 0.1), _row(2, 2.7, 0.2)], 0.25)
+    assert quiet and not any("busy" in line for line in lines)
+    assert lines[2].endswith("| 1.90, 0.10 |")
+    lines, quiet = bench.readme_table([_row(2, 2.0, 0.4)], 0.25)
+    assert not quiet and "(busy)" in lines[-1]
+    # --max-load: a two-thread row's own second thread is not other work
+    assert bench.readme_table([_row(2, 2.4, 0.0)], 0.25, max_load=1.5)[1]
+    assert not bench.readme_table([_row(2, 2.6, 0.0)], 0.25, max_load=1.5)[1]
+    assert not bench.readme_table([_row(1, 1.6, 0.0)], 0.25, max_load=1.5)[1]
+
+
+def test_other_processes_cpu_time_leaves_out_the_bench_and_its_children(tmp_path):
+    import signal
+    import time
+    bench = _bench_module()
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        before, t0 = bench.other_cpu_seconds(), time.perf_counter()
+        time.sleep(1.0)
+        after = bench.other_cpu_seconds()
+        assert child.pid not in after and os.getpid() not in after
+        assert bench.others_load(before, after, time.perf_counter() - t0) < 0.5
+    finally:
+        child.kill()
+        child.wait()
+    # an orphan (its shell exits at once) is no longer this process's: it is counted
+    pid_file = tmp_path / "pid"
+    subprocess.run(["sh", "-c", "%s -c 'while True: pass' >/dev/null 2>&1 & echo $! > %s"
+                    % (sys.executable, pid_file)], check=True)
+    orphan = int(pid_file.read_text())
+    try:
+        time.sleep(0.3)
+        before, t0 = bench.other_cpu_seconds(), time.perf_counter()
+        time.sleep(1.0)
+        after = bench.other_cpu_seconds()
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+    assert orphan in after
+    assert bench.others_load(before, after, time.perf_counter() - t0) > 0.5

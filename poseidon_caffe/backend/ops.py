@@ -456,8 +456,9 @@ class Backend(abc.ABC):
     def conv_plan(self, geom, batch=None):
         """A plan for a ``ConvGeometry`` (geometry.py) at batch size ``batch``:
         ``forward(x, w, bias, y)`` (bias may be None); ``backward(x, dy, w, dx=None,
-        dw=None, dbias=None)`` writes dx and adds into dw and dbias; ``prepare(x)``. It may
-        keep what its last forward computed from x for the backward on the same array."""
+        dw=None, dbias=None)`` writes dx and adds into dw and dbias; ``prepare(x)``;
+        ``workspace_bytes(n)``, its buffers for a batch of n (the net's memory estimate). It
+        may keep what its last forward computed from x for the backward on the same array."""
 
     @op
     def pool_plan(self, geom):
