@@ -97,6 +97,10 @@ def test_work_arrays_in_the_shared_scratch_count_once(monkeypatch):
     """Two 3x3 layers by Winograd and a 1x1 layer keep their work arrays in the threads'
     scratch, which they share: the net counts the largest layer's once, not their sum."""
     monkeypatch.delenv("POSEIDON_MEMORY_LIMIT", raising=False)
+    # where this CPU has the direct kernels they would take the 3x3 layers, and they keep no
+    # scratch: this is about Winograd's
+    from poseidon_caffe.backend.cpu import direct
+    monkeypatch.setattr(direct, "serves", lambda geom: False)
     layers = "".join(
         'layer { name: "%s" type: "Convolution" bottom: "%s" top: "%s" convolution_param { '
         'num_output: 16 kernel_size: %d pad: %d weight_filler { type: "gaussian" std: 0.1 } '
