@@ -9,34 +9,15 @@ space and their channel axes swapped) and backward-filter each run near the mach
 multiply-add rate on such layers. Nothing is kept between calls; results equal the other
 plans' up to float summation order.
 """
-import ctypes
-
 import numpy as np
 
 from . import native
 
-_COMPILED = {}
-
-
-def _compiled():
-    """The direct kernels, or None (not built, POSEIDON_NATIVE=0, or no AVX-512)."""
-    if "lib" not in _COMPILED:
-        lib = native.lib
-        if lib is not None and hasattr(lib, "conv_direct_available") and \
-                lib.conv_direct_available() == 1:
-            p, i, l = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-            lib.conv_direct_forward.argtypes = [p, p, p, p, l] + [i] * 9
-            lib.conv_direct_filter.argtypes = [p, p, p, l] + [i] * 8
-            lib.conv_direct_forward.restype = lib.conv_direct_filter.restype = ctypes.c_int
-        else:
-            lib = None
-        _COMPILED["lib"] = lib
-    return _COMPILED["lib"]
-
 
 def serves(geom):
-    """Whether the direct kernels run this geometry here."""
-    return (_compiled() is not None and len(geom.kernel) == 2 and geom.group == 1
+    """Whether the direct kernels run this geometry here (built, not POSEIDON_NATIVE=0, and
+    AVX-512)."""
+    return (native.direct and len(geom.kernel) == 2 and geom.group == 1
             and all(s == 1 for s in geom.stride) and all(d == 1 for d in geom.dilation)
             and all(p < k for p, k in zip(geom.pad, geom.kernel)) and not geom.is_pointwise)
 
@@ -62,7 +43,7 @@ class DirectConvPlan:
     def __init__(self, geom, dtype=np.float32):
         self.geom = geom
         self.dtype = dtype
-        self.lib = _compiled()
+        self.lib = native.lib
 
     def prepare(self, x):
         """Nothing to keep: backward-filter reads x itself."""

@@ -15,7 +15,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 4                  # kernels_version() of the pooling.c these calls are written for
+VERSION = 5                  # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -28,7 +28,7 @@ def _load():
     lib = ctypes.CDLL(_kernels.__file__)
     version = getattr(lib, "kernels_version", None)
     if version is None or version() != VERSION:
-        # built from another pooling.c (rebuild: python setup.py build_ext --inplace)
+        # built from other sources (rebuild: python setup.py build_ext --inplace)
         return None
     lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW
     lib.pool_max_forward.restype = _I
@@ -38,10 +38,16 @@ def _load():
     lib.pool_ave_forward.restype = _I
     lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW
     lib.pool_ave_backward.restype = _I
+    lib.conv_direct_forward.argtypes = [_P, _P, _P, _P, _L] + [_I] * 9
+    lib.conv_direct_forward.restype = _I
+    lib.conv_direct_filter.argtypes = [_P, _P, _P, _L] + [_I] * 8
+    lib.conv_direct_filter.restype = _I
     return lib
 
 
 lib = _load()
+# the direct convolution (kernels/direct.c) runs only where the CPU has AVX-512
+direct = lib is not None and lib.conv_direct_available() == 1
 
 
 def takes(*arrays):
