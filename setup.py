@@ -5,6 +5,7 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("poseidon_caffe.backend.cpu._kernels",
                              ["poseidon_caffe/backend/cpu/kernels/pooling.c",
                               "poseidon_caffe/backend/cpu/kernels/lrn.c",
-                              "poseidon_caffe/backend/cpu/kernels/direct.c"],
+                              "poseidon_caffe/backend/cpu/kernels/direct.c",
+                              "poseidon_caffe/backend/cpu/kernels/winograd.c"],
                              extra_compile_args=["-O3", "-std=c99", "-fno-wrapv"],
                              optional=True)])

@@ -874,7 +874,7 @@ def test_fft_batch_parts_share_one_weight_spectrum_and_never_a_stale_one(monkeyp
     from poseidon_caffe.backend.cpu import backend as cpu
     from poseidon_caffe.backend.cpu.conv import ConvPlan
     from poseidon_caffe.backend.cpu.fftconv import FFTConvPlan
-    monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch: "fft")
+    monkeypatch.setattr(cpu, "conv_algorithm", lambda geom, batch, parts=1: "fft")
     made = []
     spectrum = FFTConvPlan._conj_weight_spectrum
     monkeypatch.setattr(FFTConvPlan, "_conj_weight_spectrum",

@@ -130,7 +130,7 @@ def algorithm(request, monkeypatch):
     if choice == "im2col_by_image":
         choice = "im2col"
 
-    def chosen(geom, batch):
+    def chosen(geom, batch, parts=1):
         if choice == "direct":
             return "direct" if direct.serves(geom) else "im2col"
         return choice if all(s == 1 for s in geom.stride) else "im2col"
@@ -178,6 +178,9 @@ def test_convolution_forward_matches_naive_loops(extra, shape, m, bias, algorith
     plan = layer._plans[0]
     if type(plan).__name__ == "SplitConvPlan":         # batch parts on two threads
         plan = plan._make_plan(1)
+    if type(plan).__name__ == "ChunkedConvPlan":       # columns in the threads' scratch
+        plan = plan._make_plan(1, None)
+        assert plan.shared and not plan.by_image
     served = algorithm == "direct" and direct.serves(plan.geom)
     assert type(plan).__name__ == ("FFTConvPlan" if fft else
                                    "DirectConvPlan" if served else "ConvPlan")

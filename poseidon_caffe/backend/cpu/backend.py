@@ -30,12 +30,21 @@ COPY_BYTES = 10e9
 FFT_FLOPS = 6e9
 CGEMM_FLOPS = 50e9
 # the share of GEMM_FLOPS Winograd's batched GEMMs and transforms reach (36 GEMMs of a chunk
-# of images each, and small-matrix transforms)
-WINOGRAD_GEMM_SHARE = 0.7
-# Winograd is taken when priced within this factor of the cheapest: it keeps no memory
-# between forward and backward, which FFT does (and the model prices FFT about 1.3x below
-# what it measures beside Winograd on 13x13 and 14x14 maps)
-KEEPS_NOTHING_MARGIN = 1.5
+# of images each, and small-matrix transforms): set from its times beside im2col's on the 3x3
+# layers of VGG-16, GoogLeNet and AlexNet, 1.2-1.9x what a share of 0.7 predicted
+WINOGRAD_GEMM_SHARE = 0.45
+# Winograd's transformed weights (36 values a kernel: 38 MB for 512 -> 512 channels), made
+# three times an iteration (forward, the flipped kernel of backward-data, the filter
+# gradient's), are fresh arrays each time, written at about this rate page faults included:
+# on a 4x4 map they cost more than the products
+FRESH_BYTES = 3e9
+# Winograd is taken over a cheaper FFT, direct or image-by-image im2col plan priced within
+# this factor: FFT and im2col image by image keep memory between forward and backward, which
+# Winograd does not, and on the 3x3 layers of VGG-16, GoogLeNet and AlexNet the model prices
+# FFT 1.5-3.2x below its times and the direct kernels 2.4x and more, Winograd 1.0-1.5x. Only
+# im2col on shared columns (keeping nothing, priced within 0.85-1.35x) is taken over
+# Winograd as soon as it is cheaper.
+KEEPS_NOTHING_MARGIN = 2.5
 # tiles in a row from which the copies in and out of tiles run at COPY_BYTES
 WINOGRAD_FULL_ROW = 8
 # the direct kernels' rate (kernels/direct.c, AVX-512) in the units of the rates above, which
@@ -63,6 +72,9 @@ IMAGE_CHANNELS = 4
 # the im2col columns a plan keeps at most: larger batches run a chunk of images at a time
 # (a chunk's GEMMs stay thousands of columns wide)
 IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
+# the columns a chunk of a shared im2col plan makes (channel-major layout: small maps), in the
+# thread's scratch where Winograd's tiles lie: the size of Winograd's largest work array
+SHARED_COLUMN_BYTES = 8 * 1024 * 1024
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
 # elementwise passes (ReLU) of at least this many values run a part per thread
@@ -73,9 +85,10 @@ ACCUMULATE_BLOCK_BYTES = 2 * 1024 * 1024
 FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
-def conv_algorithm(geom, batch):
+def conv_algorithm(geom, batch, parts=1):
     """'pointwise', 'winograd', 'fft', 'direct' or 'im2col': whichever a cost model of one forward +
-    backward says is cheaper.
+    backward says is cheaper, for one of ``parts`` batch parts (one a thread, each with a plan
+    of its own, which pays its weight-sized work in full).
 
     pointwise: 1x1 stride-1 unpadded layers are plain GEMMs on the arrays as they lie.
     im2col: three GEMMs (forward, filter, data) and two copies of the columns.
@@ -93,11 +106,15 @@ def conv_algorithm(geom, batch):
         return "pointwise"
     if any(s != 1 for s in geom.stride) or geom.taps == 1:
         return "im2col"
+    batch = -(-batch // parts)
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
     gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
     directions = 2 if c <= IMAGE_CHANNELS else 3          # no backward-data on images
+    from .conv import ConvPlan
+    keeps_columns = ConvPlan(geom).by_image      # else the columns are made again for backward
+    copies = directions - 1 if keeps_columns else directions
     times = {"im2col": directions * gemm / GEMM_FLOPS +
-             (directions - 1) * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
+             copies * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
     from . import winograd
     if winograd.serves(geom):
         times["winograd"] = winograd_time(geom, batch)
@@ -121,7 +138,9 @@ def conv_algorithm(geom, batch):
     if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
         # FFT keeps its input's and its weights' spectra from forward to backward (80 MB on
         # a 14x14 map of 160 -> 320 channels); Winograd keeps nothing
-        return "winograd"
+        best = "winograd"
+        if not keeps_columns and times["im2col"] < times["winograd"]:
+            best = "im2col"
     return best
 
 
@@ -151,8 +170,9 @@ def winograd_time(geom, batch):
     copies = 4.0 * tiles * (36 * (2 * c + m) * 3 + 16 * (2 * m + c) * 2)
     # the copies in and out of tiles run a row of tiles at a time: short rows copy slowly
     row = min(1.0, per_axis[-1] / float(WINOGRAD_FULL_ROW))
+    weights = 3 * 36 * 4.0 * m * (c // g)
     return (core + transforms) / (GEMM_FLOPS * WINOGRAD_GEMM_SHARE) + \
-        copies / (COPY_BYTES * row)
+        copies / (COPY_BYTES * row) + weights / FRESH_BYTES
 
 
 # glibc's mallopt parameters, and the values the backend sets (32 MB is glibc's largest mmap
@@ -337,8 +357,10 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         """A plan for a ConvGeometry: forward(x, w, bias, y),
         backward(x, dy, w, dx=None, dw=None, dbias=None) and prepare(x), over the whole batch.
         With the batch size known, the cheaper of im2col + GEMM and FFT is chosen."""
-        algorithm = conv_algorithm(geom, batch) if batch else "im2col"
-        if batch and self.split_threads > 1 and batch >= self.split_threads:
+        split = batch and self.split_threads > 1 and batch >= self.split_threads
+        algorithm = conv_algorithm(geom, batch, self.split_threads if split else 1) \
+            if batch else "im2col"
+        if split:
             from .split import SplitConvPlan
             weights = None
             if algorithm == "fft":
@@ -368,6 +390,12 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
             return plan
         from .conv import ConvPlan
         per_image = geom.col_rows * geom.out_count * np.dtype(self.dtype).itemsize
+        if batch and not geom.is_pointwise and not ConvPlan(geom, self.dtype).by_image:
+            # columns in the thread's scratch, a chunk at a time, made again for backward
+            from .split import ChunkedConvPlan
+            return ChunkedConvPlan(geom,
+                                   lambda k, columns: ConvPlan(geom, self.dtype, shared=True),
+                                   max(1, SHARED_COLUMN_BYTES // per_image))
         if batch and not geom.is_pointwise and batch * per_image > IM2COL_CHUNK_BYTES:
             # columns of the whole batch would be hundreds of MB: a chunk at a time
             from .split import ChunkedConvPlan

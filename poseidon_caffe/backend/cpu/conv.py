@@ -19,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..geometry import ConvGeometry
+from . import threads
 
 
 def _tap_slices(geom, tap):
@@ -43,6 +44,18 @@ def channel_major_padded(x, geom, buf=None):
         buf = np.zeros((geom.channels, n) + geom.padded_shape, dtype=x.dtype)
     buf[_interior(geom)] = x.swapaxes(0, 1)
     return buf
+
+
+def zero_borders(buf, geom, spatial_from=2):
+    """Zeroes the padding around the interior of ``buf`` (spatial axes from ``spatial_from``
+    on): a padded input in shared scratch, whose borders another layer may have written."""
+    for axis, (p, size) in enumerate(zip(geom.pad, geom.in_shape)):
+        if p:
+            index = [slice(None)] * buf.ndim
+            index[spatial_from + axis] = slice(0, p)
+            buf[tuple(index)] = 0
+            index[spatial_from + axis] = slice(p + size, None)
+            buf[tuple(index)] = 0
 
 
 def _window_view(xp, geom):
@@ -122,6 +135,18 @@ def col2im(col, geom, n, out=None, pad_buffer=None):
     return out
 
 
+# the weight gradient a shared plan adds is made this many bytes of rows at a time: a product
+# the size of the weights (9 MB for 512 -> 512 channels of 3x3) would be a temporary as large
+PRODUCT_BLOCK_BYTES = 2 * 1024 * 1024
+
+
+def _add_product_by_rows(out, a, b):
+    """out (G, M, K) += a (G, M, N) @ b (G, N, K), a block of M's rows at a time."""
+    rows = max(1, PRODUCT_BLOCK_BYTES // max(1, out.shape[0] * out.shape[2] * out.itemsize))
+    for lo in range(0, out.shape[1], rows):
+        out[:, lo:lo + rows] += np.matmul(a[:, lo:lo + rows], b)
+
+
 class ConvPlan:
     """Forward, backward-data and backward-filter of one convolution geometry.
 
@@ -130,13 +155,20 @@ class ConvPlan:
     second im2col (Caffe's backward reads the same bottom data the forward did). ``by_image``
     picks the image-by-image column layout (see the module's notes). ``columns(shape, dtype)``,
     when given, supplies the columns' storage: plans run one after another may share it.
+
+    ``shared`` plans keep nothing: their columns and padded input are the calling thread's
+    scratch (threads.scratch, under the names Winograd's tiles and padded input use), which
+    every layer shares, and backward-filter makes the columns again (one copy, against the
+    three GEMMs). Layers of small maps and many channels, whose columns per layer would
+    otherwise be held for the life of the net, run this way.
     """
 
-    def __init__(self, geom, dtype=np.float32, columns=None):
+    def __init__(self, geom, dtype=np.float32, columns=None, shared=False):
         self.geom = geom
         self.dtype = dtype
         self._columns = columns
-        self.by_image = (geom.group == 1 and not geom.is_pointwise and
+        self.shared = shared and not geom.is_pointwise
+        self.by_image = (not self.shared and geom.group == 1 and not geom.is_pointwise and
                          geom.out_count >= BY_IMAGE_MIN_OUTPUTS)
         self._key = None           # (batch, layout) the buffers were made for
         self._col = None
@@ -149,6 +181,15 @@ class ConvPlan:
     def workspace_bytes(self, n):
         """Bytes of the work buffers a batch of n needs (columns and padded input), which
         the plan allocates at its first forward."""
+        if self.shared:
+            return 0
+        return self._work_bytes(n)
+
+    def shared_workspace_bytes(self, n):
+        """A shared plan's work arrays, in the thread's scratch that every layer shares."""
+        return self._work_bytes(n) if self.shared else 0
+
+    def _work_bytes(self, n):
         g = self.geom
         if g.is_pointwise:
             return 0
@@ -156,12 +197,13 @@ class ConvPlan:
         pad = g.channels * n * int(np.prod(g.padded_shape, dtype=np.int64))
         if self.by_image and not any(g.pad):
             pad = 0
-        return self.column_bytes(n) + pad * itemsize
+        rows = g.col_rows + 1 if self.by_image else g.col_rows
+        return (rows * n * g.out_count + pad) * itemsize
 
     def column_bytes(self, n):
         """Bytes of the columns of a batch of n (part of ``workspace_bytes``)."""
         g = self.geom
-        if g.is_pointwise:
+        if g.is_pointwise or self.shared:
             return 0
         rows = g.col_rows + 1 if self.by_image else g.col_rows
         return rows * n * g.out_count * np.dtype(self.dtype).itemsize
@@ -178,7 +220,7 @@ class ConvPlan:
             self._dpad = None
             self._col_source = None
             self._col = self._pad = None
-            if g.is_pointwise:
+            if g.is_pointwise or self.shared:
                 return
             if self.by_image:
                 self._col = self._column_array((n, g.col_rows + 1, g.out_count))
@@ -198,6 +240,11 @@ class ConvPlan:
         self._buffers(n)
         if reuse and self._col_source is x:
             return self._col
+        if self.shared:
+            col = threads.scratch("gathered_input", (g.col_rows, n * g.out_count), self.dtype)
+            pad = threads.scratch("padded_input", (g.channels, n) + g.padded_shape, self.dtype)
+            zero_borders(pad, g)
+            return im2col(x, g, out=col, pad_buffer=pad)
         if g.is_pointwise:
             col = np.ascontiguousarray(
                 x.reshape(n, g.channels, g.out_count).transpose(1, 0, 2)).reshape(
@@ -261,7 +308,10 @@ class ConvPlan:
             col = self.prepare(x, reuse=True)
             cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
             dwg = dw.reshape(g.group, g.num_output // g.group, g.col_rows // g.group)
-            dwg += np.matmul(dyt, cols.transpose(0, 2, 1))
+            if self.shared:
+                _add_product_by_rows(dwg, dyt, cols.transpose(0, 2, 1))
+            else:
+                dwg += np.matmul(dyt, cols.transpose(0, 2, 1))
         if dx is None:
             return
         if g.is_pointwise:
@@ -272,10 +322,14 @@ class ConvPlan:
             self._backward_data_as_convolution(dy, w, dx)
         else:
             dcol = np.matmul(self._grouped(w).transpose(0, 2, 1), dyt)   # (G, K/G, N*out)
-            if self._dpad is None:
-                self._dpad = np.empty((g.channels, n) + g.padded_shape, self.dtype)
-            col2im(dcol.reshape(g.col_rows, n * g.out_count), g, n, out=dx,
-                   pad_buffer=self._dpad)
+            if self.shared:
+                dpad = threads.scratch("padded_input", (g.channels, n) + g.padded_shape,
+                                       self.dtype)
+            else:
+                if self._dpad is None:
+                    self._dpad = np.empty((g.channels, n) + g.padded_shape, self.dtype)
+                dpad = self._dpad
+            col2im(dcol.reshape(g.col_rows, n * g.out_count), g, n, out=dx, pad_buffer=dpad)
 
     def _backward_by_image(self, x, dyv, w, dx, dw, dbias):
         g = self.geom
@@ -316,7 +370,7 @@ class ConvPlan:
                 pad = tuple(d * (k - 1) - p for p, d, k in zip(g.pad, g.dilation, g.kernel))
                 fg = ConvGeometry(g.num_output, g.channels, g.out_shape, g.kernel, g.stride,
                                   pad, g.dilation, g.group)
-                self._flipped = ConvPlan(fg, self.dtype)
+                self._flipped = ConvPlan(fg, self.dtype, shared=self.shared)
         return self._flipped
 
     def _backward_data_as_convolution(self, dy, w, dx):

@@ -1,10 +1,11 @@
-"""The optional compiled kernels: kernels/pooling.c and kernels/lrn.c, built at install as the
-module ``_kernels`` and called through ctypes (which releases the GIL, so batch parts run side
-by side).
+"""The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
+tiles), built at install as the module ``_kernels`` and called through ctypes (which releases
+the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
-windows). ``lib`` is None where the library was not built (no compiler at install) or when
-POSEIDON_NATIVE=0; callers then take their numpy paths, which compute the same values.
+windows, the copies in and out of Winograd's tiles). ``lib`` is None where the library was not
+built (no compiler at install) or when POSEIDON_NATIVE=0; callers then take their numpy paths,
+which compute the same values.
 """
 import ctypes
 import os
@@ -15,7 +16,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 5                  # kernels_version() of the kernels these calls are written for
+VERSION = 6                  # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -42,6 +43,10 @@ def _load():
     lib.conv_direct_forward.restype = _I
     lib.conv_direct_filter.argtypes = [_P, _P, _P, _L] + [_I] * 8
     lib.conv_direct_filter.restype = _I
+    lib.winograd_in.argtypes = [_P, _P, _P, _L] + [_I] * 10
+    lib.winograd_in.restype = _I
+    lib.winograd_out.argtypes = [_P, _P, _P, _P, _L] + [_I] * 7
+    lib.winograd_out.restype = _I
     return lib
 
 
@@ -111,3 +116,27 @@ def ave_pool_backward(dy, dx, geom):
     if lib.pool_ave_backward(_address(dy), _address(dx), planes, *_pool_window(geom)):
         raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return dx
+
+
+
+def winograd_in(x, v, mat, a, m, pad, tiles):
+    """v (p*p, C, k*th*tw) = mat X mat' of each a x a window X of x (k, C, h, w) at steps of
+    m from -pad, zero outside x; mat is (p, a) (winograd.c)."""
+    k, c, h, w = x.shape
+    p = mat.shape[0]
+    if lib.winograd_in(_address(x), _address(v), _address(mat), k, c, h, w, a, p, m,
+                       pad[0], pad[1], *tiles):
+        raise MemoryError("Winograd: no memory for a channel's %dx%d tiles" % (a, a))
+    return v
+
+
+def winograd_out(prod, mat, bias, y, m, tiles):
+    """y (k, C, oh, ow) = the m x m tiles mat P mat' of prod (p*p, C, k*th*tw) laid side by
+    side and clipped to y, plus bias (C,) when given; mat is (m, p) (winograd.c)."""
+    k, c, oh, ow = y.shape
+    p = mat.shape[1]
+    if lib.winograd_out(_address(prod), _address(mat),
+                        None if bias is None else _address(bias), _address(y), k, c, oh, ow,
+                        p, m, *tiles):
+        raise MemoryError("Winograd: no memory for a channel's %dx%d tiles" % (m, m))
+    return y

@@ -114,11 +114,12 @@ class SplitConvPlan:
 
 
 class ChunkedConvPlan:
-    """The ConvPlan calls over chunks of ``chunk`` images, one after another, each by a plan
-    for that chunk size (``make_plan(k, columns)``); only the last chunk's columns stay between
-    calls. The plans run one after another, so they share one storage for their columns
-    (``columns`` hands out views of it). Parameter gradients accumulate over the chunks (the
-    plans add into dw and dbias)."""
+    """The ConvPlan calls over chunks of at most ``chunk`` images (near-equal ones), one after
+    another, each by a plan for that chunk size (``make_plan(k, columns)``); only the last
+    chunk's columns stay between calls. The plans run one after another, so they share one
+    storage for their columns (``columns`` hands out views of it; shared plans take the
+    thread's scratch instead). Parameter gradients accumulate over the chunks (the plans add
+    into dw and dbias)."""
 
     def __init__(self, geom, make_plan, chunk):
         self.geom = geom
@@ -142,15 +143,29 @@ class ChunkedConvPlan:
             self._plans[k] = self._make_plan(k, self._columns)
         return self._plans[k]
 
+    def _sizes(self, n):
+        return sorted({hi - lo for lo, hi in self._bounds(n)})
+
     def workspace_bytes(self, n):
-        k = min(n, self.chunk)
-        plans = [(size, self._plan(size)) for size in {k, n % k} - {0}]
+        plans = [(size, self._plan(size)) for size in self._sizes(n)]
         columns = [plan.column_bytes(size) for size, plan in plans]
         return sum(plan.workspace_bytes(size) for size, plan in plans) - sum(columns) + \
             max(columns)
 
+    def shared_workspace_bytes(self, n):
+        """The largest chunk's work arrays where the plans keep them in the thread's scratch."""
+        return max(getattr(self._plan(size), "shared_workspace_bytes", lambda k: 0)(size)
+                   for size in self._sizes(n))
+
     def _bounds(self, n):
-        return [(lo, min(n, lo + self.chunk)) for lo in range(0, n, self.chunk)]
+        count = -(-n // self.chunk)
+        step, extra = divmod(n, count)
+        bounds, lo = [], 0
+        for i in range(count):
+            hi = lo + step + (1 if i < extra else 0)
+            bounds.append((lo, hi))
+            lo = hi
+        return bounds
 
     def _view(self, x, lo, hi, last):
         # the last chunk's plan knows its input by identity: give it the view it saw

@@ -23,7 +23,7 @@ from fractions import Fraction
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import threads
+from . import native, threads
 
 TILE = 4                                  # outputs per tile side
 KERNEL = 3
@@ -81,10 +81,28 @@ def _kron_matrices(dtype):
     return _MATRICES[key]
 
 
+_SIDES = []
+
+
+def _side_matrices():
+    """(B', A, A') of F(4x4, 3x3) as float32, for the compiled transforms (winograd.c): the
+    input's windows take B' on both sides, the output gradient's tiles A (6x4), the products A'
+    (4x6)."""
+    if not _SIDES:
+        at, _, bt = winograd_matrices()
+        _SIDES.extend(np.ascontiguousarray(m, dtype=np.float32) for m in (bt, at.T, at))
+    return _SIDES
+
+
 def serves(geom):
     """Whether this plan computes the geometry: 2-D, 3x3, stride 1, no dilation, pad <= 2."""
     return (geom.nd == 2 and geom.kernel == (KERNEL, KERNEL) and geom.stride == (1, 1)
             and geom.dilation == (1, 1) and all(p <= KERNEL - 1 for p in geom.pad))
+
+
+def _native(*arrays):
+    """Whether the compiled copies in and out of tiles take these arrays."""
+    return native.lib is not None and native.takes(*arrays)
 
 
 def _pieces(out, tiles, m):
@@ -150,22 +168,34 @@ class WinogradConvPlan:
         a, m = self.a, self.m
         (ph, pw), (h, w) = g.pad, g.in_shape
         th, tw = self.tiles
-        d = threads.scratch("winograd_d", (a, a, g.channels, k, th, tw), self.dtype)
+        v = threads.scratch("winograd_v", (a * a, g.channels, k * self.tile_count), self.dtype)
+        if _native(x[lo:hi], v):
+            return native.winograd_in(x[lo:hi], v, _side_matrices()[0], a, m, g.pad,
+                                      self.tiles)
+        d = threads.scratch("gathered_input", (a, a, g.channels, k, th, tw), self.dtype)
+        self._gather_tiles(x[lo:hi], d)
+        np.matmul(_kron_matrices(self.dtype)[2], d.reshape(a * a, -1),
+                  out=v.reshape(a * a, -1))
+        return v
+
+    def _gather_tiles(self, x, d):
+        """d (a, a, C, k, th, tw) = the windows of x by numpy: x into a zero-bordered copy,
+        then one strided copy."""
+        g = self.geom
+        k = x.shape[0]
+        m = self.m
+        (ph, pw), (h, w) = g.pad, g.in_shape
         hp, wp = self.padded
-        xp = threads.scratch("winograd_pad", (k, g.channels, hp, wp), self.dtype)
+        xp = threads.scratch("padded_input", (k, g.channels, hp, wp), self.dtype)
         # zero only the border, then the interior is the input
         xp[:, :, :ph] = 0
         xp[:, :, ph + h:] = 0
         xp[:, :, ph:ph + h, :pw] = 0
         xp[:, :, ph:ph + h, pw + w:] = 0
-        xp[:, :, ph:ph + h, pw:pw + w] = x[lo:hi]
+        xp[:, :, ph:ph + h, pw:pw + w] = x
         s = xp.strides
         np.copyto(d, as_strided(xp, shape=d.shape, writeable=False,
                                 strides=(s[2], s[3], s[1], s[0], s[2] * m, s[3] * m)))
-        v = threads.scratch("winograd_v", (a * a, g.channels, k * self.tile_count), self.dtype)
-        np.matmul(_kron_matrices(self.dtype)[2], d.reshape(a * a, -1),
-                  out=v.reshape(a * a, -1))
-        return v
 
     def _output_gradient_tiles(self, dy, lo, hi):
         """Z (36, M, k*tiles) = A dY A' of each 4x4 tile of images [lo, hi) of dy (zero past
@@ -173,9 +203,12 @@ class WinogradConvPlan:
         g = self.geom
         k, m, a2 = hi - lo, self.m, self.a * self.a
         th, tw = self.tiles
+        z = threads.scratch("winograd_y", (a2, g.num_output, k * self.tile_count), self.dtype)
+        if _native(dy[lo:hi], z):
+            return native.winograd_in(dy[lo:hi], z, _side_matrices()[1], m, m, (0, 0),
+                                      self.tiles)
         t = threads.scratch("winograd_dyt", (m, m, g.num_output, k, th, tw), self.dtype)
         self._each_piece(dy[lo:hi], t, into_tiles=True)
-        z = threads.scratch("winograd_y", (a2, g.num_output, k * self.tile_count), self.dtype)
         np.matmul(_kron_matrices(self.dtype)[3], t.reshape(m * m, -1), out=z.reshape(a2, -1))
         return z
 
@@ -222,6 +255,9 @@ class WinogradConvPlan:
             v = self._input_tiles(x, lo, hi)
             prod = threads.scratch("winograd_y", (a2, g.group, mg, cols), self.dtype)
             np.matmul(u, v.reshape(a2, g.group, cg, cols), out=prod)
+            if _native(y[lo:hi], prod, *([] if bias is None else [bias])):
+                native.winograd_out(prod, _side_matrices()[2], bias, y[lo:hi], m, self.tiles)
+                continue
             out = threads.scratch("winograd_o", (m, m, g.num_output, hi - lo) + self.tiles,
                                   self.dtype)
             np.matmul(at, prod.reshape(a2, -1), out=out.reshape(m * m, -1))

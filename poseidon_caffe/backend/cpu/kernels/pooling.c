@@ -31,12 +31,12 @@
 #define VECTOR_LOOP
 #endif
 
-/* The version of the functions' signatures below and in lrn.c and direct.c (raise it with
+/* The version of the functions' signatures below and in lrn.c, direct.c and winograd.c (raise it with
  * any change to one); native.py refuses a library built from another version (an in-place
  * build older than this source). */
 int kernels_version(void)
 {
-    return 5;
+    return 6;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
