@@ -135,18 +135,6 @@ def col2im(col, geom, n, out=None, pad_buffer=None):
     return out
 
 
-# the weight gradient a shared plan adds is made this many bytes of rows at a time: a product
-# the size of the weights (9 MB for 512 -> 512 channels of 3x3) would be a temporary as large
-PRODUCT_BLOCK_BYTES = 2 * 1024 * 1024
-
-
-def _add_product_by_rows(out, a, b):
-    """out (G, M, K) += a (G, M, N) @ b (G, N, K), a block of M's rows at a time."""
-    rows = max(1, PRODUCT_BLOCK_BYTES // max(1, out.shape[0] * out.shape[2] * out.itemsize))
-    for lo in range(0, out.shape[1], rows):
-        out[:, lo:lo + rows] += np.matmul(a[:, lo:lo + rows], b)
-
-
 class ConvPlan:
     """Forward, backward-data and backward-filter of one convolution geometry.
 
@@ -159,8 +147,9 @@ class ConvPlan:
     ``shared`` plans keep nothing: their columns and padded input are the calling thread's
     scratch (threads.scratch, under the names Winograd's tiles and padded input use), which
     every layer shares, and backward-filter makes the columns again (one copy, against the
-    three GEMMs). Layers of small maps and many channels, whose columns per layer would
-    otherwise be held for the life of the net, run this way.
+    three GEMMs), and backward-data scatters its columns back (col2im). Layers of small maps
+    and many channels, whose columns per layer would otherwise be held for the life of the
+    net, run this way.
     """
 
     def __init__(self, geom, dtype=np.float32, columns=None, shared=False):
@@ -308,10 +297,7 @@ class ConvPlan:
             col = self.prepare(x, reuse=True)
             cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
             dwg = dw.reshape(g.group, g.num_output // g.group, g.col_rows // g.group)
-            if self.shared:
-                _add_product_by_rows(dwg, dyt, cols.transpose(0, 2, 1))
-            else:
-                dwg += np.matmul(dyt, cols.transpose(0, 2, 1))
+            dwg += np.matmul(dyt, cols.transpose(0, 2, 1))
         if dx is None:
             return
         if g.is_pointwise:
@@ -362,15 +348,18 @@ class ConvPlan:
         is one im2col of dy and a wide GEMM instead of a skinny GEMM and col2im's scatter."""
         if self._flipped is False:
             g = self.geom
-            # it pays when dy has no more channels than x (its columns are no wider)
-            usable = all(s == 1 for s in g.stride) and g.num_output <= g.channels and all(
+            # it pays when dy has no more channels than x (its columns are no wider), and
+            # where the columns are kept: a shared plan's (small maps) scatter back faster than
+            # the flipped weights are copied
+            usable = not self.shared and all(s == 1 for s in g.stride) and \
+                g.num_output <= g.channels and all(
                 p <= d * (k - 1) for p, d, k in zip(g.pad, g.dilation, g.kernel))
             self._flipped = None
             if usable:
                 pad = tuple(d * (k - 1) - p for p, d, k in zip(g.pad, g.dilation, g.kernel))
                 fg = ConvGeometry(g.num_output, g.channels, g.out_shape, g.kernel, g.stride,
                                   pad, g.dilation, g.group)
-                self._flipped = ConvPlan(fg, self.dtype, shared=self.shared)
+                self._flipped = ConvPlan(fg, self.dtype)
         return self._flipped
 
     def _backward_data_as_convolution(self, dy, w, dx):

@@ -100,9 +100,14 @@ def serves(geom):
             and geom.dilation == (1, 1) and all(p <= KERNEL - 1 for p in geom.pad))
 
 
+def compiled():
+    """Whether the compiled transforms (kernels/winograd.c) are there to run."""
+    return native.lib is not None
+
+
 def _native(*arrays):
-    """Whether the compiled copies in and out of tiles take these arrays."""
-    return native.lib is not None and native.takes(*arrays)
+    """Whether the compiled transforms take these arrays."""
+    return compiled() and native.takes(*arrays)
 
 
 def _pieces(out, tiles, m):
