@@ -76,6 +76,10 @@ WINOGRAD_GEOMS = [
     ConvGeometry(2, 3, (6, 5), (3, 3), (1, 1), (0, 0), (1, 1)),
     ConvGeometry(3, 2, (5, 7), (3, 3), (1, 1), (2, 2), (1, 1)),
     ConvGeometry(2, 4, (3, 3), (3, 3), (1, 1), (1, 1), (1, 1)),
+    # more tiles than the compiled transforms take at once (16), with a remainder: 17 tiles a
+    # row of tiles, and 18 x 3 an image
+    ConvGeometry(2, 3, (6, 66), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ConvGeometry(3, 2, (70, 9), (3, 3), (1, 1), (0, 1), (1, 1)),
 ]
 # pointwise: per-image GEMMs and transposed chunks, with groups
 POINTWISE_GEOMS = [
@@ -183,13 +187,20 @@ def test_direct_plan_matches_im2col_matrix_products(geom):
     assert plan.workspace_bytes(n) > 0              # the net's memory estimate asks every plan
 
 
+@pytest.mark.parametrize("transforms", ["compiled", "compiled portable", "numpy"])
 @pytest.mark.parametrize("chunk_bytes", [1, 1 << 30], ids=["image by image", "one chunk"])
 @pytest.mark.parametrize("geom", WINOGRAD_GEOMS + POINTWISE_GEOMS, ids=str)
 def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_bytes,
-                                                                     monkeypatch):
+                                                                     transforms, monkeypatch):
     """The same independent truth as above, with the batch worked in chunks of one image
-    and in one chunk, and the pointwise plan in both of its layouts."""
-    from poseidon_caffe.backend.cpu import pointwise, winograd
+    and in one chunk, Winograd's tile transforms compiled (kernels/winograd.c) and by numpy,
+    and the pointwise plan in both of its layouts."""
+    from poseidon_caffe.backend.cpu import native, pointwise, winograd
+    if transforms != "numpy" and not winograd.compiled():
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    if transforms == "numpy":
+        monkeypatch.setattr(native, "lib", None)
+    monkeypatch.setattr(native, "PORTABLE_WINOGRAD", transforms == "compiled portable")
     monkeypatch.setattr(winograd, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(pointwise, "CHUNK_BYTES", chunk_bytes)
     n = 3
@@ -262,6 +273,14 @@ def test_conv_algorithm_choice_follows_the_cost_model():
     assert conv_algorithm(googlenet_conv2, 32) == "winograd"      # a quarter of the products
     assert conv_algorithm(vgg_conv3, 32) == "winograd"
     assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
+    # a 4x4 map of 512 channels: one tile an image, and Winograd's transformed weights (38 MB,
+    # fresh three times an iteration) cost more than its products save; im2col on shared
+    # columns keeps nothing either
+    vgg_conv5 = ConvGeometry(512, 512, (4, 4), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert conv_algorithm(vgg_conv5, 32) == "im2col"
+    assert conv_algorithm(vgg_conv5, 32, parts=2) == "im2col"      # each part pays them all
+    vgg_conv4 = ConvGeometry(512, 512, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert conv_algorithm(vgg_conv4, 32) == "winograd"
     plan_name = "DirectConvPlan" if direct.serves(cifar_conv2) else "FFTConvPlan"
     whole = type(B)()
     whole.split_threads = 1
@@ -324,6 +343,25 @@ def test_gemm_transposes_and_accumulation(accumulating, monkeypatch):
     np.testing.assert_allclose(acc, a.T @ dy + 1, rtol=1e-6)
     np.testing.assert_allclose(B.gemm(a.T.copy(), b, trans_a=True, trans_b=True), a @ b.T,
                                rtol=1e-6)
+
+
+def test_gemm_of_few_rows_against_a_transposed_operand_is_made_as_its_transpose():
+    """InnerProduct's forward, a batch's rows times the weights read transposed: the product
+    is made as (w x^T)^T, with alpha, into a given output or a new one, and with beta 0 only
+    (6 rows, at most FEW_ROWS, against 50 >= 8 x 6)."""
+    from poseidon_caffe.backend.cpu import backend as cpu
+    assert 6 <= cpu.FEW_ROWS
+    x, w = _rand((6, 20), 70), _rand((50, 20), 71)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    out = np.full((6, 50), np.nan, np.float32)
+    B.gemm(x, w, trans_b=True, alpha=3.0, out=out)
+    np.testing.assert_allclose(out, 3 * want, rtol=1e-5, atol=1e-5)
+    fresh = B.gemm(x, w, trans_b=True)
+    assert fresh.flags.c_contiguous
+    np.testing.assert_allclose(fresh, want, rtol=1e-5, atol=1e-5)
+    acc = np.ones((6, 50), np.float32)
+    B.gemm(x, w, trans_b=True, beta=1.0, out=acc)                       # accumulating
+    np.testing.assert_allclose(acc, want + 1, rtol=1e-5, atol=1e-5)
 
 
 def test_fft_plan_never_uses_a_stale_weight_spectrum():
@@ -772,6 +810,54 @@ def test_chunked_conv_plan_gives_the_whole_batch_values(geom):
     assert np.shares_memory(chunked._plans[1]._col, chunked._plans[2]._col)
     assert chunked.workspace_bytes(5) == \
         whole.workspace_bytes(2) + whole.workspace_bytes(1) - whole.column_bytes(1)
+
+
+def test_shared_im2col_plans_remake_columns_another_layer_overwrote():
+    """Two layers' shared plans (columns and padded input in the thread's scratch, one chunk
+    of 2 images at a time over 5): forward A, forward B, backward B, backward A. A's backward
+    remakes the columns B's forward overwrote, and both match the matrix products of im2col;
+    backward-data scatters the columns back (col2im), and nothing of the batch is kept."""
+    from poseidon_caffe.backend.cpu.conv import ConvPlan
+    from poseidon_caffe.backend.cpu.split import ChunkedConvPlan
+    geoms = [ConvGeometry(3, 4, (5, 6), (3, 3), (1, 1), (1, 1), (1, 1)),
+             ConvGeometry(4, 6, (6, 4), (3, 3), (1, 1), (2, 0), (1, 1), 2)]
+    n = 5
+    plans = [ChunkedConvPlan(g, lambda k, columns, g=g: ConvPlan(g, shared=True), 2)
+             for g in geoms]
+    data = []
+    for i, g in enumerate(geoms):
+        x = _rand((n, g.channels) + g.in_shape, 80 + i)
+        w, bias = _rand(g.weight_shape, 82 + i), _rand((g.num_output,), 84 + i)
+        dy = _rand((n, g.num_output) + g.out_shape, 86 + i)
+        data.append((x, w, bias, dy))
+    ys = [np.empty(d[3].shape, np.float32) for d in data]
+    grads = [(np.empty_like(d[0]), np.zeros_like(d[1]), np.zeros_like(d[2])) for d in data]
+    for i in (0, 1):
+        plans[i].forward(data[i][0], data[i][1], data[i][2], ys[i])
+    for i in (1, 0):
+        x, w, bias, dy = data[i]
+        plans[i].backward(x, dy, w, dx=grads[i][0], dw=grads[i][1], dbias=grads[i][2])
+    for g, (x, w, bias, dy), y, (dx, dw, db), plan in zip(geoms, data, ys, grads, plans):
+        col = B.im2col(x, g).reshape(n, g.group, -1, g.out_count).astype(np.float64)
+        wg = w.reshape(g.group, g.num_output // g.group, -1).astype(np.float64)
+        want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(y.shape) + \
+            bias.reshape(1, -1, 1, 1)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+        dyg = dy.reshape(n, g.group, -1, g.out_count).astype(np.float64)
+        np.testing.assert_allclose(dw, np.einsum("ngmp,ngkp->gmk", dyg, col).reshape(
+            g.weight_shape), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+        dcol = np.einsum("gmk,ngmp->ngkp", wg, dyg).reshape((n, g.col_rows) + g.out_shape)
+        np.testing.assert_allclose(dx, B.col2im(dcol.astype(np.float32), g), rtol=1e-4,
+                                   atol=1e-4)
+        assert [hi - lo for lo, hi in plan._bounds(n)] == [2, 2, 1]
+        assert plan.workspace_bytes(n) == 0            # nothing of its own
+        chunk = ConvPlan(g, shared=True)
+        assert plan.shared_workspace_bytes(n) == chunk.shared_workspace_bytes(2) > 0
+        assert chunk._flipped_geometry() is None     # col2im, no flipped weights
+    # chunks of near-equal size: 5 images at most 4 a chunk run as 3 and 2
+    near = ChunkedConvPlan(geoms[0], lambda k, columns: ConvPlan(geoms[0], shared=True), 4)
+    assert near._bounds(5) == [(0, 3), (3, 5)]
 
 
 def test_large_im2col_layers_run_in_chunks(monkeypatch):

@@ -43,14 +43,16 @@ def _load():
     lib.conv_direct_forward.restype = _I
     lib.conv_direct_filter.argtypes = [_P, _P, _P, _L] + [_I] * 8
     lib.conv_direct_filter.restype = _I
-    lib.winograd_in.argtypes = [_P, _P, _P, _L] + [_I] * 10
+    lib.winograd_in.argtypes = [_P, _P, _P, _L] + [_I] * 11
     lib.winograd_in.restype = _I
-    lib.winograd_out.argtypes = [_P, _P, _P, _P, _L] + [_I] * 7
+    lib.winograd_out.argtypes = [_P, _P, _P, _P, _L] + [_I] * 8
     lib.winograd_out.restype = _I
     return lib
 
 
 lib = _load()
+# Winograd's transforms by their plain loops even on AVX-512 (the tests run both)
+PORTABLE_WINOGRAD = False
 # the direct convolution (kernels/direct.c) runs only where the CPU has AVX-512
 direct = lib is not None and lib.conv_direct_available() == 1
 
@@ -125,7 +127,7 @@ def winograd_in(x, v, mat, a, m, pad, tiles):
     k, c, h, w = x.shape
     p = mat.shape[0]
     if lib.winograd_in(_address(x), _address(v), _address(mat), k, c, h, w, a, p, m,
-                       pad[0], pad[1], *tiles):
+                       pad[0], pad[1], *tiles, int(PORTABLE_WINOGRAD)):
         raise MemoryError("Winograd: no memory for a channel's %dx%d tiles" % (a, a))
     return v
 
@@ -137,6 +139,6 @@ def winograd_out(prod, mat, bias, y, m, tiles):
     p = mat.shape[1]
     if lib.winograd_out(_address(prod), _address(mat),
                         None if bias is None else _address(bias), _address(y), k, c, oh, ow,
-                        p, m, *tiles):
+                        p, m, *tiles, int(PORTABLE_WINOGRAD)):
         raise MemoryError("Winograd: no memory for a channel's %dx%d tiles" % (m, m))
     return y

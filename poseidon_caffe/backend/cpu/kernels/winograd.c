@@ -15,7 +15,8 @@
  *                  outputs (mat = A', 4 x 6), the parts past the map left out
  *
  * x and y are (k, c, h, w) and (k, c, oh, ow), v and P (p * p, c, k * th * tw), mat row-major,
- * all C-contiguous float32. Each returns 0, or -1 when out of memory.
+ * all C-contiguous float32. `portable` takes the plain loops even where the CPU has AVX-512
+ * (they are what other CPUs run). Each returns 0, or -1 when out of memory.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -277,14 +278,14 @@ AVX512 static void out_avx512(const float *prod, const float *mat, const float *
 
 int winograd_in(const float *restrict x, float *restrict v, const float *restrict mat,
                 int64_t k, int c, int h, int w, int a, int p, int m, int ph, int pw, int th,
-                int tw)
+                int tw, int portable)
 {
     if (a > MAX_SIDE || p > MAX_SIDE)
         return -2;
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
     /* offsets within the chunk's images are int32 */
-    if (has_avx512() && (double)k * c * h * w < 2147483647.0) {
+    if (!portable && has_avx512() && (double)k * c * h * w < 2147483647.0) {
         struct group *groups = describe(tiles, c, h, w, a, m, ph, pw, th, tw);
         if (groups == NULL)
             return -1;
@@ -306,13 +307,13 @@ int winograd_in(const float *restrict x, float *restrict v, const float *restric
 
 int winograd_out(const float *restrict prod, const float *restrict mat,
                  const float *restrict bias, float *restrict y, int64_t k, int c, int oh,
-                 int ow, int p, int m, int th, int tw)
+                 int ow, int p, int m, int th, int tw, int portable)
 {
     if (p > MAX_SIDE || m > MAX_SIDE)
         return -2;
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
-    if (has_avx512() && (double)k * c * oh * ow < 2147483647.0) {
+    if (!portable && has_avx512() && (double)k * c * oh * ow < 2147483647.0) {
         struct group *groups = describe(tiles, c, oh, ow, m, m, 0, 0, th, tw);
         if (groups == NULL)
             return -1;
