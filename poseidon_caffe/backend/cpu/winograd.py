@@ -164,7 +164,18 @@ class WinogradConvPlan:
         gk = _kron_matrices(self.dtype)[1]
         mg, cg = g.num_output // g.group, g.channels // g.group
         flat = w.reshape(g.num_output * cg, KERNEL * KERNEL).T
-        return (gk @ flat).reshape(self.a * self.a, g.group, mg, cg)
+        u = self._weights_array()
+        np.matmul(gk, flat, out=u.reshape(self.a * self.a, -1))
+        return u
+
+    def _weights_array(self):
+        """An array for the transformed kernel or its gradient (36, G, M/G, C/G): the thread's
+        scratch. Whole, they are 4x the weights (38 MB for 512 -> 512 channels), which glibc
+        would map afresh and page-fault in at every call, three times an iteration; and the
+        largest of them is live at the net's peak anyway (a backward's)."""
+        g = self.geom
+        shape = (self.a * self.a, g.group, g.num_output // g.group, g.channels // g.group)
+        return threads.scratch("winograd_u", shape, self.dtype)
 
     def _input_tiles(self, x, lo, hi):
         """V (36, C, k*tiles): the transformed 6x6 tiles of images [lo, hi) of x."""
@@ -287,7 +298,7 @@ class WinogradConvPlan:
         k = self.chunk(n)
         # dU is 4x the kernel (38 MB for 512 -> 512 channels): the first chunk's product is
         # written into it, later ones added
-        du = np.empty((a2, g.group, mg, cg), dtype=self.dtype)
+        du = self._weights_array()
         for lo in range(0, n, k):
             hi = min(n, lo + k)
             cols = (hi - lo) * self.tile_count
