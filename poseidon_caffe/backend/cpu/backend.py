@@ -377,7 +377,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
     def conv_plan(self, geom, batch=None):
         """A plan for a ConvGeometry: forward(x, w, bias, y),
         backward(x, dy, w, dx=None, dw=None, dbias=None) and prepare(x), over the whole batch.
-        With the batch size known, the cheaper of im2col + GEMM and FFT is chosen."""
+        With the batch size known, the cost model's cheapest plan (conv_algorithm)."""
         split = batch and self.split_threads > 1 and batch >= self.split_threads
         algorithm = conv_algorithm(geom, batch, self.split_threads if split else 1) \
             if batch else "im2col"

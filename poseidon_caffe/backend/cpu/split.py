@@ -158,14 +158,7 @@ class ChunkedConvPlan:
                    for size in self._sizes(n))
 
     def _bounds(self, n):
-        count = -(-n // self.chunk)
-        step, extra = divmod(n, count)
-        bounds, lo = [], 0
-        for i in range(count):
-            hi = lo + step + (1 if i < extra else 0)
-            bounds.append((lo, hi))
-            lo = hi
-        return bounds
+        return threads.near_equal(n, -(-n // self.chunk))
 
     def _view(self, x, lo, hi, last):
         # the last chunk's plan knows its input by identity: give it the view it saw

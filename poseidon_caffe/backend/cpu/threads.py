@@ -52,11 +52,8 @@ def _part_executor(i):
         return executor
 
 
-def slices(n, bytes_per_item, threads, slice_bytes=None):
-    """[(lo, hi), ...] covering range(n): each about ``slice_bytes``, at least one per thread
-    when there are enough items."""
-    per = max(1, int((slice_bytes or SLICE_BYTES) // max(1, bytes_per_item)))
-    count = max(-(-n // per), min(threads, n))
+def near_equal(n, count):
+    """[(lo, hi), ...]: ``count`` parts of range(n), their sizes differing by one at most."""
     step, extra = divmod(n, count)
     bounds, lo = [], 0
     for i in range(count):
@@ -64,6 +61,13 @@ def slices(n, bytes_per_item, threads, slice_bytes=None):
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def slices(n, bytes_per_item, threads, slice_bytes=None):
+    """[(lo, hi), ...] covering range(n): each about ``slice_bytes``, at least one per thread
+    when there are enough items."""
+    per = max(1, int((slice_bytes or SLICE_BYTES) // max(1, bytes_per_item)))
+    return near_equal(n, max(-(-n // per), min(threads, n)))
 
 
 def over_batch(fn, n, bytes_per_item, threads=None):
@@ -143,12 +147,7 @@ def over_parts(fn, n, threads=None):
     Returns the bounds used."""
     threads = thread_count() if threads is None else threads
     count = max(1, min(threads, n))
-    step, extra = divmod(n, count)
-    bounds, lo = [], 0
-    for i in range(count):
-        hi = lo + step + (1 if i < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
+    bounds = near_equal(n, count)
     if count == 1 or getattr(_local, "inside", False):
         for i, (lo, hi) in enumerate(bounds):
             fn(i, lo, hi)

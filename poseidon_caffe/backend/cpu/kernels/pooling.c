@@ -31,9 +31,9 @@
 #define VECTOR_LOOP
 #endif
 
-/* The version of the functions' signatures below and in lrn.c, direct.c and winograd.c (raise it with
- * any change to one); native.py refuses a library built from another version (an in-place
- * build older than this source). */
+/* The version of the functions' signatures below and in lrn.c, direct.c and winograd.c
+ * (raise it with any change to one); native.py refuses a library built from another version
+ * (an in-place build older than this source). */
 int kernels_version(void)
 {
     return 6;

@@ -91,7 +91,8 @@ VECTOR_LOOP static void transform(const float *restrict in, size_t in_stride,
                                   float *restrict out, size_t out_stride,
                                   const float *restrict mat, int p, int a, size_t n)
 {
-    float half[MAX_SIDE * MAX_SIDE][LANES];       /* half[q][s] = sum over r of mat[q][r] in[r][s] */
+    /* half[q][s] = sum over r of mat[q][r] in[r][s] */
+    float half[MAX_SIDE * MAX_SIDE][LANES];
     float acc[LANES];
     for (size_t t0 = 0; t0 < n; t0 += LANES) {
         int lanes = n - t0 < LANES ? (int)(n - t0) : LANES;
@@ -177,7 +178,8 @@ INLINE_AVX512 void in_group(const float *plane, const struct group *gr, int w,
                             const float *mat, float *out, size_t stride, __mmask16 keep,
                             const int a, const int p)
 {
-    __m512 half[MAX_SIDE][MAX_SIDE];              /* half[q][s] = sum over r of mat[q][r] X[r][s] */
+    /* half[q][s] = sum over r of mat[q][r] X[r][s] */
+    __m512 half[MAX_SIDE][MAX_SIDE];
     __m512i corner = _mm512_loadu_si512(gr->corner);
     for (int s = 0; s < a; ++s) {
         __m512 col[MAX_SIDE];
@@ -210,7 +212,8 @@ INLINE_AVX512 void out_group(const float *in, size_t stride, const struct group 
                              const float *mat, float b, float *plane, __mmask16 keep,
                              const int p, const int m)
 {
-    __m512 half[MAX_SIDE][MAX_SIDE];              /* half[q][s] = sum over q' of mat[s][q'] P[q][q'] */
+    /* half[q][s] = sum over q' of mat[s][q'] P[q][q'] */
+    __m512 half[MAX_SIDE][MAX_SIDE];
     for (int q = 0; q < p; ++q) {
         __m512 row[MAX_SIDE];
         for (int q2 = 0; q2 < p; ++q2)
