@@ -120,7 +120,6 @@ def ave_pool_backward(dy, dx, geom):
     return dx
 
 
-
 def winograd_in(x, v, mat, a, m, pad, tiles):
     """v (p*p, C, k*th*tw) = mat X mat' of each a x a window X of x (k, C, h, w) at steps of
     m from -pad, zero outside x; mat is (p, a) (winograd.c)."""

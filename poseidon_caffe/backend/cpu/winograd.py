@@ -5,15 +5,20 @@ Each 4x4 block of outputs is computed from the 6x6 block of input under it: with
 elementwise products replace 144 multiply-adds of the direct form. Summed over the input
 channels, the products at each of the 36 positions are one GEMM, (M, C) x (C, tiles), with
 every tile of a chunk of images side by side in its columns, so the GEMMs run wide and the
-multiply count is 4x lower than im2col's. The transforms themselves are small GEMMs with the
-36x36 (input), 16x36 (output) and 36x9 (kernel) Kronecker products of the 1-D matrices.
+multiply count is 4x lower than im2col's. The kernel's transform is a small GEMM with the 36x9
+Kronecker product of the 1-D matrices. Where the compiled kernels are built, the tiles'
+transforms are kernels/winograd.c's (each channel's windows gathered and transformed by the two
+6x6 products in registers, the products scattered back into the map with the bias); numpy's
+path copies into tiles and multiplies by the 36x36 (input) and 16x36 (output) Kronecker
+products, 3x the multiply-adds and a pass over memory of their own.
 
     backward-data    a forward of dy with the flipped, in/out-swapped kernel (pad 2 - pad)
     backward-filter  dU = sum over tiles (A dY_tile A') V_tile', then dW = G' dU G
 
 Nothing is kept between calls: the input transform is remade in backward, and the work arrays
 are the calling thread's scratch (threads.scratch), shared by every layer and sized for a chunk
-of images, so a net of many layers holds one set of them.
+of images, so a net of many layers holds one set of them; so are the transformed kernel and
+its gradient, sized for the largest layer.
 
 Interpolation points 0, 1, -1, 1/2, -2 (and infinity) gave the smallest float32 error of the
 sets tried (about 2e-6 of the output's scale, some 5x direct summation's).
