@@ -7,5 +7,6 @@ setup(ext_modules=[Extension("poseidon_caffe.backend.cpu._kernels",
                               "poseidon_caffe/backend/cpu/kernels/lrn.c",
                               "poseidon_caffe/backend/cpu/kernels/direct.c",
                               "poseidon_caffe/backend/cpu/kernels/winograd.c"],
+                             depends=["poseidon_caffe/backend/cpu/kernels/vector_loop.h"],
                              extra_compile_args=["-O3", "-std=c99", "-fno-wrapv"],
                              optional=True)])

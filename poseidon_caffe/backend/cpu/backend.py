@@ -117,8 +117,8 @@ def conv_algorithm(geom, batch, parts=1):
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
     gemm = 2.0 * n * geom.out_count * m * (c // g) * geom.taps
     directions = 2 if c <= IMAGE_CHANNELS else 3          # no backward-data on images
-    from .conv import ConvPlan
-    keeps_columns = ConvPlan(geom).by_image      # else the columns are made again for backward
+    from .conv import lays_out_by_image
+    keeps_columns = lays_out_by_image(geom)      # else the columns are made again for backward
     copies = directions - 1 if keeps_columns else directions
     times = {"im2col": directions * gemm / GEMM_FLOPS +
              copies * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
@@ -409,9 +409,9 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
             if fft_workers:
                 plan.workers = fft_workers
             return plan
-        from .conv import ConvPlan
+        from .conv import ConvPlan, lays_out_by_image
         per_image = geom.col_rows * geom.out_count * np.dtype(self.dtype).itemsize
-        if batch and not geom.is_pointwise and not ConvPlan(geom, self.dtype).by_image:
+        if batch and not geom.is_pointwise and not lays_out_by_image(geom):
             # columns in the thread's scratch, a chunk at a time, made again for backward
             from .split import ChunkedConvPlan
             return ChunkedConvPlan(geom,

@@ -84,6 +84,13 @@ def im2col(x, geom, out=None, pad_buffer=None):
 BY_IMAGE_MIN_OUTPUTS = 256
 
 
+def lays_out_by_image(geom):
+    """Whether an im2col plan lays this geometry's columns out image by image (one group,
+    maps of BY_IMAGE_MIN_OUTPUTS outputs and more) rather than channel-major."""
+    return (geom.group == 1 and not geom.is_pointwise and
+            geom.out_count >= BY_IMAGE_MIN_OUTPUTS)
+
+
 def _by_image_window_view(x, geom, pad_buffer):
     """A copy-free (N, C, *kernel, *out) view of x, zero-padded in ``pad_buffer`` (N, C,
     *padded; borders already zero) when the geometry pads."""
@@ -157,8 +164,7 @@ class ConvPlan:
         self.dtype = dtype
         self._columns = columns
         self.shared = shared and not geom.is_pointwise
-        self.by_image = (not self.shared and geom.group == 1 and not geom.is_pointwise and
-                         geom.out_count >= BY_IMAGE_MIN_OUTPUTS)
+        self.by_image = not self.shared and lays_out_by_image(geom)
         self._key = None           # (batch, layout) the buffers were made for
         self._col = None
         self._col_source = None

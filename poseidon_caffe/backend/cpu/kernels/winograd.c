@@ -23,13 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(POSEIDON_NO_CLONES)
-#define VECTOR_LOOP __attribute__((noinline, target_clones("avx512f", "avx2", "default")))
-#elif defined(__GNUC__)
-#define VECTOR_LOOP __attribute__((noinline))
-#else
-#define VECTOR_LOOP
-#endif
+#include "vector_loop.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
