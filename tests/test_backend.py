@@ -645,6 +645,40 @@ def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
     np.testing.assert_array_equal(np.isnan(y), want)
 
 
+
+# the compiled passes lay out a group of planes side by side (as many as fill a few cache
+# lines' worth of blocks): 750 planes are several whole groups and a last, partial one
+MANY_PLANE_GEOMS = [
+    ((8, 8), (3, 3), (2, 2), (0, 0), (4, 4)),          # CIFAR-10 quick's pool3
+    ((8, 8), (2, 2), (2, 2), (0, 0), (4, 4)),          # LeNet's pool2
+    ((9, 9), (3, 3), (2, 2), (1, 1), (5, 5)),          # odd padding: a row's pairs shifted
+    ((12, 12), (3, 3), (3, 3), (1, 1), (5, 5)),        # stride 3
+    ((6, 7), (3, 2), (1, 1), (1, 0), (6, 6)),          # stride 1
+]
+
+
+@pytest.mark.parametrize("spec", MANY_PLANE_GEOMS, ids=str)
+def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec):
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    g = PoolGeometry(*spec)
+    native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
+    _take_pool_path(native_plan, "native")
+    _take_pool_path(numpy_plan, "taps")
+    x = np.round(_rand((3, 250) + g.in_shape, 33) * 3)        # ties: the first one wins
+    y = native_plan.max_forward(x, np.empty((3, 250) + g.out_shape, np.float32))
+    np.testing.assert_array_equal(y, numpy_plan.max_forward(x, np.empty_like(y)))
+    np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
+    dy = _rand(y.shape, 34)
+    dx = native_plan.routed_backward(dy, np.full(x.shape, np.nan, np.float32))
+    np.testing.assert_allclose(dx, numpy_plan.routed_backward(dy, np.empty_like(x)),
+                               rtol=1e-6, atol=1e-7)       # float32 sums against float64
+    x = _rand(x.shape, 35)
+    y = native_plan.ave_forward(x, np.empty_like(y))
+    np.testing.assert_allclose(y, numpy_plan.ave_forward(x, np.empty_like(y)), rtol=1e-6)
+    dx = native_plan.ave_backward(dy, np.full(x.shape, np.nan, np.float32))
+    np.testing.assert_allclose(dx, numpy_plan.ave_backward(dy, np.empty_like(x)), rtol=1e-5,
+                               atol=1e-7)
+
 @pytest.mark.parametrize("across", [True, False], ids=["across", "within"])
 def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slices, monkeypatch):
     """Slices of the batch (and, across channels, blocks of rows of one image) on 1 or 2

@@ -61,30 +61,39 @@ static void take_greater_tap(const float *restrict g, int32_t t, int n,
 #define NO_WINNER_BYTE 255
 
 /* to = the low byte of each from: a place, or -1 -> NO_WINNER_BYTE */
-static inline void narrow(const int32_t *restrict from, size_t n, uint8_t *restrict to)
+VECTOR_LOOP
+static void narrow(const int32_t *restrict from, size_t n, uint8_t *restrict to)
 {
     for (size_t q = 0; q < n; ++q)
         to[q] = (uint8_t)from[q];
 }
 
-/* The layout every pooling pass below works in: a plane, padded, split by phase. Padded row
- * u + ph = kk * sh + rr and padded column v + pw = k * sw + r go to block (rr, r), row kk,
- * column k; a block has `rows` = oh + (kh - 1) / sh rows of `cols` = ow + (kw - 1) / sw
- * columns. Then window tap (a, t) of output (i, j) lies at row i + a / sh, column j + t / sw
- * of block (a % sh, t % sw): for one tap the cells of all outputs are one block read with the
- * outputs' row pitch `cols`, so a tap is a single contiguous loop over the whole plane (the
- * columns j >= ow it also computes are dropped). Cells outside the input keep the fill value
- * they were given once per call (0 for AVE, -inf for MAX), which cannot change a sum or a
- * strict maximum; input cells no window reads are not stored. */
+/* The layout every pooling pass below works in: planes, padded, split by phase, a group of
+ * them side by side. Padded row u + ph = kk * sh + rr and padded column v + pw = k * sw + r of
+ * plane p go to block (rr, r), plane p, row kk, column k; a plane of a block has `rows` =
+ * oh + (kh - 1) / sh rows of `cols` = ow + (kw - 1) / sw columns. Then window tap (a, t) of
+ * output (p, i, j) lies at plane p, row i + a / sh, column j + t / sw of block
+ * (a % sh, t % sw): for one tap the cells of all outputs of the group are one block read
+ * with the outputs' plane pitch `plane` and row pitch `cols`, so a tap is a single contiguous
+ * loop over the whole group (the rows i >= oh and columns j >= ow it also computes are
+ * dropped). A group, not a plane: small planes (LeNet's, CIFAR-10's 8x8) would otherwise spend
+ * their time starting loops. Cells outside the input keep the fill value they were given once
+ * per call (0 for AVE, -inf for MAX), which cannot change a sum or a strict maximum; input
+ * cells no window reads are not stored. */
 typedef struct {
     int rows, cols, sh, sw, ph, pw, h, w;
-    size_t block;               /* rows * cols */
-    size_t size;                /* all blocks, plus a row of slack the last taps read past */
+    int group;                  /* planes side by side */
+    size_t plane;               /* rows * cols */
+    size_t block;               /* group * plane */
+    size_t size;                /* all blocks, plus a plane of slack the last taps read past */
     int *lo, *hi;               /* per column phase r: the block columns that hold input */
 } phased;
 
-static int phased_init(phased *q, int h, int w, int oh, int ow, int kh, int kw, int sh,
-                       int sw, int ph, int pw)
+/* The floats of a group's blocks: a group's passes stay in the core's L1 and L2 caches. */
+#define GROUP_FLOATS 8192
+
+static int phased_init(phased *q, int64_t planes, int h, int w, int oh, int ow, int kh,
+                       int kw, int sh, int sw, int ph, int pw)
 {
     q->rows = oh + (kh - 1) / sh;
     q->cols = ow + (kw - 1) / sw;
@@ -94,8 +103,12 @@ static int phased_init(phased *q, int h, int w, int oh, int ow, int kh, int kw, 
     q->pw = pw;
     q->h = h;
     q->w = w;
-    q->block = (size_t)q->rows * q->cols;
-    q->size = (size_t)sh * sw * q->block + q->cols;
+    q->plane = (size_t)q->rows * q->cols;
+    size_t per_plane = (size_t)sh * sw * q->plane;
+    int64_t group = per_plane >= GROUP_FLOATS ? 1 : (int64_t)(GROUP_FLOATS / per_plane);
+    q->group = (int)(group < planes ? group : (planes > 0 ? planes : 1));
+    q->block = (size_t)q->group * q->plane;
+    q->size = (size_t)sh * sw * q->block + q->plane;
     q->lo = malloc(sizeof(int) * (size_t)sw);
     q->hi = malloc(sizeof(int) * (size_t)sw);
     if (q->lo == NULL || q->hi == NULL) {
@@ -123,58 +136,99 @@ static void phased_free(phased *q)
     free(q->hi);
 }
 
-/* The first cell of block (rr, r), row kk. */
-static inline float *phased_row(const phased *q, float *base, int rr, int r, int kk)
+/* The first cell of block (rr, r), plane p of the group, row kk. */
+static inline float *phased_row(const phased *q, float *base, int p, int rr, int r, int kk)
 {
-    return base + ((size_t)rr * q->sw + r) * q->block + (size_t)kk * q->cols;
+    return base + ((size_t)rr * q->sw + r) * q->block + (size_t)p * q->plane +
+        (size_t)kk * q->cols;
 }
 
-/* Where tap (a, t) of output (0, 0) lies: output (i, j)'s cell is i * cols + j past it. */
+/* Where tap (a, t) of output (0, 0, 0) lies: output (p, i, j)'s cell is p * plane +
+ * i * cols + j past it. */
 static inline size_t phased_tap(const phased *q, int a, int t)
 {
     return ((size_t)(a % q->sh) * q->sw + t % q->sw) * q->block +
         (size_t)(a / q->sh) * q->cols + t / q->sw;
 }
 
-/* One plane of x into the layout (its input cells only). */
-static void phased_fill(const phased *q, const float *restrict xp, float *restrict base)
+/* The input cells of a group's planes, x, into the layout. Padded column c = k * sw + r of an
+ * input row goes to column k of block phase r; with stride 2 (most nets' poolings) the pairs
+ * (2k, 2k + 1) go together, so the loop runs on vectors. */
+VECTOR_LOOP
+static void phased_fill(const phased *q, const float *restrict x, float *restrict base,
+                        int group)
 {
-    for (int u = 0; u < q->h; ++u) {
-        int kk = (u + q->ph) / q->sh;
-        if (kk >= q->rows)
-            break;
-        const float *row = xp + (size_t)u * q->w - q->pw;
-        for (int r = 0; r < q->sw; ++r) {
-            float *to = phased_row(q, base, (u + q->ph) % q->sh, r, kk);
-            for (int k = q->lo[r]; k < q->hi[r]; ++k)
-                to[k] = row[k * q->sw + r];
+    int sw = q->sw, c0 = q->pw, c1 = q->pw + q->w;   /* padded columns of the input */
+    if (c1 > q->cols * sw)
+        c1 = q->cols * sw;                          /* past the blocks' columns */
+    for (int g = 0; g < group; ++g) {
+        for (int u = 0; u < q->h; ++u) {
+            int kk = (u + q->ph) / q->sh;
+            if (kk >= q->rows)
+                break;
+            const float *restrict row = x + ((size_t)g * q->h + u) * q->w - q->pw;
+            float *restrict to = phased_row(q, base, g, (u + q->ph) % q->sh, 0, kk);
+            if (sw == 2) {
+                float *restrict odd = to + q->block;
+                if (c0 & 1)
+                    odd[c0 / 2] = row[c0];
+#pragma GCC ivdep
+                for (int k = (c0 + 1) / 2; k < c1 / 2; ++k) {
+                    to[k] = row[2 * k];
+                    odd[k] = row[2 * k + 1];
+                }
+                if ((c1 & 1) && c1 - 1 > c0)
+                    to[(c1 - 1) / 2] = row[c1 - 1];
+            } else {
+                for (int r = 0; r < sw; ++r)
+#pragma GCC ivdep
+                    for (int k = q->lo[r]; k < q->hi[r]; ++k)
+                        to[r * q->block + k] = row[k * sw + r];
+            }
         }
     }
 }
 
-/* The other way: each input cell of one plane from the layout, 0 for a cell no window reads
- * (a row past the blocks' rows, columns past their columns). */
-static void phased_take(const phased *q, const float *restrict base, float *restrict xp)
+/* The other way: each input cell of a group's planes, dx, from the layout; 0 for a cell no
+ * window reads (a row past the blocks' rows, columns past their columns). */
+VECTOR_LOOP
+static void phased_take(const phased *q, const float *restrict base, float *restrict dx,
+                        int group)
 {
-    int covered = q->cols * q->sw - q->pw;
-    if (covered > q->w)
-        covered = q->w;
-    if (covered < 0)
-        covered = 0;
-    for (int u = 0; u < q->h; ++u) {
-        int kk = (u + q->ph) / q->sh;
-        float *row = xp + (size_t)u * q->w;
-        if (kk >= q->rows) {
-            memset(row, 0, sizeof(float) * (size_t)q->w);
-            continue;
+    int sw = q->sw, c0 = q->pw, c1 = q->pw + q->w;
+    if (c1 > q->cols * sw)
+        c1 = q->cols * sw;
+    int covered = c1 > c0 ? c1 - c0 : 0;            /* input columns some window reads */
+    for (int g = 0; g < group; ++g) {
+        for (int u = 0; u < q->h; ++u) {
+            int kk = (u + q->ph) / q->sh;
+            float *restrict row = dx + ((size_t)g * q->h + u) * q->w;
+            if (kk >= q->rows) {
+                memset(row, 0, sizeof(float) * (size_t)q->w);
+                continue;
+            }
+            const float *restrict from = phased_row(q, (float *)base, g, (u + q->ph) % q->sh,
+                                                    0, kk);
+            float *restrict at = row - q->pw;       /* at[c]: padded column c */
+            if (sw == 2 && covered > 0) {
+                const float *restrict odd = from + q->block;
+                if (c0 & 1)
+                    at[c0] = odd[c0 / 2];
+#pragma GCC ivdep
+                for (int k = (c0 + 1) / 2; k < c1 / 2; ++k) {
+                    at[2 * k] = from[k];
+                    at[2 * k + 1] = odd[k];
+                }
+                if ((c1 & 1) && c1 - 1 > c0)
+                    at[c1 - 1] = from[(c1 - 1) / 2];
+            } else if (covered > 0) {
+                for (int r = 0; r < sw; ++r)
+#pragma GCC ivdep
+                    for (int k = q->lo[r]; k < q->hi[r]; ++k)
+                        at[k * sw + r] = from[r * q->block + k];
+            }
+            memset(row + covered, 0, sizeof(float) * (size_t)(q->w - covered));
         }
-        for (int r = 0; r < q->sw; ++r) {
-            const float *from = phased_row(q, (float *)base, (u + q->ph) % q->sh, r, kk);
-            float *to = row - q->pw + r;
-            for (int k = q->lo[r]; k < q->hi[r]; ++k)
-                to[k * q->sw] = from[k];
-        }
-        memset(row + covered, 0, sizeof(float) * (size_t)(q->w - covered));
     }
 }
 
@@ -274,14 +328,29 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
                      int arg_bytes, int64_t planes, int h, int w, int oh, int ow, int kh,
                      int kw, int sh, int sw, int ph, int pw)
 {
+    size_t outputs = (size_t)oh * ow;
+    if (outputs < FEW_OUTPUTS) {
+        int32_t *at = malloc(sizeof(int32_t) * outputs);
+        if (at == NULL)
+            return -1;
+        for (int64_t p = 0; p < planes; ++p) {
+            max_direct(x + p * (int64_t)h * w, y + p * (int64_t)outputs, at, h, w, oh, ow, kh,
+                       kw, sh, sw, ph, pw);
+            if (arg_bytes == 1)
+                narrow(at, outputs, (uint8_t *)arg + (size_t)p * outputs);
+            else
+                memcpy((int32_t *)arg + (size_t)p * outputs, at, sizeof(int32_t) * outputs);
+        }
+        free(at);
+        return 0;
+    }
     phased q;
-    if (phased_init(&q, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
+    if (phased_init(&q, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
         return -1;
-    size_t padded = (size_t)oh * q.cols, outputs = (size_t)oh * ow;
     float *base = malloc(sizeof(float) * q.size);
-    float *best = malloc(sizeof(float) * padded);
-    int32_t *at = malloc(sizeof(int32_t) * padded);
-    int32_t *first = malloc(sizeof(int32_t) * padded);   /* each window's first cell, -1 */
+    float *best = malloc(sizeof(float) * q.block);
+    int32_t *at = malloc(sizeof(int32_t) * q.block);
+    int32_t *first = malloc(sizeof(int32_t) * q.block);   /* each window's first cell, -1 */
     if (base == NULL || best == NULL || at == NULL || first == NULL) {
         free(base);
         free(best);
@@ -291,49 +360,54 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
         return -1;
     }
     fill_floats(base, -INFINITY, q.size);
-    for (int i = 0; i < oh; ++i) {
-        int hs, he;
-        window(i, sh, ph, kh, h, &hs, &he);
+    int empty = 0;                      /* a window holds no input cell */
+    for (int i = 0; i < q.rows; ++i) {
+        int hs = 0, he = 0;
+        if (i < oh)
+            window(i, sh, ph, kh, h, &hs, &he);
         for (int j = 0; j < q.cols; ++j) {
             int ws = 0, we = 0;
             if (j < ow)
                 window(j, sw, pw, kw, w, &ws, &we);
             first[i * q.cols + j] = hs < he && ws < we ?
                 (hs - (i * sh - ph)) * kw + ws - (j * sw - pw) : -1;
+            empty |= i < oh && j < ow && first[i * q.cols + j] < 0;
         }
     }
-    for (int64_t p = 0; p < planes; ++p) {
-        float *yp = y + p * (int64_t)outputs;
-        if (outputs < FEW_OUTPUTS) {
-            max_direct(x + p * (int64_t)h * w, yp, at, h, w, oh, ow, kh, kw, sh, sw, ph, pw);
-            if (arg_bytes == 1)
-                narrow(at, outputs, (uint8_t *)arg + (size_t)p * outputs);
-            else
-                memcpy((int32_t *)arg + (size_t)p * outputs, at, sizeof(int32_t) * outputs);
-            continue;
-        }
-        phased_fill(&q, x + p * (int64_t)h * w, base);
-        fill_floats(best, -INFINITY, padded);
-        memcpy(at, first, sizeof(int32_t) * padded);
+    for (int g = 1; g < q.group; ++g)
+        memcpy(first + g * q.plane, first, sizeof(int32_t) * q.plane);
+    for (int64_t p0 = 0; p0 < planes; p0 += q.group) {
+        int group = planes - p0 < q.group ? (int)(planes - p0) : q.group;
+        size_t cells = (size_t)group * q.plane;
+        phased_fill(&q, x + p0 * (int64_t)h * w, base, group);
+        fill_floats(best, -INFINITY, cells);
+        memcpy(at, first, sizeof(int32_t) * cells);
         for (int a = 0; a < kh; ++a)
             for (int t = 0; t < kw; ++t)
-                take_greater_tap(base + phased_tap(&q, a, t), a * kw + t, (int)padded, best,
+                take_greater_tap(base + phased_tap(&q, a, t), a * kw + t, (int)cells, best,
                                  at);
-        for (int i = 0; i < oh; ++i) {
-            const int32_t *fr = first + (size_t)i * q.cols;
-            const float *br = best + (size_t)i * q.cols;
-            int32_t *ar = at + (size_t)i * q.cols;
-            float *yr = yp + (size_t)i * ow;
-            for (int j = 0; j < ow; ++j) {
-                yr[j] = fr[j] < 0 ? -FLT_MAX : br[j];
-                ar[j] = fr[j] < 0 ? -1 : ar[j];
+        for (int g = 0; g < group; ++g) {
+            float *yp = y + (p0 + g) * (int64_t)outputs;
+            for (int i = 0; i < oh; ++i) {
+                size_t from = g * q.plane + (size_t)i * q.cols, to = (size_t)i * ow;
+                const int32_t *fr = first + from;
+                const float *br = best + from;
+                int32_t *ar = at + from;
+                if (empty) {
+                    for (int j = 0; j < ow; ++j) {
+                        ar[j] = fr[j] < 0 ? -1 : ar[j];
+                        yp[to + j] = fr[j] < 0 ? -FLT_MAX : br[j];
+                    }
+                } else {
+                    memcpy(yp + to, br, sizeof(float) * (size_t)ow);
+                }
+                /* places are 0..254 and -1 (no winner) keeps its low byte, 255 */
+                size_t out = (size_t)(p0 + g) * outputs + to;
+                if (arg_bytes == 1)
+                    narrow(ar, (size_t)ow, (uint8_t *)arg + out);
+                else
+                    memcpy((int32_t *)arg + out, ar, sizeof(int32_t) * (size_t)ow);
             }
-            /* places are 0..254 and -1 (no winner) keeps its low byte, 255 */
-            if (arg_bytes == 1)
-                narrow(ar, (size_t)ow, (uint8_t *)arg + (size_t)p * outputs + (size_t)i * ow);
-            else
-                memcpy((int32_t *)arg + (size_t)p * outputs + (size_t)i * ow, ar,
-                       sizeof(int32_t) * (size_t)ow);
         }
     }
     free(base);
@@ -419,41 +493,59 @@ static float *ave_divisors(int h, int w, int oh, int ow, int kh, int kw, int sh,
     return size;
 }
 
+/* to = num / den over n cells (a call of its own, as take_greater_tap). */
+VECTOR_LOOP
+static void divide(const float *restrict num, const float *restrict den, float *restrict to,
+                   int n)
+{
+    for (int q = 0; q < n; ++q)
+        to[q] = num[q] / den[q];
+}
+
 /* y = the window sum divided by Caffe's window size. In the phased layout (padding 0) the
  * taps are added in the window's row-major order, each one contiguous loop over every output
- * of the plane: each output gets Caffe's float32 sum in Caffe's order (adding 0 changes no
+ * of the group: each output gets Caffe's float32 sum in Caffe's order (adding 0 changes no
  * sum). -1: out of memory. */
 int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes, int h,
                      int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
 {
-    phased q;
-    if (phased_init(&q, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
-        return -1;
-    size_t padded = (size_t)oh * q.cols;
-    float *base = calloc(q.size, sizeof(float));
-    float *sum = malloc(sizeof(float) * padded);
+    size_t outputs = (size_t)oh * ow;
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
-    if (base == NULL || sum == NULL || size == NULL) {
+    if (size == NULL)
+        return -1;
+    if (outputs < FEW_OUTPUTS) {
+        for (int64_t p = 0; p < planes; ++p)
+            ave_direct(x + p * (int64_t)h * w, y + p * (int64_t)outputs, size, h, w, oh, ow,
+                       kh, kw, sh, sw, ph, pw);
+        free(size);
+        return 0;
+    }
+    phased q;
+    if (phased_init(&q, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0) {
+        free(size);
+        return -1;
+    }
+    float *base = calloc(q.size, sizeof(float));
+    float *sum = malloc(sizeof(float) * q.block);
+    if (base == NULL || sum == NULL) {
         free(base);
         free(sum);
         free(size);
         phased_free(&q);
         return -1;
     }
-    for (int64_t p = 0; p < planes; ++p) {
-        float *yp = y + p * (int64_t)oh * ow;
-        if ((size_t)oh * ow < FEW_OUTPUTS) {
-            ave_direct(x + p * (int64_t)h * w, yp, size, h, w, oh, ow, kh, kw, sh, sw, ph, pw);
-            continue;
-        }
-        phased_fill(&q, x + p * (int64_t)h * w, base);
-        memset(sum, 0, sizeof(float) * padded);
+    for (int64_t p0 = 0; p0 < planes; p0 += q.group) {
+        int group = planes - p0 < q.group ? (int)(planes - p0) : q.group;
+        size_t cells = (size_t)group * q.plane;
+        phased_fill(&q, x + p0 * (int64_t)h * w, base, group);
+        memset(sum, 0, sizeof(float) * cells);
         for (int a = 0; a < kh; ++a)
             for (int t = 0; t < kw; ++t)
-                add_into(sum, base + phased_tap(&q, a, t), padded);
-        for (int i = 0; i < oh; ++i)
-            for (int j = 0; j < ow; ++j)
-                yp[i * ow + j] = sum[(size_t)i * q.cols + j] / size[i * ow + j];
+                add_into(sum, base + phased_tap(&q, a, t), cells);
+        for (int g = 0; g < group; ++g)
+            for (int i = 0; i < oh; ++i)
+                divide(sum + g * q.plane + (size_t)i * q.cols, size + (size_t)i * ow,
+                       y + (p0 + g) * (int64_t)outputs + (size_t)i * ow, ow);
     }
     free(base);
     free(sum);
@@ -469,35 +561,44 @@ int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes,
 int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
                       int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
 {
-    phased q;
-    if (phased_init(&q, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0)
-        return -1;
-    size_t padded = (size_t)oh * q.cols;
-    float *base = malloc(sizeof(float) * q.size);
-    float *share = calloc(padded, sizeof(float));        /* columns j >= ow stay 0 */
+    size_t outputs = (size_t)oh * ow;
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
-    if (base == NULL || share == NULL || size == NULL) {
+    if (size == NULL)
+        return -1;
+    if (outputs < FEW_OUTPUTS) {
+        for (int64_t p = 0; p < planes; ++p)
+            ave_direct_backward(dy + p * (int64_t)outputs, dx + p * (int64_t)h * w, size, h,
+                                w, oh, ow, kh, kw, sh, sw, ph, pw);
+        free(size);
+        return 0;
+    }
+    phased q;
+    if (phased_init(&q, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw) < 0) {
+        free(size);
+        return -1;
+    }
+    float *base = malloc(sizeof(float) * q.size);
+    /* rows i >= oh and columns j >= ow stay 0: their taps reach cells of real windows */
+    float *share = calloc(q.block, sizeof(float));
+    if (base == NULL || share == NULL) {
         free(base);
         free(share);
         free(size);
         phased_free(&q);
         return -1;
     }
-    for (int64_t p = 0; p < planes; ++p) {
-        const float *dyp = dy + p * (int64_t)oh * ow;
-        if ((size_t)oh * ow < FEW_OUTPUTS) {
-            ave_direct_backward(dyp, dx + p * (int64_t)h * w, size, h, w, oh, ow, kh, kw, sh,
-                                sw, ph, pw);
-            continue;
-        }
-        for (int i = 0; i < oh; ++i)
-            for (int j = 0; j < ow; ++j)
-                share[(size_t)i * q.cols + j] = dyp[i * ow + j] / size[i * ow + j];
+    for (int64_t p0 = 0; p0 < planes; p0 += q.group) {
+        int group = planes - p0 < q.group ? (int)(planes - p0) : q.group;
+        size_t cells = (size_t)group * q.plane;
+        for (int g = 0; g < group; ++g)
+            for (int i = 0; i < oh; ++i)
+                divide(dy + (p0 + g) * (int64_t)outputs + (size_t)i * ow,
+                       size + (size_t)i * ow, share + g * q.plane + (size_t)i * q.cols, ow);
         memset(base, 0, sizeof(float) * q.size);
         for (int a = kh - 1; a >= 0; --a)
             for (int t = kw - 1; t >= 0; --t)
-                add_into(base + phased_tap(&q, a, t), share, padded);
-        phased_take(&q, base, dx + p * (int64_t)h * w);
+                add_into(base + phased_tap(&q, a, t), share, cells);
+        phased_take(&q, base, dx + p0 * (int64_t)h * w, group);
     }
     free(base);
     free(share);
