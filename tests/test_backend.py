@@ -26,6 +26,11 @@ GEOMS = [
     ConvGeometry(6, 3, (5, 5), (3, 3), (1, 1), (2, 2), (1, 1), 3),             # pad > kernel/2
 ]
 STRIDE_ONE = [g for g in GEOMS if all(s == 1 for s in g.stride)]
+# and for the columns alone: strides 2 and 3 along rows, padding on one side of a stride
+COLUMN_GEOMS = GEOMS + [
+    ConvGeometry(3, 4, (9, 10), (3, 3), (2, 2), (1, 1), (1, 1)),
+    ConvGeometry(2, 3, (11, 8), (2, 3), (3, 3), (0, 2), (1, 1)),
+]
 
 
 def _plans(geom):
@@ -99,8 +104,19 @@ def test_conv_geometry_output_size_rule():
         ConvGeometry(3, 8, (5, 5), (3, 3), (1, 1), (0, 0), (1, 1), group=2)
 
 
-@pytest.mark.parametrize("geom", GEOMS, ids=str)
-def test_im2col_matches_direct_indexing(geom):
+def _columns_by(way, monkeypatch):
+    """im2col and col2im by the compiled kernels (kernels/columns.c, 2-D) or by numpy."""
+    from poseidon_caffe.backend.cpu import native
+    if way == "numpy":
+        monkeypatch.setattr(native, "lib", None)
+    elif native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+
+
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
+@pytest.mark.parametrize("geom", COLUMN_GEOMS, ids=str)
+def test_im2col_matches_direct_indexing(geom, way, monkeypatch):
+    _columns_by(way, monkeypatch)
     x = _rand((2, geom.channels) + geom.in_shape, 1)
     col = B.im2col(x, geom)
     assert col.shape == (2, geom.col_rows) + geom.out_shape
@@ -114,13 +130,29 @@ def test_im2col_matches_direct_indexing(geom):
             np.testing.assert_array_equal(col[(slice(None), c * len(taps) + t) + o], want)
 
 
-@pytest.mark.parametrize("geom", GEOMS, ids=str)
-def test_col2im_is_the_adjoint_of_im2col(geom):
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
+@pytest.mark.parametrize("geom", COLUMN_GEOMS, ids=str)
+def test_col2im_is_the_adjoint_of_im2col(geom, way, monkeypatch):
+    _columns_by(way, monkeypatch)
     x = _rand((3, geom.channels) + geom.in_shape, 2).astype(np.float64)
     c = _rand((3, geom.col_rows) + geom.out_shape, 3).astype(np.float64)
     lhs = np.vdot(B.im2col(x.astype(np.float32), geom), c)
     rhs = np.vdot(x, B.col2im(c.astype(np.float32), geom))
     assert abs(lhs - rhs) <= 1e-4 * max(1.0, abs(lhs))
+
+
+@pytest.mark.parametrize("geom", [g for g in COLUMN_GEOMS if g.nd == 2], ids=str)
+def test_compiled_col2im_adds_the_taps_in_numpys_order(geom, monkeypatch):
+    """The same float32 sums as numpy's strided adds, bit for bit: each cell gets its taps
+    in (row tap, column tap) order, starting from 0."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    from poseidon_caffe.backend.cpu.conv import col2im
+    col = _rand((geom.col_rows, 3 * geom.out_count), 36) * 7
+    compiled = col2im(col, geom, 3)
+    monkeypatch.setattr(native, "lib", None)
+    np.testing.assert_array_equal(compiled, col2im(col, geom, 3))
 
 
 @pytest.mark.parametrize("geom", GEOMS, ids=str)
@@ -169,8 +201,9 @@ DIRECT_GEOMS = [
 ]
 
 
+@pytest.mark.parametrize("data_by_gemm", [False, True], ids=["data direct", "data by GEMM"])
 @pytest.mark.parametrize("geom", DIRECT_GEOMS, ids=str)
-def test_direct_plan_matches_im2col_matrix_products(geom):
+def test_direct_plan_matches_im2col_matrix_products(geom, data_by_gemm):
     from poseidon_caffe.backend.cpu import direct
     if not direct.serves(geom):
         pytest.skip("no compiled kernels or no AVX-512 here")
@@ -182,7 +215,7 @@ def test_direct_plan_matches_im2col_matrix_products(geom):
     wg = w.reshape(1, geom.num_output, -1).astype(np.float64)
     want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(
         (n, geom.num_output) + geom.out_shape) + bias.reshape(1, -1, 1, 1)
-    plan = direct.DirectConvPlan(geom)
+    plan = direct.DirectConvPlan(geom, data_by_gemm=data_by_gemm)
     _check_plan(plan, geom, x, w, bias, dy, col, wg, want)
     assert plan.workspace_bytes(n) > 0              # the net's memory estimate asks every plan
 
@@ -252,7 +285,7 @@ def test_conv_plan_does_not_reuse_columns_of_an_older_forward(kind):
 
 def test_conv_algorithm_choice_follows_the_cost_model():
     from poseidon_caffe.backend.cpu import direct
-    from poseidon_caffe.backend.cpu.backend import conv_algorithm
+    from poseidon_caffe.backend.cpu.backend import conv_algorithm, direct_data_by_gemm
     cifar_conv2 = ConvGeometry(32, 32, (16, 16), (5, 5), (1, 1), (2, 2), (1, 1))
     cifar_conv1 = ConvGeometry(3, 32, (32, 32), (5, 5), (1, 1), (2, 2), (1, 1))
     alexnet_conv1 = ConvGeometry(3, 96, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
@@ -263,6 +296,12 @@ def test_conv_algorithm_choice_follows_the_cost_model():
     # three input channels: the images, whose gradient nobody asks for; 75 products an output
     assert conv_algorithm(cifar_conv1, 100) == ("direct" if direct.serves(cifar_conv1) else
                                                 "im2col")
+    # no padding: the direct kernels' backward-data would multiply mostly zeros (8x8 -> 12x12)
+    # and runs as a GEMM and col2im instead
+    lenet_conv2 = ConvGeometry(20, 50, (12, 12), (5, 5), (1, 1), (0, 0), (1, 1))
+    assert conv_algorithm(lenet_conv2, 64) == ("direct" if direct.serves(lenet_conv2) else
+                                               "fft")
+    assert direct_data_by_gemm(lenet_conv2, 64) and not direct_data_by_gemm(cifar_conv2, 100)
     lenet_conv1 = ConvGeometry(1, 20, (28, 28), (5, 5), (1, 1), (0, 0), (1, 1))
     vgg_conv1 = ConvGeometry(3, 64, (64, 64), (3, 3), (1, 1), (1, 1), (1, 1))
     assert conv_algorithm(lenet_conv1, 64) == "im2col"            # 25 products an output

@@ -30,8 +30,11 @@ _ACCUMULATING_GEMM = _sgemm
 # and the small batched complex GEMMs of an FFT convolution.
 GEMM_FLOPS = 85e9
 COPY_BYTES = 10e9
-FFT_FLOPS = 6e9
-CGEMM_FLOPS = 50e9
+# (the FFT's two rates were 6e9 and 50e9 before the direct plan's backward-data could take a
+# GEMM; against its times on the 5x5 layers of LeNet and GoogLeNet (direct 12.7, 18.3 and
+# 19.7 ms against FFT's 14.0, 24.0 and 27.0, one thread) a sixth lower)
+FFT_FLOPS = 5e9
+CGEMM_FLOPS = 42e9
 # the share of GEMM_FLOPS Winograd's batched GEMMs and transforms reach (36 GEMMs of a chunk
 # of images each, and small-matrix transforms)
 WINOGRAD_GEMM_SHARE = 0.7
@@ -153,14 +156,38 @@ def conv_algorithm(geom, batch, parts=1):
 
 def direct_time(geom, batch):
     """Seconds of one forward + backward by the direct kernels on ``batch`` images: each
-    direction's multiply-adds with its output channels rounded up to whole lanes."""
-    c, m, taps = geom.channels, geom.num_output, geom.taps
+    direction's multiply-adds with its output channels rounded up to whole lanes and its rows
+    to whole blocks; backward-data by them or by a GEMM and col2im, whichever is cheaper
+    (direct_data_by_gemm)."""
+    forward = _direct_direction(geom.out_shape, geom.channels, geom.num_output, geom, batch)
+    data = 0.0
+    if geom.channels > IMAGE_CHANNELS:
+        data = min(_direct_data_times(geom, batch))
+    return 2 * forward + data                    # forward, filter; backward-data
 
-    def direction(positions, inputs, outputs):
-        lanes = -(-outputs // DIRECT_LANES) * DIRECT_LANES
-        return 2.0 * batch * positions * lanes * inputs * taps / DIRECT_FLOPS
-    data = direction(geom.in_count, m, c) if c > IMAGE_CHANNELS else 0.0
-    return 2 * direction(geom.out_count, c, m) + data      # forward, filter; backward-data
+
+def _direct_direction(positions, inputs, outputs, geom, batch):
+    rows, cols = positions[0], -(-positions[1] // DIRECT_ROW) * DIRECT_ROW
+    lanes = -(-outputs // DIRECT_LANES) * DIRECT_LANES
+    return 2.0 * batch * rows * cols * lanes * inputs * geom.taps / DIRECT_FLOPS
+
+
+def _direct_data_times(geom, batch):
+    """(the direct kernels', a GEMM's and col2im's) seconds of backward-data. The kernels run
+    it as a forward over the input's positions with the kernel's zero padding: a layer without
+    padding (LeNet's conv2: 8x8 -> 12x12) multiplies mostly zeros, where W' dy's product is
+    all useful and col2im (compiled) adds its columns back at the copies' rate."""
+    direct = _direct_direction(geom.in_shape, geom.num_output, geom.channels, geom, batch)
+    gemm = 2.0 * batch * geom.out_count * geom.num_output * geom.channels * geom.taps / \
+        GEMM_FLOPS + batch * geom.out_count * geom.col_rows * 8 / COPY_BYTES
+    return direct, gemm
+
+
+def direct_data_by_gemm(geom, batch):
+    """Whether the direct plan makes backward-data by a GEMM and col2im (see
+    _direct_data_times)."""
+    direct, gemm = _direct_data_times(geom, batch)
+    return gemm < direct
 
 
 def winograd_time(geom, batch):
@@ -402,7 +429,9 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
             return WinogradConvPlan(geom, self.dtype)
         if algorithm == "direct":
             from .direct import DirectConvPlan
-            return DirectConvPlan(geom, self.dtype)
+            return DirectConvPlan(geom, self.dtype, data_by_gemm=bool(batch) and
+                                  geom.channels > IMAGE_CHANNELS and
+                                  direct_data_by_gemm(geom, batch))
         if algorithm == "fft":
             from .fftconv import FFTConvPlan
             plan = FFTConvPlan(geom, self.dtype, weights=weights)

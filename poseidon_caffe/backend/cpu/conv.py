@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..geometry import ConvGeometry
-from . import threads
+from . import native, threads
 
 
 def _tap_slices(geom, tap):
@@ -73,6 +73,8 @@ def im2col(x, geom, out=None, pad_buffer=None):
     n = x.shape[0]
     if out is None:
         out = np.empty((geom.col_rows, n * geom.out_count), dtype=x.dtype)
+    if native.makes_columns(geom, x, out):
+        return native.im2col_2d(x, out, geom)
     xp = channel_major_padded(x, geom, pad_buffer)
     target = out.reshape((geom.channels,) + geom.kernel + (n,) + geom.out_shape)
     np.copyto(target, _window_view(xp, geom))
@@ -128,6 +130,10 @@ def col2im_by_image(col, geom, out, pad_buffer):
 
 def col2im(col, geom, n, out=None, pad_buffer=None):
     """Columns (C*taps, N*outputs) -> (N, C, *in), summing every tap's contribution."""
+    if native.makes_columns(geom, col, *(() if out is None else (out,))):
+        if out is None:
+            out = np.empty((n, geom.channels) + geom.in_shape, col.dtype)
+        return native.col2im_2d(col, out, geom)
     if pad_buffer is None:
         pad_buffer = np.empty((geom.channels, n) + geom.padded_shape, dtype=col.dtype)
     pad_buffer[...] = 0
@@ -313,8 +319,17 @@ class ConvPlan:
         elif self._flipped_geometry() is not None:
             self._backward_data_as_convolution(dy, w, dx)
         else:
-            dcol = np.matmul(self._grouped(w).transpose(0, 2, 1), dyt)   # (G, K/G, N*out)
+            wt = self._grouped(w).transpose(0, 2, 1)
             if self.shared:
+                # the columns' scratch: backward-filter is done with them
+                dcol = threads.scratch("gathered_input", (g.col_rows, n * g.out_count),
+                                       self.dtype)
+                np.matmul(wt, dyt, out=dcol.reshape(g.group, -1, n * g.out_count))
+            else:
+                dcol = np.matmul(wt, dyt)                       # (G, K/G, N*out)
+            if native.makes_columns(g, dcol, dx):
+                dpad = None                     # the compiled col2im needs no padded copy
+            elif self.shared:
                 dpad = threads.scratch("padded_input", (g.channels, n) + g.padded_shape,
                                        self.dtype)
             else:

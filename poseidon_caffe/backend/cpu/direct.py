@@ -8,6 +8,11 @@ broadcast once per tap: forward, backward-data (the forward of dy with the weigh
 space and their channel axes swapped) and backward-filter each run near the machine's
 multiply-add rate on such layers. Nothing is kept between calls; results equal the other
 plans' up to float summation order.
+
+Backward-data runs the kernel's zero padding too: on a layer without padding (LeNet's conv2,
+its 8x8 gradient padded to 16x16 for a 12x12 result) most of its multiply-adds are by zeros.
+There (backend.direct_data_by_gemm) it is im2col's instead: W' dy as one GEMM, and the
+compiled col2im.
 """
 import numpy as np
 
@@ -40,10 +45,15 @@ def _check(status, what):
 class DirectConvPlan:
     """The plan contract of backend/ops.py's conv_plan by the direct kernels."""
 
-    def __init__(self, geom, dtype=np.float32):
+    def __init__(self, geom, dtype=np.float32, data_by_gemm=False):
         self.geom = geom
         self.dtype = dtype
         self.lib = native.lib
+        self._data_plan = None
+        if data_by_gemm:
+            from .conv import ConvPlan
+            # keeps nothing: its columns and product are the thread's scratch
+            self._data_plan = ConvPlan(geom, dtype, shared=True)
 
     def prepare(self, x):
         """Nothing to keep: backward-filter reads x itself."""
@@ -57,6 +67,15 @@ class DirectConvPlan:
             [s + 2 * p for s, p in zip(g.in_shape, g.pad)]))
         return 4 * (padded + 2 * g.taps * max(g.channels, g.num_output) * lanes +
                     g.out_count * lanes)
+
+    def shared_workspace_bytes(self, n):
+        """Backward-data by GEMM: its transposed gradient, product and padded input, in the
+        thread's scratch."""
+        if self._data_plan is None:
+            return 0
+        g = self.geom
+        return 4 * n * (g.out_count * (g.num_output + g.col_rows) +
+                        g.channels * int(np.prod(g.padded_shape)))
 
     def _run_forward(self, x, w, bias, y, channels, outputs, pad, flip):
         g = self.geom
@@ -78,7 +97,9 @@ class DirectConvPlan:
 
     def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
         g = self.geom
-        if dx is not None:
+        if dx is not None and self._data_plan is not None:
+            self._data_plan.backward(None, dy, w, dx=dx)
+        elif dx is not None:
             flipped_pad = tuple(k - 1 - p for k, p in zip(g.kernel, g.pad))
             self._run_forward(dy, w, None, dx, g.num_output, g.channels, flipped_pad, True)
         if dw is not None:

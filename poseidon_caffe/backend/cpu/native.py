@@ -3,7 +3,7 @@ tiles), built at install as the module ``_kernels`` and called through ctypes (w
 the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
-windows, the copies in and out of Winograd's tiles). ``lib`` is None where the library was not
+windows, the copies in and out of Winograd's tiles, im2col's columns of small maps). ``lib`` is None where the library was not
 built (no compiler at install) or when POSEIDON_NATIVE=0; callers then take their numpy paths,
 which compute the same values.
 """
@@ -16,7 +16,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 6                  # kernels_version() of the kernels these calls are written for
+VERSION = 7                  # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -47,6 +47,9 @@ def _load():
     lib.winograd_in.restype = _I
     lib.winograd_out.argtypes = [_P, _P, _P, _P, _L] + [_I] * 8
     lib.winograd_out.restype = _I
+    for name in ("im2col_2d", "col2im_2d"):
+        getattr(lib, name).argtypes = [_P, _P, _L] + [_I] * 13
+        getattr(lib, name).restype = _I
     return lib
 
 
@@ -141,3 +144,31 @@ def winograd_out(prod, mat, bias, y, m, tiles):
                         p, m, *tiles, int(PORTABLE_WINOGRAD)):
         raise MemoryError("Winograd: no memory for a channel's %dx%d tiles" % (m, m))
     return y
+
+
+def makes_columns(geom, *arrays):
+    """Whether im2col_2d and col2im_2d serve this geometry on these arrays: 2-D, built, and
+    C-contiguous float32."""
+    return lib is not None and len(geom.in_shape) == 2 and takes(*arrays)
+
+
+def _column_geometry(geom, n):
+    return (n, geom.channels) + geom.in_shape + geom.out_shape + geom.kernel + geom.stride + \
+        geom.pad + geom.dilation
+
+
+def im2col_2d(x, col, geom):
+    """col (C*kh*kw, N*oh*ow) = Caffe's columns of x (N, C, h, w), channel-major (columns.c)."""
+    if lib.im2col_2d(_address(x), _address(col), *_column_geometry(geom, x.shape[0])):
+        raise ValueError("im2col: a geometry out of range: %s" % (geom,))
+    return col
+
+
+def col2im_2d(col, dx, geom):
+    """dx (N, C, h, w) = the adjoint of im2col_2d: every tap's column cell summed back."""
+    status = lib.col2im_2d(_address(col), _address(dx), *_column_geometry(geom, dx.shape[0]))
+    if status == -1:
+        raise MemoryError("col2im: no memory for a padded %dx%d plane" % geom.in_shape)
+    if status:
+        raise ValueError("col2im: a geometry out of range: %s" % (geom,))
+    return dx
