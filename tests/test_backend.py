@@ -387,7 +387,7 @@ def test_gemm_transposes_and_accumulation(accumulating, monkeypatch):
 def test_gemm_of_few_rows_against_a_transposed_operand_is_made_as_its_transpose():
     """InnerProduct's forward, a batch's rows times the weights read transposed: the product
     is made as (w x^T)^T, with alpha, into a given output or a new one, and with beta 0 only
-    (6 rows, at most FEW_ROWS, against 50 >= 8 x 6)."""
+    (6 rows, at most FEW_ROWS, against 50 >= 2 x 6)."""
     from poseidon_caffe.backend.cpu import backend as cpu
     assert 6 <= cpu.FEW_ROWS
     x, w = _rand((6, 20), 70), _rand((50, 20), 71)
