@@ -509,18 +509,30 @@ BIG_WINDOW_GEOMS = [
 ]
 
 
-POOL_PATHS = ["stages", "taps", "native"]
+# the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or the phased layout
+NATIVE_POOL_PATHS = ["native", "native phased"]
+POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
+
+
+@pytest.fixture(autouse=True)
+def _lanes_pooling_back_on():
+    """A test that took the phased pooling passes leaves the default behind."""
+    yield
+    from poseidon_caffe.backend.cpu import native
+    native.PORTABLE_POOLING = False
 
 
 def _take_pool_path(plan, path):
     """Set ``plan`` (a PoolPlan or SplitPoolPlan) on one of its paths: the numpy stages, the
-    numpy tap loop, or the compiled kernels (skipped where they were not built)."""
+    numpy tap loop, or the compiled kernels, 16 planes a vector where the CPU has AVX-512 or
+    in the phased layout (skipped where they were not built)."""
     from poseidon_caffe.backend.cpu import native
-    if path == "native" and native.lib is None:
+    if path.startswith("native") and native.lib is None:
         pytest.skip("the compiled kernels are not built (no C compiler at install, or "
                     "POSEIDON_NATIVE=0)")
-    plan.native = path == "native"
+    plan.native = path.startswith("native")
     plan.separable = path == "stages"
+    native.PORTABLE_POOLING = path == "native phased"
 
 
 @pytest.mark.parametrize("path", POOL_PATHS)
@@ -568,13 +580,14 @@ def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, path, small_sl
     assert abs(lhs - rhs) <= 1e-5 * max(1.0, abs(lhs))
 
 
-def test_native_ave_pooling_is_caffes_float32_arithmetic():
+@pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
+def test_native_ave_pooling_is_caffes_float32_arithmetic(path):
     """The compiled AVE adds a window's cells in Caffe's row-major order in float32 and
     divides by Caffe's window size, and its backward adds a cell's shares in the order of
     Caffe's loop over the outputs: both equal Caffe's loops bit for bit."""
     g = PoolGeometry(*POOL_GEOMS[2])            # padding, overlap and a clipped last window
     plan = B.pool_plan(g)
-    _take_pool_path(plan, "native")
+    _take_pool_path(plan, path)
     x, dy = _rand((2, 2) + g.in_shape, 25), _rand((2, 2) + g.out_shape, 26)
     y = plan.ave_forward(x, np.empty(dy.shape, np.float32))
     dx = plan.ave_backward(dy, np.full(x.shape, np.nan, np.float32))
@@ -608,15 +621,16 @@ NATIVE_LAYOUT_GEOMS = [
 ]
 
 
+@pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 @pytest.mark.parametrize("spec", NATIVE_LAYOUT_GEOMS, ids=str)
-def test_native_pooling_equals_caffes_loops_bit_for_bit(spec):
+def test_native_pooling_equals_caffes_loops_bit_for_bit(spec, path):
     """MAX: the value and winner of Caffe's first strict maximum; AVE: Caffe's float32 sum in
     row-major order over its window size, and the backward's shares added in the order of
     Caffe's loop over the outputs."""
     from poseidon_caffe.backend.cpu.pool import PoolPlan
     g = PoolGeometry(*spec)
     plan = PoolPlan(g)
-    _take_pool_path(plan, "native")
+    _take_pool_path(plan, path)
     x = np.round(_rand((2, 2) + g.in_shape, 30) * 3)          # ties: the first one wins
     y = plan.max_forward(x, np.empty((2, 2) + g.out_shape, np.float32))
     want, mask, _ = _naive_max_pool(x, g)
@@ -647,7 +661,9 @@ def test_native_pooling_equals_caffes_loops_bit_for_bit(spec):
 @pytest.mark.parametrize("spec, winner_bytes",
                          [(POOL_GEOMS[2], 1), (EMPTY_WINDOW_GEOMS[1], 1),
                           (BIG_WINDOW_GEOMS[0], 1), (BIG_WINDOW_GEOMS[1], 4)], ids=str)
-def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, winner_bytes):
+@pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
+def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, winner_bytes,
+                                                                       path):
     """The compiled MAX keeps one byte per output where a window has at most 255 cells, gives
     the numpy tap loop's outputs and mask (flat input index, -1 for an empty window) exactly,
     and its gradient is Caffe's: each output's diff added in float32 at its mask, in the
@@ -655,7 +671,7 @@ def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, win
     from poseidon_caffe.backend.cpu.pool import PoolPlan
     g = PoolGeometry(*spec)
     native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
-    _take_pool_path(native_plan, "native")
+    _take_pool_path(native_plan, path)
     _take_pool_path(numpy_plan, "taps")
     x = np.round(_rand((2, 3) + g.in_shape, 28) * 3)           # ties: the first one wins
     y = native_plan.max_forward(x, np.empty((2, 3) + g.out_shape, np.float32))
@@ -696,12 +712,13 @@ MANY_PLANE_GEOMS = [
 ]
 
 
+@pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 @pytest.mark.parametrize("spec", MANY_PLANE_GEOMS, ids=str)
-def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec):
+def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec, path):
     from poseidon_caffe.backend.cpu.pool import PoolPlan
     g = PoolGeometry(*spec)
     native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
-    _take_pool_path(native_plan, "native")
+    _take_pool_path(native_plan, path)
     _take_pool_path(numpy_plan, "taps")
     x = np.round(_rand((3, 250) + g.in_shape, 33) * 3)        # ties: the first one wins
     y = native_plan.max_forward(x, np.empty((3, 250) + g.out_shape, np.float32))
@@ -980,7 +997,7 @@ def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
     split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2), PoolPlan(g)
     _take_pool_path(split, path)
     _take_pool_path(whole, path)
-    assert split.separable == (path == "stages") and split.native == (path == "native")
+    assert split.separable == (path == "stages") and split.native == path.startswith("native")
     x = np.round(_rand((5, 2) + g.in_shape, 40) * 4)
     y_shape = (5, 2) + g.out_shape
     dy = _rand(y_shape, 41)

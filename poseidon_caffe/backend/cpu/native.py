@@ -31,13 +31,13 @@ def _load():
     if version is None or version() != VERSION:
         # built from other sources (rebuild: python setup.py build_ext --inplace)
         return None
-    lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW
+    lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW + [_I]
     lib.pool_max_forward.restype = _I
     lib.pool_max_backward.argtypes = [_P, _P, _I, _P, _L] + _WINDOW
     lib.pool_max_backward.restype = _I
-    lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW
+    lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_forward.restype = _I
-    lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW
+    lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_backward.restype = _I
     lib.conv_direct_forward.argtypes = [_P, _P, _P, _P, _L] + [_I] * 9
     lib.conv_direct_forward.restype = _I
@@ -56,6 +56,9 @@ def _load():
 lib = _load()
 # Winograd's transforms by their plain loops even on AVX-512 (the tests run both)
 PORTABLE_WINOGRAD = False
+# pooling by the phased layout (pooling.c) even on AVX-512, not 16 planes a vector
+# (pool_lanes.c; the tests run both)
+PORTABLE_POOLING = False
 # the direct convolution (kernels/direct.c) runs only where the CPU has AVX-512
 direct = lib is not None and lib.conv_direct_available() == 1
 
@@ -95,7 +98,7 @@ def max_pool_forward(x, y, arg, geom):
     input, no_winner for an empty window."""
     planes = x.shape[0] * x.shape[1]
     if lib.pool_max_forward(_address(x), _address(y), _address(arg), arg.itemsize, planes,
-                            *_pool_window(geom)):
+                            *_pool_window(geom), int(not PORTABLE_POOLING)):
         raise MemoryError("MAX pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return y
 
@@ -111,14 +114,16 @@ def max_pool_backward(dy, arg, dx, geom):
 
 def ave_pool_forward(x, y, geom):
     planes = x.shape[0] * x.shape[1]
-    if lib.pool_ave_forward(_address(x), _address(y), planes, *_pool_window(geom)):
+    if lib.pool_ave_forward(_address(x), _address(y), planes, *_pool_window(geom),
+                            int(not PORTABLE_POOLING)):
         raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return y
 
 
 def ave_pool_backward(dy, dx, geom):
     planes = dy.shape[0] * dy.shape[1]
-    if lib.pool_ave_backward(_address(dy), _address(dx), planes, *_pool_window(geom)):
+    if lib.pool_ave_backward(_address(dy), _address(dx), planes, *_pool_window(geom),
+                             int(not PORTABLE_POOLING)):
         raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return dx
 

@@ -21,6 +21,17 @@
 
 #include "vector_loop.h"
 
+/* pool_lanes.c: 16 planes a vector, where the CPU has AVX-512 (-2 where it does not serve) */
+int pool_lanes_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                           int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                           int ph, int pw);
+int pool_lanes_ave_forward(const float *x, float *y, const float *size, int64_t planes, int h,
+                           int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                           int pw);
+int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
+                            int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                            int ph, int pw);
+
 /* The version of the functions' signatures below and in lrn.c, direct.c, winograd.c and
  * columns.c (raise it with any change to one); native.py refuses a library built from another
  * version (an in-place build older than this source). */
@@ -91,6 +102,8 @@ typedef struct {
 
 /* The floats of a group's blocks: a group's passes stay in the core's L1 and L2 caches. */
 #define GROUP_FLOATS 8192
+/* Outputs taken through all taps at a time (MAX: 8 KB of maxima and winners). */
+#define STRETCH 1024
 
 static int phased_init(phased *q, int64_t planes, int h, int w, int oh, int ow, int kh,
                        int kw, int sh, int sw, int ph, int pw)
@@ -326,8 +339,14 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  * -inf keeps that cell, as Caffe's loop keeps its first. -1: out of memory. */
 int pool_max_forward(const float *restrict x, float *restrict y, void *restrict arg,
                      int arg_bytes, int64_t planes, int h, int w, int oh, int ow, int kh,
-                     int kw, int sh, int sw, int ph, int pw)
+                     int kw, int sh, int sw, int ph, int pw, int lanes)
 {
+    if (lanes) {
+        int status = pool_lanes_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
+                                            sh, sw, ph, pw);
+        if (status != -2)
+            return status;
+    }
     size_t outputs = (size_t)oh * ow;
     if (outputs < FEW_OUTPUTS) {
         int32_t *at = malloc(sizeof(int32_t) * outputs);
@@ -382,10 +401,15 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
         phased_fill(&q, x + p0 * (int64_t)h * w, base, group);
         fill_floats(best, -INFINITY, cells);
         memcpy(at, first, sizeof(int32_t) * cells);
-        for (int a = 0; a < kh; ++a)
-            for (int t = 0; t < kw; ++t)
-                take_greater_tap(base + phased_tap(&q, a, t), a * kw + t, (int)cells, best,
-                                 at);
+        /* a stretch of outputs through every tap at a time: its maxima and winners stay in
+         * the L1 cache while the taps stream past */
+        for (size_t lo = 0; lo < cells; lo += STRETCH) {
+            int count = (int)(cells - lo < STRETCH ? cells - lo : STRETCH);
+            for (int a = 0; a < kh; ++a)
+                for (int t = 0; t < kw; ++t)
+                    take_greater_tap(base + phased_tap(&q, a, t) + lo, a * kw + t, count,
+                                     best + lo, at + lo);
+        }
         for (int g = 0; g < group; ++g) {
             float *yp = y + (p0 + g) * (int64_t)outputs;
             for (int i = 0; i < oh; ++i) {
@@ -507,12 +531,21 @@ static void divide(const float *restrict num, const float *restrict den, float *
  * of the group: each output gets Caffe's float32 sum in Caffe's order (adding 0 changes no
  * sum). -1: out of memory. */
 int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes, int h,
-                     int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
+                     int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                     int lanes)
 {
     size_t outputs = (size_t)oh * ow;
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
     if (size == NULL)
         return -1;
+    if (lanes) {
+        int status = pool_lanes_ave_forward(x, y, size, planes, h, w, oh, ow, kh, kw, sh, sw,
+                                            ph, pw);
+        if (status != -2) {
+            free(size);
+            return status;
+        }
+    }
     if (outputs < FEW_OUTPUTS) {
         for (int64_t p = 0; p < planes; ++p)
             ave_direct(x + p * (int64_t)h * w, y + p * (int64_t)outputs, size, h, w, oh, ow,
@@ -559,12 +592,21 @@ int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes,
  * shares in the windows' row-major order, the order of Caffe's loop over the outputs. -1:
  * out of memory. */
 int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
-                      int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
+                      int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                      int lanes)
 {
     size_t outputs = (size_t)oh * ow;
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
     if (size == NULL)
         return -1;
+    if (lanes) {
+        int status = pool_lanes_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
+                                             sw, ph, pw);
+        if (status != -2) {
+            free(size);
+            return status;
+        }
+    }
     if (outputs < FEW_OUTPUTS) {
         for (int64_t p = 0; p < planes; ++p)
             ave_direct_backward(dy + p * (int64_t)outputs, dx + p * (int64_t)h * w, size, h,
