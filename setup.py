@@ -10,5 +10,6 @@ setup(ext_modules=[Extension("poseidon_caffe.backend.cpu._kernels",
                               "poseidon_caffe/backend/cpu/kernels/columns.c",
                               "poseidon_caffe/backend/cpu/kernels/pool_lanes.c"],
                              depends=["poseidon_caffe/backend/cpu/kernels/vector_loop.h"],
-                             extra_compile_args=["-O3", "-std=c99", "-fno-wrapv"],
+                             extra_compile_args=["-O3", "-std=c99", "-fno-wrapv",
+                                                 "-fno-math-errno"],
                              optional=True)])

@@ -778,10 +778,15 @@ def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch
     dy = _rand(x.shape, 29)
     got = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
     got_dx = lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True)
+    compiled = lrn._compiled()
     monkeypatch.setitem(lrn._COMPILED, "lib", None)
     want = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
     want_dx = lrn.lrn_backward(x, want[0], want[1], dy, size, 0.5, beta, True)
     np.testing.assert_allclose(lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True),
+                               want_dx, rtol=1e-5, atol=1e-6)
+    monkeypatch.setitem(lrn._COMPILED, "lib", compiled)      # a compiled backward reading
+    np.testing.assert_allclose(lrn.lrn_backward(x, want[0], want[1], dy, size, 0.5, beta,
+                                                True),       # the scale numpy kept
                                want_dx, rtol=1e-5, atol=1e-6)
     assert got[1][0] is None and want[1][0].shape == x.shape    # the scale is not kept
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)

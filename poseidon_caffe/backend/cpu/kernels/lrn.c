@@ -9,13 +9,18 @@
  * here each image is one pass over its planes, the window's planes read from cache, every
  * loop running over the positions of a plane on vectors. The scale need not be kept from
  * forward to backward: the backward remakes it from x, an image at a time. Arrays are
- * C-contiguous float32 (n, channels, positions).
+ * C-contiguous float32 (n, channels, positions). The plane loops are calls of their own, built
+ * for AVX2 and AVX-512 too (VECTOR_LOOP), and the square roots are the vector instruction
+ * (setup.py builds with -fno-math-errno: a root of a negative is NaN, errno is not set).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "vector_loop.h"
+
 /* scale^-beta, with the square-root forms of Caffe's usual betas */
+VECTOR_LOOP
 static void negative_power(const float *restrict s, float *restrict out, int64_t count,
                            float beta)
 {
@@ -33,22 +38,132 @@ static void negative_power(const float *restrict s, float *restrict out, int64_t
     }
 }
 
+/* to = 0 over n cells */
+VECTOR_LOOP
+static void zero(float *restrict to, int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = 0.0f;
+}
+
+/* to += from^2 over n cells */
+VECTOR_LOOP
+static void add_squares(float *restrict to, const float *restrict from, int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] += from[p] * from[p];
+}
+
+/* to += from over n cells */
+VECTOR_LOOP
+static void add(float *restrict to, const float *restrict from, int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] += from[p];
+}
+
+/* to = to * coef + k over n cells */
+VECTOR_LOOP
+static void scale_shift(float *restrict to, float coef, float k, int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = to[p] * coef + k;
+}
+
+/* to = a * b over n cells */
+VECTOR_LOOP
+static void multiply(const float *restrict a, const float *restrict b, float *restrict to,
+                     int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = a[p] * b[p];
+}
+
+/* to = a * b / c over n cells */
+VECTOR_LOOP
+static void product_over(const float *restrict a, const float *restrict b,
+                         const float *restrict c, float *restrict to, int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = a[p] * b[p] / c[p];
+}
+
+/* to = dy * power - coef * x * acc over n cells: the backward's last step */
+VECTOR_LOOP
+static void backward_cells(const float *restrict dy, const float *restrict power,
+                           const float *restrict x, const float *restrict acc, float coef,
+                           float *restrict to, int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = dy[p] * power[p] - coef * x[p] * acc[p];
+}
+
+/* to = (a^2 + b^2 + c^2 + d^2 + e^2) * coef + k over n cells, added left to right: a window
+ * of five planes in one pass */
+VECTOR_LOOP
+static void five_squares(const float *restrict a, const float *restrict b,
+                         const float *restrict c, const float *restrict d,
+                         const float *restrict e, float coef, float k, float *restrict to,
+                         int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = ((((a[p] * a[p] + b[p] * b[p]) + c[p] * c[p]) + d[p] * d[p]) + e[p] * e[p]) *
+            coef + k;
+}
+
+/* to = a + b + c + d + e over n cells, added left to right */
+VECTOR_LOOP
+static void five_sum(const float *restrict a, const float *restrict b, const float *restrict c,
+                     const float *restrict d, const float *restrict e, float *restrict to,
+                     int64_t n)
+{
+    for (int64_t p = 0; p < n; ++p)
+        to[p] = (((a[p] + b[p]) + c[p]) + d[p]) + e[p];
+}
+
+/* The five planes of a window, `zeros` (a plane of 0) standing for channels past either end,
+ * moved ahead of the others: adding 0 first changes no sum, so the sums are those of the
+ * plane-at-a-time loop from 0. */
+static void zeros_first(const float *w[5], const float *zeros)
+{
+    const float *planes[5];
+    int count = 0;
+    for (int q = 0; q < 5; ++q)
+        if (w[q] != zeros)
+            planes[count++] = w[q];
+    for (int q = 0; q < 5; ++q)
+        w[q] = q < 5 - count ? zeros : planes[q - (5 - count)];
+}
+
+/* The window of channel c, size 5 (Caffe's usual), in channel order from `planes`. */
+static void window_of_five(const float *planes, const float *zeros, int c, int channels,
+                           int64_t positions, const float *w[5])
+{
+    for (int q = 0; q < 5; ++q) {
+        int d = c - 2 + q;
+        w[q] = d < 0 || d >= channels ? zeros : planes + (int64_t)d * positions;
+    }
+    zeros_first(w, zeros);
+}
+
 /* scale of channel c of one image: k + alpha/size * the window's sum of squares */
 static void window_scale(const float *restrict xi, float *restrict sc, int c, int channels,
-                         int64_t positions, int size, float coef, float k)
+                         int64_t positions, int size, float coef, float k,
+                         const float *zeros)
 {
+    if (size == 5 && zeros != NULL) {
+        const float *w[5];
+        window_of_five(xi, zeros, c, channels, positions, w);
+        five_squares(w[0], w[1], w[2], w[3], w[4], coef, k, sc, positions);
+        return;
+    }
     const int half = (size - 1) / 2;
     const int lo = c - half < 0 ? 0 : c - half;
     const int hi = c + half >= channels ? channels - 1 : c + half;
-    for (int64_t p = 0; p < positions; ++p)
-        sc[p] = 0.0f;
-    for (int d = lo; d <= hi; ++d) {
-        const float *xd = xi + (int64_t)d * positions;
-        for (int64_t p = 0; p < positions; ++p)
-            sc[p] += xd[p] * xd[p];
-    }
-    for (int64_t p = 0; p < positions; ++p)
-        sc[p] = sc[p] * coef + k;
+    zero(sc, positions);
+    for (int d = lo; d <= hi; ++d)
+        add_squares(sc, xi + (int64_t)d * positions, positions);
+    scale_shift(sc, coef, k, positions);
 }
 
 /* top of images [0, n), and their scale when ``scale`` is not NULL (else the backward
@@ -60,30 +175,33 @@ int lrn_across_forward(const float *restrict x, float *restrict top, float *rest
     const float coef = alpha / size;
     float *power = malloc(sizeof(float) * (size_t)positions);
     float *own = scale ? NULL : malloc(sizeof(float) * (size_t)positions);
-    if (power == NULL || (scale == NULL && own == NULL)) {
+    float *zeros = calloc((size_t)positions, sizeof(float));
+    if (power == NULL || (scale == NULL && own == NULL) || zeros == NULL) {
         free(power);
         free(own);
+        free(zeros);
         return -1;
     }
     for (int64_t i = 0; i < n; ++i) {
         const float *xi = x + i * channels * positions;
         for (int c = 0; c < channels; ++c) {
             float *sc = scale ? scale + (i * channels + c) * positions : own;
-            window_scale(xi, sc, c, channels, positions, size, coef, k);
+            window_scale(xi, sc, c, channels, positions, size, coef, k, zeros);
             negative_power(sc, power, positions, beta);
-            const float *xc = xi + (int64_t)c * positions;
-            float *tc = top + (i * channels + c) * positions;
-            for (int64_t p = 0; p < positions; ++p)
-                tc[p] = xc[p] * power[p];
+            multiply(xi + (int64_t)c * positions, power, top + (i * channels + c) * positions,
+                     positions);
         }
     }
     free(power);
     free(own);
+    free(zeros);
     return 0;
 }
 
 /* dx of images [0, n) from the forward's top and its scale (NULL: remade from x with k).
- * Returns -1 when out of memory. */
+ * Channel c needs dy * top / scale of the channels of its window: they are made a channel
+ * ahead, into a ring of `size` planes that stays in cache (slot d % size), with the scale
+ * where it is remade. Returns -1 when out of memory. */
 int lrn_across_backward(const float *restrict x, const float *restrict top,
                         const float *restrict scale, const float *restrict dy,
                         float *restrict dx, int64_t n, int channels, int64_t positions,
@@ -92,47 +210,61 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
     const int half = (size - 1) / 2;
     const float coef = 2.0f * alpha * beta / size;
     const int64_t count = (int64_t)channels * positions;
-    /* one image's scale (when remade) and dy * top / scale; a plane's power and window */
-    float *own = scale ? NULL : malloc(sizeof(float) * (size_t)count);
-    float *ratio = malloc(sizeof(float) * (size_t)count);
+    float *scales = scale ? NULL : malloc(sizeof(float) * (size_t)(size * positions));
+    float *ratio = malloc(sizeof(float) * (size_t)(size * positions));
     float *power = malloc(sizeof(float) * (size_t)positions);
     float *acc = malloc(sizeof(float) * (size_t)positions);
-    if ((scale == NULL && own == NULL) || ratio == NULL || power == NULL || acc == NULL) {
-        free(own);
+    float *zeros = calloc((size_t)positions, sizeof(float));
+    if ((scale == NULL && scales == NULL) || ratio == NULL || power == NULL || acc == NULL ||
+        zeros == NULL) {
+        free(scales);
         free(ratio);
         free(power);
         free(acc);
+        free(zeros);
         return -1;
     }
     for (int64_t i = 0; i < n; ++i) {
         const int64_t base = i * count;
-        const float *sc = scale ? scale + base : own;
-        if (scale == NULL)
-            for (int c = 0; c < channels; ++c)
-                window_scale(x + base, own + (int64_t)c * positions, c, channels, positions,
-                             size, alpha / size, k);
-        for (int64_t p = 0; p < count; ++p)
-            ratio[p] = dy[base + p] * top[base + p] / sc[p];
+        int next = 0;                   /* the first channel whose ratio is not made yet */
         for (int c = 0; c < channels; ++c) {
-            const int64_t at = (int64_t)c * positions;
             const int lo = c - half < 0 ? 0 : c - half;
             const int hi = c + half >= channels ? channels - 1 : c + half;
-            for (int64_t p = 0; p < positions; ++p)
-                acc[p] = 0.0f;
-            for (int d = lo; d <= hi; ++d) {
-                const float *rd = ratio + (int64_t)d * positions;
-                for (int64_t p = 0; p < positions; ++p)
-                    acc[p] += rd[p];
+            for (; next <= hi; ++next) {
+                const int64_t at = (int64_t)next * positions;
+                float *sc = scale ? (float *)scale + base + at :
+                    scales + (int64_t)(next % size) * positions;
+                if (scale == NULL)
+                    window_scale(x + base, sc, next, channels, positions, size, alpha / size,
+                                 k, zeros);
+                product_over(dy + base + at, top + base + at, sc,
+                             ratio + (int64_t)(next % size) * positions, positions);
             }
-            negative_power(sc + at, power, positions, beta);
-            for (int64_t p = 0; p < positions; ++p)
-                dx[base + at + p] = dy[base + at + p] * power[p]
-                    - coef * x[base + at + p] * acc[p];
+            if (size == 5) {
+                const float *w[5];
+                for (int q = 0; q < 5; ++q) {    /* the window's ratios in channel order */
+                    int d = c - 2 + q;
+                    w[q] = d < 0 || d >= channels ? zeros :
+                        ratio + (int64_t)(d % size) * positions;
+                }
+                zeros_first(w, zeros);
+                five_sum(w[0], w[1], w[2], w[3], w[4], acc, positions);
+            } else {
+                zero(acc, positions);
+                for (int d = lo; d <= hi; ++d)
+                    add(acc, ratio + (int64_t)(d % size) * positions, positions);
+            }
+            const int64_t at = (int64_t)c * positions;
+            negative_power(scale ? scale + base + at : scales + (int64_t)(c % size) * positions,
+                           power, positions, beta);
+            backward_cells(dy + base + at, power, x + base + at, acc, coef, dx + base + at,
+                           positions);
         }
     }
-    free(own);
+    free(scales);
     free(ratio);
     free(power);
     free(acc);
+    free(zeros);
     return 0;
 }
