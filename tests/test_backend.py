@@ -155,9 +155,13 @@ def test_compiled_col2im_adds_the_taps_in_numpys_order(geom, monkeypatch):
     np.testing.assert_array_equal(compiled, col2im(col, geom, 3))
 
 
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
 @pytest.mark.parametrize("geom", GEOMS, ids=str)
-def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom):
-    """Independent of the plan's layout: per-image, per-group products of the Im2col matrix."""
+def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom, way, monkeypatch):
+    """Independent of the plan's layout: per-image, per-group products of the Im2col matrix;
+    the columns of both layouts made and scattered back by the compiled kernels and by
+    numpy."""
+    _columns_by(way, monkeypatch)
     n = 3
     x = _rand((n, geom.channels) + geom.in_shape, 4)
     w = _rand(geom.weight_shape, 5)

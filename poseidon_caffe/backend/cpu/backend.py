@@ -30,9 +30,10 @@ _ACCUMULATING_GEMM = _sgemm
 # and the small batched complex GEMMs of an FFT convolution.
 GEMM_FLOPS = 85e9
 COPY_BYTES = 10e9
-# (the FFT's two rates were 6e9 and 50e9 before the direct plan's backward-data could take a
-# GEMM; against its times on the 5x5 layers of LeNet and GoogLeNet (direct 12.7, 18.3 and
-# 19.7 ms against FFT's 14.0, 24.0 and 27.0, one thread) a sixth lower)
+# The FFT's two rates sit a sixth below those its transforms and products reach alone: so
+# priced, it loses to the direct plan where that is faster (LeNet's conv2 and GoogLeNet's
+# 5x5 layers at 14x14 of 24 and 32 channels: direct 12.7, 18.3 and 19.7 ms against FFT's
+# 14.0, 24.0 and 27.0, one thread) and keeps the layers where it is (GoogLeNet's 5x5 at 28x28)
 FFT_FLOPS = 5e9
 CGEMM_FLOPS = 42e9
 # the share of GEMM_FLOPS Winograd's batched GEMMs and transforms reach (36 GEMMs of a chunk

@@ -110,6 +110,8 @@ def _by_image_window_view(x, geom, pad_buffer):
 def im2col_by_image(x, geom, out, pad_buffer=None):
     """(N, C, *in) -> out[:, :C*taps] of out (N, >= C*taps, outputs), rows (c, k0, k1, ...)."""
     n = x.shape[0]
+    if native.makes_columns(geom, x, out):
+        return native.im2col_2d(x, out, geom, by_image_rows=out.shape[1])
     target = out[:, :geom.col_rows].reshape((n, geom.channels) + geom.kernel + geom.out_shape)
     np.copyto(target, _by_image_window_view(x, geom, pad_buffer))
     return out
@@ -119,6 +121,8 @@ def col2im_by_image(col, geom, out, pad_buffer):
     """Columns (N, C*taps, outputs) -> out (N, C, *in), summing every tap's contribution;
     ``pad_buffer`` is (N, C, *padded)."""
     n = col.shape[0]
+    if native.makes_columns(geom, col, out):
+        return native.col2im_2d(col, out, geom, by_image_rows=col.shape[1])
     pad_buffer[...] = 0
     cols = col.reshape((n, geom.channels) + geom.kernel + geom.out_shape)
     for tap in itertools.product(*(range(k) for k in geom.kernel)):
@@ -358,7 +362,7 @@ class ConvPlan:
                                                w, dx)
             return
         dcol = np.matmul(w.reshape(g.num_output, k).T, dyv)            # (N, K, out)
-        if self._dpad is None:
+        if self._dpad is None and not native.makes_columns(g, dcol, dx):
             self._dpad = np.empty((n, g.channels) + g.padded_shape, self.dtype)
         col2im_by_image(dcol, g, dx, self._dpad)
 

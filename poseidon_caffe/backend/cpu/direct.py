@@ -69,13 +69,9 @@ class DirectConvPlan:
                     g.out_count * lanes)
 
     def shared_workspace_bytes(self, n):
-        """Backward-data by GEMM: its transposed gradient, product and padded input, in the
-        thread's scratch."""
-        if self._data_plan is None:
-            return 0
-        g = self.geom
-        return 4 * n * (g.out_count * (g.num_output + g.col_rows) +
-                        g.channels * int(np.prod(g.padded_shape)))
+        """Backward-data by GEMM: what its im2col plan takes of the thread's scratch (the
+        product W' dy lies where a shared plan's columns do)."""
+        return 0 if self._data_plan is None else self._data_plan.shared_workspace_bytes(n)
 
     def _run_forward(self, x, w, bias, y, channels, outputs, pad, flip):
         g = self.geom

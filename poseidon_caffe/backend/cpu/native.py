@@ -48,7 +48,7 @@ def _load():
     lib.winograd_out.argtypes = [_P, _P, _P, _P, _L] + [_I] * 8
     lib.winograd_out.restype = _I
     for name in ("im2col_2d", "col2im_2d"):
-        getattr(lib, name).argtypes = [_P, _P, _L] + [_I] * 13
+        getattr(lib, name).argtypes = [_P, _P, _L, _L, _L] + [_I] * 13
         getattr(lib, name).restype = _I
     return lib
 
@@ -162,16 +162,29 @@ def _column_geometry(geom, n):
         geom.pad + geom.dilation
 
 
-def im2col_2d(x, col, geom):
-    """col (C*kh*kw, N*oh*ow) = Caffe's columns of x (N, C, h, w), channel-major (columns.c)."""
-    if lib.im2col_2d(_address(x), _address(col), *_column_geometry(geom, x.shape[0])):
+def _pitches(geom, n, by_image_rows):
+    """(row pitch, image pitch) of the columns: channel-major, or image by image with
+    ``by_image_rows`` rows an image."""
+    if by_image_rows:
+        return geom.out_count, by_image_rows * geom.out_count
+    return n * geom.out_count, geom.out_count
+
+
+def im2col_2d(x, col, geom, by_image_rows=0):
+    """Caffe's columns of x (N, C, h, w) (columns.c): col (C*kh*kw, N*oh*ow), channel-major,
+    or with ``by_image_rows`` its first C*kh*kw rows of (N, by_image_rows, oh*ow)."""
+    n = x.shape[0]
+    if lib.im2col_2d(_address(x), _address(col), *_pitches(geom, n, by_image_rows),
+                     *_column_geometry(geom, n)):
         raise ValueError("im2col: a geometry out of range: %s" % (geom,))
     return col
 
 
-def col2im_2d(col, dx, geom):
+def col2im_2d(col, dx, geom, by_image_rows=0):
     """dx (N, C, h, w) = the adjoint of im2col_2d: every tap's column cell summed back."""
-    status = lib.col2im_2d(_address(col), _address(dx), *_column_geometry(geom, dx.shape[0]))
+    n = dx.shape[0]
+    status = lib.col2im_2d(_address(col), _address(dx), *_pitches(geom, n, by_image_rows),
+                           *_column_geometry(geom, n))
     if status == -1:
         raise MemoryError("col2im: no memory for a padded %dx%d plane" % geom.in_shape)
     if status:

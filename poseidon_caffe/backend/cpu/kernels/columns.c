@@ -1,9 +1,11 @@
-/* Caffe's im2col and col2im for 2-D convolution, in the channel-major layout of conv.py:
+/* Caffe's im2col and col2im for 2-D convolution, in either layout of conv.py:
  *
  *     col[(c, a, t), (n, i, j)] = x[n, c, i * sh + a * dh - ph, j * sw + t * dw - pw]
  *
- * (0 outside x), a (C * kh * kw) x (N * oh * ow) float32 matrix, and its adjoint, which sums
- * every tap's column back into x's shape. numpy makes the columns as one strided copy of a
+ * (0 outside x): channel-major, a (C * kh * kw) x (N * oh * ow) float32 matrix, or image by
+ * image, (N, rows >= C * kh * kw, oh * ow); a column row (c, a, t) of image n starts at
+ * row * row_pitch + n * image_pitch. And its adjoint, which sums every tap's column back into
+ * x's shape. numpy makes the columns as one strided copy of a
  * padded channel-major copy of x, and the adjoint as kh * kw strided adds over a padded
  * buffer; each is a pass of short strided rows (LeNet's 8 outputs wide) that runs at a tenth
  * of the memory's rate. Here a column row is made from x directly, a row of outputs at a time
@@ -21,6 +23,12 @@ typedef struct {
     int64_t n;
     int c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
 } geometry;
+
+/* where image n's cells of column row `row` start */
+static inline size_t column_at(int64_t row, int64_t n, int64_t row_pitch, int64_t image_pitch)
+{
+    return (size_t)(row * row_pitch + n * image_pitch);
+}
 
 /* to[j * step] += from[j] for j < count: stride 1 on vectors. */
 VECTOR_LOOP
@@ -88,23 +96,23 @@ static int make_geometry(geometry *g, int64_t n, int c, int h, int w, int oh, in
 
 /* col ((c * kh + a) * kw + t, (n * oh + i) * ow + j) = the cell of x (N, C, h, w) that tap
  * (a, t) of output (i, j) reads, 0 past the input. -2: a geometry out of range. */
-int im2col_2d(const float *restrict x, float *restrict col, int64_t n, int c, int h, int w,
-              int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
+int im2col_2d(const float *restrict x, float *restrict col, int64_t row_pitch,
+              int64_t image_pitch, int64_t n, int c, int h, int w, int oh, int ow, int kh,
+              int kw, int sh, int sw, int ph, int pw, int dh, int dw)
 {
     geometry g;
     if (make_geometry(&g, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw))
         return -2;
-    size_t plane = (size_t)h * w, outputs = (size_t)oh * ow;
-    size_t width = (size_t)n * outputs;             /* a column row */
+    size_t plane = (size_t)h * w;
     for (int cc = 0; cc < c; ++cc)
         for (int a = 0; a < kh; ++a)
             for (int t = 0; t < kw; ++t) {
-                float *to = col + (((size_t)cc * kh + a) * kw + t) * width;
+                int64_t row = ((int64_t)cc * kh + a) * kw + t;
                 int off = t * dw - pw, lo, hi;
                 inside(off, sw, w, ow, &lo, &hi);
                 for (int64_t nn = 0; nn < n; ++nn)
                     plane_cells(&g, x + ((size_t)nn * c + cc) * plane, a, off, lo, hi,
-                                to + (size_t)nn * outputs);
+                                col + column_at(row, nn, row_pitch, image_pitch));
             }
     return 0;
 }
@@ -112,8 +120,9 @@ int im2col_2d(const float *restrict x, float *restrict col, int64_t n, int c, in
 /* dx (N, C, h, w) = the sum over taps of each column cell put back where im2col_2d took it
  * from; the taps of a plane are added, in (a, t) order from 0, in a buffer of the padded
  * plane. -1: out of memory; -2: a geometry out of range. */
-int col2im_2d(const float *restrict col, float *restrict dx, int64_t n, int c, int h, int w,
-              int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw)
+int col2im_2d(const float *restrict col, float *restrict dx, int64_t row_pitch,
+              int64_t image_pitch, int64_t n, int c, int h, int w, int oh, int ow, int kh,
+              int kw, int sh, int sw, int ph, int pw, int dh, int dw)
 {
     geometry g;
     if (make_geometry(&g, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw))
@@ -124,7 +133,6 @@ int col2im_2d(const float *restrict col, float *restrict dx, int64_t n, int c, i
         hp = h + ph;
     if (wp < w + pw)
         wp = w + pw;
-    size_t outputs = (size_t)oh * ow, width = (size_t)n * outputs;
     float *pad = malloc(sizeof(float) * (size_t)hp * wp);
     if (pad == NULL)
         return -1;
@@ -133,8 +141,8 @@ int col2im_2d(const float *restrict col, float *restrict dx, int64_t n, int c, i
             memset(pad, 0, sizeof(float) * (size_t)hp * wp);
             for (int a = 0; a < kh; ++a)
                 for (int t = 0; t < kw; ++t) {
-                    const float *from = col + (((size_t)cc * kh + a) * kw + t) * width +
-                        (size_t)nn * outputs;
+                    const float *from = col + column_at(((int64_t)cc * kh + a) * kw + t, nn,
+                                                        row_pitch, image_pitch);
                     for (int i = 0; i < oh; ++i) {
                         float *to = pad + (size_t)(i * sh + a * dh) * wp + t * dw;
                         const float *src = from + (size_t)i * ow;
