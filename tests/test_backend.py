@@ -1141,3 +1141,29 @@ def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
     be.relu_forward(inplace, inplace, 0.0)
     np.testing.assert_array_equal(inplace, np.maximum(x, 0))
     assert len(parts) == 5 and all(len(bounds) == 2 for bounds in parts)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_axis_copy_of_large_parts_over_threads_is_a_concat_and_its_slices(axis, threads):
+    """Concat / Slice's copies, past ELEMENTWISE_SPLIT values a part cut by the batch over
+    two threads: the parts land where numpy's concatenate puts them, and come back out."""
+    from poseidon_caffe.backend.cpu import backend as cpu
+    be = type(B)()
+    be.split_threads = threads
+    parts = [_rand((4, 6, 150, 120), 80), _rand((4, 2, 150, 120), 81)]
+    if axis != 1:
+        parts = [p.swapaxes(1, axis).copy() for p in parts]
+    assert parts[0].size >= cpu.ELEMENTWISE_SPLIT
+    whole = np.full(np.concatenate(parts, axis=axis).shape, np.nan, np.float32)
+    offset = 0
+    for p in parts:
+        be.axis_copy(p, whole, axis, offset, True)
+        offset += p.shape[axis]
+    np.testing.assert_array_equal(whole, np.concatenate(parts, axis=axis))
+    offset = 0
+    for p in parts:
+        back = np.full(p.shape, np.nan, np.float32)
+        be.axis_copy(back, whole, axis, offset, False)
+        np.testing.assert_array_equal(back, p)
+        offset += p.shape[axis]

@@ -588,9 +588,20 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
 
     def axis_copy(self, part, whole, axis, offset, to_whole):
         """Concat/Slice: the part at ``offset`` along ``axis`` of whole; to_whole copies
-        part -> whole, else whole -> part."""
+        part -> whole, else whole -> part. Along a later axis than the first, a large copy
+        runs a slice of the first axis (the batch) per thread: a copy uses one core's share
+        of the bandwidth (GoogLeNet's inception outputs: 9.5 GB/s of 20)."""
         index = (slice(None),) * axis + (slice(offset, offset + part.shape[axis]),)
-        if to_whole:
+
+        def run(i, lo, hi):
+            if to_whole:
+                whole[lo:hi][index] = part[lo:hi]
+            else:
+                part[lo:hi] = whole[lo:hi][index]
+        if axis >= 1 and self.split_threads > 1 and part.size >= ELEMENTWISE_SPLIT and \
+                part.shape[0] >= self.split_threads:
+            over_parts(run, part.shape[0], self.split_threads)
+        elif to_whole:
             whole[index] = part
         else:
             part[...] = whole[index]
