@@ -239,6 +239,7 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
         monkeypatch.setattr(native, "lib", None)
     monkeypatch.setattr(native, "PORTABLE_WINOGRAD", transforms == "compiled portable")
     monkeypatch.setattr(winograd, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(winograd, "MIN_TILES", 1)
     monkeypatch.setattr(pointwise, "CHUNK_BYTES", chunk_bytes)
     n = 3
     x = _rand((n, geom.channels) + geom.in_shape, 14)
@@ -1167,3 +1168,18 @@ def test_axis_copy_of_large_parts_over_threads_is_a_concat_and_its_slices(axis, 
         be.axis_copy(back, whole, axis, offset, False)
         np.testing.assert_array_equal(back, p)
         offset += p.shape[axis]
+
+
+def test_winograd_chunks_hold_a_few_mb_or_enough_tiles_for_wide_gemms():
+    """A chunk's largest work array (36 positions of the wider side's channels per tile) stays
+    within CHUNK_BYTES, unless that would leave its GEMMs fewer than MIN_TILES columns."""
+    from poseidon_caffe.backend.cpu import winograd
+    inception = winograd.WinogradConvPlan(ConvGeometry(96, 128, (28, 28), (3, 3), (1, 1),
+                                                       (1, 1), (1, 1)))
+    per_image = 36 * 128 * 49 * 4                      # 7x7 tiles an image: 903 KB
+    assert inception.chunk(32) == winograd.CHUNK_BYTES // per_image == 4
+    vgg_conv4 = winograd.WinogradConvPlan(ConvGeometry(512, 512, (8, 8), (3, 3), (1, 1),
+                                                       (1, 1), (1, 1)))
+    # 4 tiles an image: 32 images for 128 tiles, past the 14 of 4 MB; never past the batch
+    assert vgg_conv4.chunk(32) == 32 and vgg_conv4.chunk(16) == 16
+    assert winograd.CHUNK_BYTES // (36 * 512 * 4 * 4) == 14 < 32

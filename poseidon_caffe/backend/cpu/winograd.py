@@ -33,8 +33,13 @@ from . import native, threads
 TILE = 4                                  # outputs per tile side
 KERNEL = 3
 POINTS = (0, 1, -1, Fraction(1, 2), -2)   # finite interpolation points; infinity is the last
-# bytes of the largest work array of one chunk: measured best between L2 and the shared L3
-CHUNK_BYTES = 8 * 1024 * 1024
+# bytes of the largest work array of one chunk, unless that leaves a chunk's 36 GEMMs fewer
+# than MIN_TILES columns: measured best between L2 and the shared L3 (at 8 MB, two threads'
+# chunks ran GoogLeNet's 28x28 layers and VGG's 64x64 and 32x32 ones 1.2-1.5x slower), and
+# layers of many channels on small maps (VGG's 8x8 of 512, AlexNet's 13x13 of 384) keep
+# their GEMMs wide
+CHUNK_BYTES = 4 * 1024 * 1024
+MIN_TILES = 128
 
 
 def _poly_mul(p, q):
@@ -145,10 +150,12 @@ class WinogradConvPlan:
     # -- sizes ---------------------------------------------------------------------------------
     def chunk(self, n):
         """Images per chunk: the largest work array (36 positions of the wider side's
-        channels for every tile) near CHUNK_BYTES, at least one image."""
+        channels for every tile) near CHUNK_BYTES, or the images of MIN_TILES tiles where
+        that is more, at least one image."""
         g = self.geom
         per_image = self.a * self.a * max(g.channels, g.num_output) * self.tile_count * 4
-        return max(1, min(n, CHUNK_BYTES // per_image))
+        wide = -(-MIN_TILES // self.tile_count)
+        return max(1, min(n, max(CHUNK_BYTES // per_image, wide)))
 
     def workspace_bytes(self, n):
         """Nothing of this plan's own: its work arrays are the thread's scratch."""
