@@ -68,13 +68,62 @@ static float *lane_weights(const float *restrict w, int m, int c, int kh, int kw
     return wt;
 }
 
+/* r[k] = lane k of each of r[0..15]: a 16 x 16 transpose in registers. */
+AVX512 static inline void transpose16(__m512 r[LANES])
+{
+    __m512 t[LANES];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+        }
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+    }
+}
+
+/* A block's sums (BLOCK outputs of a row by 32 output channels in lanes) plus the bias, into
+ * y's rows: each 16 channels' BLOCK x 16 turned to 16 x BLOCK in registers, a row segment of
+ * `count` outputs stored per channel (`at`: output channel m0's segment; `plane`: y's channel
+ * pitch). */
+AVX512 static inline void store_block(__m512 acc[BLOCK][2], const float *restrict bias, int m0,
+                                      int lanes, int count, float *restrict at, size_t plane)
+{
+    __mmask16 keep = (__mmask16)((1u << count) - 1);
+    for (int h = 0; h < 2 && h * LANES < lanes; ++h) {
+        __m512 r[LANES];
+        __m512 b = _mm512_setzero_ps();
+        if (bias) {
+            int have = lanes - h * LANES < LANES ? lanes - h * LANES : LANES;
+            b = _mm512_maskz_loadu_ps((__mmask16)((1u << have) - 1), bias + m0 + h * LANES);
+        }
+        for (int p = 0; p < LANES; ++p)
+            r[p] = p < BLOCK ? _mm512_add_ps(acc[p][h], b) : _mm512_setzero_ps();
+        transpose16(r);
+        for (int q = 0; q < LANES && h * LANES + q < lanes; ++q)
+            _mm512_mask_storeu_ps(at + (size_t)(m0 + h * LANES + q) * plane, keep, r[q]);
+    }
+}
+
 /* y (m, oh, ow) of one padded image (c, hp, wp): 32 output channels by 8 outputs at a time,
  * the sum over (c, a, t) in that order, then the bias added, as a GEMM's product is. */
 AVX512 static void forward_image(const float *restrict pad, const float *restrict wt,
                                  const float *restrict bias, float *restrict y, int c, int hp,
                                  int wp, int m, int mpad, int kh, int kw, int oh, int ow)
 {
-    float out[BLOCK][2 * LANES];
     for (int m0 = 0; m0 < mpad; m0 += 2 * LANES) {
         for (int i = 0; i < oh; ++i) {
             for (int j0 = 0; j0 < ow; j0 += BLOCK) {
@@ -97,20 +146,33 @@ AVX512 static void forward_image(const float *restrict pad, const float *restric
                     }
                 }
                 int count = ow - j0 < BLOCK ? ow - j0 : BLOCK;
-                for (int p = 0; p < count; ++p) {
-                    _mm512_storeu_ps(out[p], acc[p][0]);
-                    _mm512_storeu_ps(out[p] + LANES, acc[p][1]);
-                }
                 int lanes = m - m0 < 2 * LANES ? m - m0 : 2 * LANES;
-                for (int q = 0; q < lanes; ++q) {
-                    float *yr = y + ((size_t)(m0 + q) * oh + i) * ow + j0;
-                    float b = bias ? bias[m0 + q] : 0.0f;
-                    for (int p = 0; p < count; ++p)
-                        yr[p] = bias ? out[p][q] + b : out[p][q];
-                }
+                store_block(acc, bias, m0, lanes, count, y + (size_t)i * ow + j0,
+                            (size_t)oh * ow);
             }
         }
     }
+}
+
+/* to (positions, mpad) = from (m, positions): one image's output gradient with its channels
+ * as lanes, 16 channels by 16 positions at a time transposed in registers (lanes past m
+ * are 0). */
+AVX512 static void lanes_of(const float *restrict from, int m, int64_t positions, int mpad,
+                            float *restrict to)
+{
+    for (int m0 = 0; m0 < mpad; m0 += LANES)
+        for (int64_t q0 = 0; q0 < positions; q0 += LANES) {
+            int64_t count = positions - q0 < LANES ? positions - q0 : LANES;
+            __mmask16 keep = (__mmask16)((1u << count) - 1);
+            __m512 r[LANES];
+            for (int k = 0; k < LANES; ++k)
+                r[k] = m0 + k < m ? _mm512_maskz_loadu_ps(keep, from + (m0 + k) * positions +
+                                                          q0)
+                                  : _mm512_setzero_ps();
+            transpose16(r);
+            for (int64_t k = 0; k < count; ++k)
+                _mm512_storeu_ps(to + (q0 + k) * mpad + m0, r[k]);
+        }
 }
 
 /* dw (as (c, kh, kw, mpad) lanes) += the products of `taps` neighbouring taps of one tap
@@ -233,10 +295,7 @@ int conv_direct_filter(const float *restrict x, const float *restrict dy, float 
     }
     for (int64_t im = 0; im < n; ++im) {
         pad_image(x + im * (int64_t)c * h * wd, pad, c, h, wd, ph, pw);
-        const float *dyi = dy + im * (int64_t)m * oh * ow;
-        for (int mm = 0; mm < m; ++mm)            /* dy as (positions, output channels) */
-            for (int64_t q = 0; q < (int64_t)oh * ow; ++q)
-                dyt[q * mpad + mm] = dyi[(int64_t)mm * oh * ow + q];
+        lanes_of(dy + im * (int64_t)m * oh * ow, m, (int64_t)oh * ow, mpad, dyt);
         filter_image(pad, dyt, dwt, c, hp, wp, mpad, kh, kw, oh, ow);
     }
     for (int mm = 0; mm < m; ++mm)
