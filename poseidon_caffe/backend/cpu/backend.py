@@ -81,7 +81,7 @@ IMAGE_CHANNELS = 4
 # (a chunk's GEMMs stay thousands of columns wide)
 IM2COL_CHUNK_BYTES = 32 * 1024 * 1024
 # the columns a chunk of a shared im2col plan makes (channel-major layout: small maps), in the
-# thread's scratch where Winograd's tiles lie: the size of Winograd's largest work array
+# thread's scratch where Winograd's tiles lie (VGG's 4x4 layers of 512 channels: 28 images)
 SHARED_COLUMN_BYTES = 8 * 1024 * 1024
 # a product with at most this many rows against a large operand read transposed is made as
 # its transpose (see _gemm)
