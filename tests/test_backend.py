@@ -224,36 +224,6 @@ def test_direct_plan_matches_im2col_matrix_products(geom, data_by_gemm):
     assert plan.workspace_bytes(n) > 0              # the net's memory estimate asks every plan
 
 
-# strided: the direct forward reads every stride-th input (rows of outputs not a multiple of
-# the block, padding, a stride per axis), its backward is an im2col plan's
-STRIDED_DIRECT_GEOMS = [
-    ConvGeometry(3, 20, (17, 23), (7, 7), (2, 2), (3, 3), (1, 1), 1),
-    ConvGeometry(2, 40, (30, 27), (5, 4), (3, 2), (0, 1), (1, 1), 1),
-    ConvGeometry(5, 7, (13, 40), (3, 5), (1, 4), (1, 2), (1, 1), 1),
-]
-
-
-@pytest.mark.parametrize("geom", STRIDED_DIRECT_GEOMS, ids=str)
-def test_strided_direct_plan_matches_im2col_matrix_products(geom):
-    from poseidon_caffe.backend.cpu import direct
-    from poseidon_caffe.backend.cpu.conv import ConvPlan
-    if not direct.serves_forward(geom):
-        pytest.skip("no compiled kernels or no AVX-512 here")
-    assert not direct.serves(geom)                  # not its backward
-    with pytest.raises(ValueError, match="stride 1"):
-        direct.DirectConvPlan(geom)
-    n = 3
-    x, w, bias = _rand((n, geom.channels) + geom.in_shape, 40), _rand(geom.weight_shape, 41), \
-        _rand((geom.num_output,), 42)
-    dy = _rand((n, geom.num_output) + geom.out_shape, 43)
-    col = B.im2col(x, geom).reshape(n, 1, -1, geom.out_count).astype(np.float64)
-    wg = w.reshape(1, geom.num_output, -1).astype(np.float64)
-    want = np.einsum("gmk,ngkp->ngmp", wg, col).reshape(
-        (n, geom.num_output) + geom.out_shape) + bias.reshape(1, -1, 1, 1)
-    plan = direct.DirectConvPlan(geom, backward_plan=ConvPlan(geom))
-    _check_plan(plan, geom, x, w, bias, dy, col, wg, want)
-
-
 @pytest.mark.parametrize("transforms", ["compiled", "compiled portable", "numpy"])
 @pytest.mark.parametrize("chunk_bytes", [1, 1 << 30], ids=["image by image", "one chunk"])
 @pytest.mark.parametrize("geom", WINOGRAD_GEOMS + POINTWISE_GEOMS, ids=str)
@@ -346,11 +316,7 @@ def test_conv_algorithm_choice_follows_the_cost_model():
     vgg_conv3 = ConvGeometry(256, 256, (16, 16), (3, 3), (1, 1), (1, 1), (1, 1))
     assert conv_algorithm(googlenet_conv2, 32) == "winograd"      # a quarter of the products
     assert conv_algorithm(vgg_conv3, 32) == "winograd"
-    # strided: never FFT; the direct forward (with im2col's backward) where it runs
-    assert conv_algorithm(alexnet_conv1, 32) == ("direct" if direct.serves_forward(
-        alexnet_conv1) else "im2col")
-    strided_small = ConvGeometry(3, 64, (64, 64), (3, 3), (2, 2), (1, 1), (1, 1))
-    assert conv_algorithm(strided_small, 32) == "im2col"          # 27 products an output
+    assert conv_algorithm(alexnet_conv1, 32) == "im2col"          # strided: never FFT
     # a 4x4 map of 512 channels: one tile an image, and Winograd's transformed weights (38 MB,
     # fresh three times an iteration) cost more than its products save; im2col on shared
     # columns keeps nothing either
@@ -1000,8 +966,6 @@ def test_large_im2col_layers_run_in_chunks(monkeypatch):
     whole = type(B)()
     whole.split_threads = 1
     plan = whole.conv_plan(googlenet_conv1, 32)
-    if type(plan).__name__ == "DirectConvPlan":      # the direct forward, im2col's backward
-        plan = plan._backward_plan
     assert type(plan).__name__ == "ChunkedConvPlan"
     # 147 rows x 112*112 columns of float32 per image, at most IM2COL_CHUNK_BYTES a chunk
     assert plan.chunk == cpu.IM2COL_CHUNK_BYTES // (147 * 112 * 112 * 4) == 4

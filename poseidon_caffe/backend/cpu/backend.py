@@ -109,14 +109,13 @@ def conv_algorithm(geom, batch, parts=1):
     transforms of the outputs outweigh the small GEMMs they replace.
     Winograd F(4x4, 3x3) (3x3 stride 1): three GEMMs with a quarter of im2col's multiplies on
     the tiles that cover the map, plus the tiles' transforms (small GEMMs) and copies.
-    direct (2-D, one group, AVX-512): forward, backward-data and backward-filter with the
-    output channels as vector lanes (a direction with few of them wastes the rest); it wins on
-    5x5 layers of tens of channels, where a GEMM's one narrow side slows the library. A
-    strided layer (a net's first) takes only its forward, and im2col's backward.
+    direct (2-D stride 1, one group, AVX-512): forward, backward-data and backward-filter with
+    the output channels as vector lanes (a direction with few of them wastes the rest); it
+    wins on 5x5 layers of tens of channels, where a GEMM's one narrow side slows the library.
     """
     if geom.is_pointwise:
         return "pointwise"
-    if geom.taps == 1:
+    if any(s != 1 for s in geom.stride) or geom.taps == 1:
         return "im2col"
     batch = -(-batch // parts)
     n, c, m, g = batch, geom.channels, geom.num_output, geom.group
@@ -127,16 +126,6 @@ def conv_algorithm(geom, batch, parts=1):
     copies = directions - 1 if keeps_columns else directions
     times = {"im2col": directions * gemm / GEMM_FLOPS +
              copies * n * geom.out_count * geom.col_rows * 8 / COPY_BYTES}
-    from . import direct
-    direct_fits = DIRECT_MIN_PRODUCTS <= c * geom.taps and \
-        c * geom.taps * DIRECT_LANES * 4 <= DIRECT_CACHE_BYTES and \
-        geom.out_shape[-1] >= DIRECT_ROW
-    if any(s != 1 for s in geom.stride):
-        # strided: im2col, or the direct forward with im2col's backward
-        if direct.serves_forward(geom) and direct_fits:
-            forward = _direct_direction(geom.out_shape, c, m, geom, batch)
-            times["direct"] = times["im2col"] - gemm / GEMM_FLOPS + forward
-        return min(times, key=times.get)
     from . import winograd
     if winograd.serves(geom):
         times["winograd"] = winograd_time(geom, batch)
@@ -151,7 +140,10 @@ def conv_algorithm(geom, batch, parts=1):
         transforms = 2 * (n * c + n * m)      # the weights' few taps go by small DFT GEMMs
         times["fft"] = transforms * 2.5 * points * np.log2(points) / FFT_FLOPS + \
             3 * 8.0 * n * m * (c // g) * freqs / CGEMM_FLOPS
-    if direct.serves(geom) and direct_fits and geom.out_count <= DIRECT_MAX_POSITIONS:
+    from . import direct
+    if direct.serves(geom) and DIRECT_MIN_PRODUCTS <= c * geom.taps and \
+            c * geom.taps * DIRECT_LANES * 4 <= DIRECT_CACHE_BYTES and \
+            geom.out_count <= DIRECT_MAX_POSITIONS and geom.out_shape[-1] >= DIRECT_ROW:
         times["direct"] = direct_time(geom, batch)
     best = min(times, key=times.get)
     if times.get("winograd", np.inf) <= KEEPS_NOTHING_MARGIN * times[best]:
@@ -439,9 +431,6 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
             return WinogradConvPlan(geom, self.dtype)
         if algorithm == "direct":
             from .direct import DirectConvPlan
-            if any(s != 1 for s in geom.stride):
-                return DirectConvPlan(geom, self.dtype, backward_plan=self._conv_plan(
-                    geom, "im2col", fft_workers, batch))
             return DirectConvPlan(geom, self.dtype, data_by_gemm=bool(batch) and
                                   geom.channels > IMAGE_CHANNELS and
                                   direct_data_by_gemm(geom, batch))

@@ -9,10 +9,6 @@ space and their channel axes swapped) and backward-filter each run near the mach
 multiply-add rate on such layers. Nothing is kept between calls; results equal the other
 plans' up to float summation order.
 
-A strided layer (a net's first: GoogLeNet's 7x7 at stride 2, AlexNet's 11x11 at 4) runs its
-forward here, the kernel reading every stride-th input, and its backward by an im2col plan
-(``backward_plan``), which makes its columns for it.
-
 Backward-data runs the kernel's zero padding too: on a layer without padding (LeNet's conv2,
 its 8x8 gradient padded to 16x16 for a 12x12 result) most of its multiply-adds are by zeros.
 There (backend.direct_data_by_gemm) it is im2col's instead: W' dy as one GEMM, and the
@@ -24,16 +20,10 @@ from . import native
 
 
 def serves(geom):
-    """Whether the direct kernels run this geometry here, every direction (built, not
-    POSEIDON_NATIVE=0, and AVX-512)."""
-    return serves_forward(geom) and all(s == 1 for s in geom.stride)
-
-
-def serves_forward(geom):
-    """Whether the direct kernels run this geometry's forward here, at any stride (a strided
-    plan takes its backward from an im2col plan)."""
+    """Whether the direct kernels run this geometry here (built, not POSEIDON_NATIVE=0, and
+    AVX-512)."""
     return (native.direct and len(geom.kernel) == 2 and geom.group == 1
-            and all(d == 1 for d in geom.dilation)
+            and all(s == 1 for s in geom.stride) and all(d == 1 for d in geom.dilation)
             and all(p < k for p, k in zip(geom.pad, geom.kernel)) and not geom.is_pointwise)
 
 
@@ -55,14 +45,10 @@ def _check(status, what):
 class DirectConvPlan:
     """The plan contract of backend/ops.py's conv_plan by the direct kernels."""
 
-    def __init__(self, geom, dtype=np.float32, data_by_gemm=False, backward_plan=None):
-        if backward_plan is None and not all(s == 1 for s in geom.stride):
-            raise ValueError("the direct kernels' backward needs stride 1; a strided plan "
-                             "takes an im2col plan's, got %r" % (geom,))
+    def __init__(self, geom, dtype=np.float32, data_by_gemm=False):
         self.geom = geom
         self.dtype = dtype
         self.lib = native.lib
-        self._backward_plan = backward_plan
         self._data_plan = None
         if data_by_gemm:
             from .conv import ConvPlan
@@ -79,19 +65,13 @@ class DirectConvPlan:
         lanes = -(-max(g.channels, g.num_output) // 32) * 32
         padded = max(g.channels, g.num_output) * int(np.prod(
             [s + 2 * p for s, p in zip(g.in_shape, g.pad)]))
-        own = 4 * (padded + 2 * g.taps * max(g.channels, g.num_output) * lanes +
-                   g.out_count * lanes)
-        return own + self._others(lambda plan: plan.workspace_bytes(n))
+        return 4 * (padded + 2 * g.taps * max(g.channels, g.num_output) * lanes +
+                    g.out_count * lanes)
 
     def shared_workspace_bytes(self, n):
         """Backward-data by GEMM: what its im2col plan takes of the thread's scratch (the
-        product W' dy lies where a shared plan's columns do); a strided plan's backward plan's."""
-        return self._others(lambda plan: getattr(plan, "shared_workspace_bytes",
-                                                  lambda n: 0)(n))
-
-    def _others(self, bytes_of):
-        return sum(bytes_of(plan) for plan in (self._data_plan, self._backward_plan)
-                   if plan is not None)
+        product W' dy lies where a shared plan's columns do)."""
+        return 0 if self._data_plan is None else self._data_plan.shared_workspace_bytes(n)
 
     def _run_forward(self, x, w, bias, y, channels, outputs, pad, flip):
         g = self.geom
@@ -102,8 +82,8 @@ class DirectConvPlan:
         h, wd = x.shape[2:]
         _check(self.lib.conv_direct_forward(
             _address(x), _address(w), _address(bias), _address(out), x.shape[0], channels, h,
-            wd, outputs, g.kernel[0], g.kernel[1], pad[0], pad[1], int(flip),
-            *(g.stride if not flip else (1, 1))), "an image of %d channels" % channels)
+            wd, outputs, g.kernel[0], g.kernel[1], pad[0], pad[1], int(flip)),
+            "an image of %d channels" % channels)
         if out is not y:
             y[...] = out
 
@@ -113,9 +93,6 @@ class DirectConvPlan:
 
     def backward(self, x, dy, w, dx=None, dw=None, dbias=None):
         g = self.geom
-        if self._backward_plan is not None:
-            self._backward_plan.backward(x, dy, w, dx=dx, dw=dw, dbias=dbias)
-            return
         if dx is not None and self._data_plan is not None:
             self._data_plan.backward(None, dy, w, dx=dx)
         elif dx is not None:

@@ -39,7 +39,7 @@ def _load():
     lib.pool_ave_forward.restype = _I
     lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_backward.restype = _I
-    lib.conv_direct_forward.argtypes = [_P, _P, _P, _P, _L] + [_I] * 11
+    lib.conv_direct_forward.argtypes = [_P, _P, _P, _P, _L] + [_I] * 9
     lib.conv_direct_forward.restype = _I
     lib.conv_direct_filter.argtypes = [_P, _P, _P, _L] + [_I] * 8
     lib.conv_direct_filter.restype = _I

@@ -118,14 +118,11 @@ AVX512 static inline void store_block(__m512 acc[BLOCK][2], const float *restric
     }
 }
 
-/* y (m, oh, ow) of one padded image (c, hp, wp) at strides (sh, sw): 32 output channels by
- * 8 outputs at a time, the sum over (c, a, t) in that order, then the bias added, as a GEMM's
- * product is. Inlined for stride 1 and for others, so the common case's addresses are
- * constants. */
-AVX512 static inline __attribute__((always_inline)) void
-forward_strided(const float *restrict pad, const float *restrict wt, const float *restrict bias,
-                float *restrict y, int c, int hp, int wp, int m, int mpad, int kh, int kw,
-                int oh, int ow, const int sh, const int sw)
+/* y (m, oh, ow) of one padded image (c, hp, wp): 32 output channels by 8 outputs at a time,
+ * the sum over (c, a, t) in that order, then the bias added, as a GEMM's product is. */
+AVX512 static void forward_image(const float *restrict pad, const float *restrict wt,
+                                 const float *restrict bias, float *restrict y, int c, int hp,
+                                 int wp, int m, int mpad, int kh, int kw, int oh, int ow)
 {
     for (int m0 = 0; m0 < mpad; m0 += 2 * LANES) {
         for (int i = 0; i < oh; ++i) {
@@ -135,14 +132,13 @@ forward_strided(const float *restrict pad, const float *restrict wt, const float
                     acc[p][0] = acc[p][1] = _mm512_setzero_ps();
                 for (int cc = 0; cc < c; ++cc) {
                     for (int a = 0; a < kh; ++a) {
-                        const float *row = pad + ((size_t)cc * hp + i * sh + a) * wp +
-                            (size_t)j0 * sw;
+                        const float *row = pad + ((size_t)cc * hp + i + a) * wp + j0;
                         const float *wrow = wt + (((size_t)cc * kh + a) * kw) * mpad + m0;
                         for (int t = 0; t < kw; ++t) {
                             __m512 w0 = _mm512_loadu_ps(wrow + (size_t)t * mpad);
                             __m512 w1 = _mm512_loadu_ps(wrow + (size_t)t * mpad + LANES);
                             for (int p = 0; p < BLOCK; ++p) {
-                                __m512 xv = _mm512_set1_ps(row[t + p * sw]);
+                                __m512 xv = _mm512_set1_ps(row[t + p]);
                                 acc[p][0] = _mm512_fmadd_ps(xv, w0, acc[p][0]);
                                 acc[p][1] = _mm512_fmadd_ps(xv, w1, acc[p][1]);
                             }
@@ -156,17 +152,6 @@ forward_strided(const float *restrict pad, const float *restrict wt, const float
             }
         }
     }
-}
-
-AVX512 static void forward_image(const float *restrict pad, const float *restrict wt,
-                                 const float *restrict bias, float *restrict y, int c, int hp,
-                                 int wp, int m, int mpad, int kh, int kw, int oh, int ow,
-                                 int sh, int sw)
-{
-    if (sh == 1 && sw == 1)
-        forward_strided(pad, wt, bias, y, c, hp, wp, m, mpad, kh, kw, oh, ow, 1, 1);
-    else
-        forward_strided(pad, wt, bias, y, c, hp, wp, m, mpad, kh, kw, oh, ow, sh, sw);
 }
 
 /* to (positions, mpad) = from (m, positions): one image's output gradient with its channels
@@ -255,22 +240,19 @@ static int round_lanes(int m)
 }
 
 /* y (n, m, oh, ow) = the convolution of x (n, c, h, w) with w (m, c, kh, kw) (+ bias, may be
- * NULL) at strides (sh, sw), oh = (h + 2 ph - kh) / sh + 1, ow likewise. With `flip`, w is
- * (c, m, kh, kw) and used flipped in space with its first two axes swapped: the backward-data
- * of that convolution (stride 1). */
+ * NULL), oh = h + 2 ph - kh + 1, ow likewise. With `flip`, w is (c, m, kh, kw) and used
+ * flipped in space with its first two axes swapped: the backward-data of that convolution. */
 int conv_direct_forward(const float *restrict x, const float *restrict w,
                         const float *restrict bias, float *restrict y, int64_t n, int c, int h,
-                        int wd, int m, int kh, int kw, int ph, int pw, int flip, int sh,
-                        int sw)
+                        int wd, int m, int kh, int kw, int ph, int pw, int flip)
 {
 #if HAVE_DIRECT
     if (!conv_direct_available())
         return -2;
-    int hp = h + 2 * ph, wp = wd + 2 * pw;
-    int oh = (hp - kh) / sh + 1, ow = (wp - kw) / sw + 1;
+    int hp = h + 2 * ph, wp = wd + 2 * pw, oh = hp - kh + 1, ow = wp - kw + 1;
     int mpad = round_lanes(m);
-    /* a block's last outputs may read up to BLOCK strides past a row's end: slack at the end */
-    float *pad = calloc((size_t)c * hp * wp + (size_t)BLOCK * sw + kw, sizeof(float));
+    /* a block's last outputs may read up to BLOCK cells past a row's end: slack at the end */
+    float *pad = calloc((size_t)c * hp * wp + BLOCK + kw, sizeof(float));
     float *wt = lane_weights(w, m, c, kh, kw, mpad, flip);
     if (pad == NULL || wt == NULL) {
         free(pad);
@@ -280,14 +262,14 @@ int conv_direct_forward(const float *restrict x, const float *restrict w,
     for (int64_t im = 0; im < n; ++im) {
         pad_image(x + im * (int64_t)c * h * wd, pad, c, h, wd, ph, pw);
         forward_image(pad, wt, bias, y + im * (int64_t)m * oh * ow, c, hp, wp, m, mpad, kh, kw,
-                      oh, ow, sh, sw);
+                      oh, ow);
     }
     free(pad);
     free(wt);
     return 0;
 #else
     (void)x; (void)w; (void)bias; (void)y; (void)n; (void)c; (void)h; (void)wd; (void)m;
-    (void)kh; (void)kw; (void)ph; (void)pw; (void)flip; (void)sh; (void)sw;
+    (void)kh; (void)kw; (void)ph; (void)pw; (void)flip;
     return -2;
 #endif
 }
