@@ -24,6 +24,8 @@
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
+
+#include "transpose16.h"
 #define HAVE_LANES 1
 #define AVX512 __attribute__((target("avx512f")))
 #else
@@ -69,33 +71,6 @@ static void clip(const window2d *g, int i, int j, int *hs, int *he, int *ws, int
 static __mmask16 first_lanes(int64_t count)
 {
     return count >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
-}
-
-/* r[k] = lane k of each of r[0..15]: a 16 x 16 transpose in registers. */
-AVX512 static inline void transpose16(__m512 r[LANES])
-{
-    __m512 t[LANES];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-        __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-    }
-    for (int i = 0; i < 2; ++i)
-        for (int j = 0; j < 4; ++j) {
-            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-        }
-    for (int j = 0; j < 8; ++j) {
-        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
-        r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
-    }
 }
 
 /* t[c][l] = x[l * pitch + c] for cells c < cells and lanes l < count (0 in the others): 16
@@ -259,6 +234,34 @@ AVX512 static void ave_lanes_backward(const float *dy, const window2d *g, const 
 }
 #endif
 
+#if HAVE_LANES
+/* AVE forward (from x to y) or backward (from dy to dx) of every plane, 16 at a time. */
+static int ave_planes(const float *from, float *to, const float *size, int64_t planes,
+                      const window2d *g, int backward)
+{
+    int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
+    int64_t ins = backward ? outputs : cells, outs = backward ? cells : outputs;
+    float *t = lane_buffer(ins), *out = lane_buffer(outs);
+    if (t == NULL || out == NULL) {
+        _mm_free(t);
+        _mm_free(out);
+        return -1;
+    }
+    for (int64_t p = 0; p < planes; p += LANES) {
+        int64_t count = planes - p < LANES ? planes - p : LANES;
+        gather_planes(from + p * ins, ins, count, ins, t);
+        if (backward)
+            ave_lanes_backward(t, g, size, out);
+        else
+            ave_lanes(t, g, size, out);
+        spread_planes(out, outs, count, to + p * outs, outs);
+    }
+    _mm_free(t);
+    _mm_free(out);
+    return 0;
+}
+#endif
+
 /* AVE: y as pool_ave_forward's; `size` holds Caffe's divisor of each output. */
 int pool_lanes_ave_forward(const float *x, float *y, const float *size, int64_t planes, int h,
                            int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
@@ -268,22 +271,7 @@ int pool_lanes_ave_forward(const float *x, float *y, const float *size, int64_t 
     if (!pool_lanes_serve((int64_t)h * w))
         return -2;
     window2d g = {h, w, oh, ow, kh, kw, sh, sw, ph, pw};
-    int64_t cells = (int64_t)h * w, outputs = (int64_t)oh * ow;
-    float *t = lane_buffer(cells), *out = lane_buffer(outputs);
-    if (t == NULL || out == NULL) {
-        _mm_free(t);
-        _mm_free(out);
-        return -1;
-    }
-    for (int64_t p = 0; p < planes; p += LANES) {
-        int64_t count = planes - p < LANES ? planes - p : LANES;
-        gather_planes(x + p * cells, cells, count, cells, t);
-        ave_lanes(t, &g, size, out);
-        spread_planes(out, outputs, count, y + p * outputs, outputs);
-    }
-    _mm_free(t);
-    _mm_free(out);
-    return 0;
+    return ave_planes(x, y, size, planes, &g, 0);
 #else
     (void)x, (void)y, (void)size, (void)planes, (void)h, (void)w, (void)oh, (void)ow;
     (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw;
@@ -300,22 +288,7 @@ int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64
     if (!pool_lanes_serve((int64_t)h * w))
         return -2;
     window2d g = {h, w, oh, ow, kh, kw, sh, sw, ph, pw};
-    int64_t cells = (int64_t)h * w, outputs = (int64_t)oh * ow;
-    float *d = lane_buffer(cells), *t = lane_buffer(outputs);
-    if (d == NULL || t == NULL) {
-        _mm_free(d);
-        _mm_free(t);
-        return -1;
-    }
-    for (int64_t p = 0; p < planes; p += LANES) {
-        int64_t count = planes - p < LANES ? planes - p : LANES;
-        gather_planes(dy + p * outputs, outputs, count, outputs, t);
-        ave_lanes_backward(t, &g, size, d);
-        spread_planes(d, cells, count, dx + p * cells, cells);
-    }
-    _mm_free(d);
-    _mm_free(t);
-    return 0;
+    return ave_planes(dy, dx, size, planes, &g, 1);
 #else
     (void)dy, (void)dx, (void)size, (void)planes, (void)h, (void)w, (void)oh, (void)ow;
     (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw;
