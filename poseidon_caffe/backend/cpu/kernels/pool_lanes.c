@@ -127,6 +127,8 @@ AVX512 static void spread_winners(const int32_t *t, int64_t cells, int64_t count
     }
 }
 
+/* Each output's maximum and winner (its place in the window, -1 for an empty window, whose
+ * output is -FLT_MAX), for the 16 planes of t. */
 AVX512 static void max_lanes(const float *t, const window2d *g, float *best_out,
                              int32_t *at_out)
 {
@@ -198,6 +200,7 @@ int pool_lanes_max_forward(const float *x, float *y, void *arg, int arg_bytes, i
 }
 
 #if HAVE_LANES
+/* Each output's window sum over Caffe's size, for the 16 planes of t. */
 AVX512 static void ave_lanes(const float *t, const window2d *g, const float *size, float *y)
 {
     for (int i = 0; i < g->oh; ++i)
@@ -214,6 +217,8 @@ AVX512 static void ave_lanes(const float *t, const window2d *g, const float *siz
         }
 }
 
+/* d (cells, 16 lanes) = each output's dy over its size added to its window's cells, the
+ * outputs in row-major order. */
 AVX512 static void ave_lanes_backward(const float *dy, const window2d *g, const float *size,
                                       float *d)
 {
