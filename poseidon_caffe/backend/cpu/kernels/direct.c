@@ -86,7 +86,8 @@ AVX512 static inline void store_block(__m512 acc[BLOCK][2], const float *restric
             b = _mm512_maskz_loadu_ps((__mmask16)((1u << have) - 1), bias + m0 + h * LANES);
         }
         for (int p = 0; p < LANES; ++p)
-            r[p] = p < BLOCK ? _mm512_add_ps(acc[p][h], b) : _mm512_setzero_ps();
+            r[p] = p >= BLOCK ? _mm512_setzero_ps() :
+                bias ? _mm512_add_ps(acc[p][h], b) : acc[p][h];
         transpose16(r);
         for (int q = 0; q < LANES && h * LANES + q < lanes; ++q)
             _mm512_mask_storeu_ps(at + (size_t)(m0 + h * LANES + q) * plane, keep, r[q]);
