@@ -332,11 +332,13 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  * for an empty window; arg_bytes: 1 or 4, arg's element size. A NaN in a window makes its
  * output NaN, as numpy's maximum does.
  *
- * Which cell wins is data, which a branch predictor cannot learn, so the comparisons are
- * masks over whole planes: in the phased layout (above, padding -inf) the taps are visited
- * in the window's row-major order, each one contiguous loop over every output of the plane.
- * Each output starts at -inf with its window's first input cell as winner, so a window of
- * -inf keeps that cell, as Caffe's loop keeps its first. -1: out of memory. */
+ * With `lanes`, pool_lanes.c's pass runs where it serves (AVX-512), 16 planes a vector.
+ * Otherwise: which cell wins is data, which a branch predictor cannot learn, so the
+ * comparisons are masks over whole planes: in the phased layout (above, padding -inf) the
+ * taps are visited in the window's row-major order, each one contiguous loop over every output
+ * of the group, a stretch of outputs through all taps at a time. Each output starts at -inf
+ * with its window's first input cell as winner, so a window of -inf keeps that cell, as
+ * Caffe's loop keeps its first. -1: out of memory. */
 int pool_max_forward(const float *restrict x, float *restrict y, void *restrict arg,
                      int arg_bytes, int64_t planes, int h, int w, int oh, int ow, int kh,
                      int kw, int sh, int sw, int ph, int pw, int lanes)
@@ -526,7 +528,8 @@ static void divide(const float *restrict num, const float *restrict den, float *
         to[q] = num[q] / den[q];
 }
 
-/* y = the window sum divided by Caffe's window size. In the phased layout (padding 0) the
+/* y = the window sum divided by Caffe's window size (with `lanes`, by pool_lanes.c where it
+ * serves). In the phased layout (padding 0) the
  * taps are added in the window's row-major order, each one contiguous loop over every output
  * of the group: each output gets Caffe's float32 sum in Caffe's order (adding 0 changes no
  * sum). -1: out of memory. */
@@ -587,7 +590,8 @@ int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes,
     return 0;
 }
 
-/* dx = each dy divided by its window's size, added over the window's cells. The shares go
+/* dx = each dy divided by its window's size, added over the window's cells (with `lanes`, by
+ * pool_lanes.c where it serves). The shares go
  * into the phased layout a tap at a time, taps last to first: a cell then gets its windows'
  * shares in the windows' row-major order, the order of Caffe's loop over the outputs. -1:
  * out of memory. */
