@@ -529,10 +529,9 @@ static void divide(const float *restrict num, const float *restrict den, float *
 }
 
 /* y = the window sum divided by Caffe's window size (with `lanes`, by pool_lanes.c where it
- * serves). In the phased layout (padding 0) the
- * taps are added in the window's row-major order, each one contiguous loop over every output
- * of the group: each output gets Caffe's float32 sum in Caffe's order (adding 0 changes no
- * sum). -1: out of memory. */
+ * serves). In the phased layout (padding 0) the taps are added in the window's row-major
+ * order, each one contiguous loop over every output of the group: each output gets Caffe's
+ * float32 sum in Caffe's order (adding 0 changes no sum). -1: out of memory. */
 int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes, int h,
                      int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
                      int lanes)
@@ -591,10 +590,9 @@ int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes,
 }
 
 /* dx = each dy divided by its window's size, added over the window's cells (with `lanes`, by
- * pool_lanes.c where it serves). The shares go
- * into the phased layout a tap at a time, taps last to first: a cell then gets its windows'
- * shares in the windows' row-major order, the order of Caffe's loop over the outputs. -1:
- * out of memory. */
+ * pool_lanes.c where it serves). The shares go into the phased layout a tap at a time, taps
+ * last to first: a cell then gets its windows' shares in the windows' row-major order, the
+ * order of Caffe's loop over the outputs. -1: out of memory. */
 int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
                       int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
                       int lanes)
