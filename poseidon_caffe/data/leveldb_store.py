@@ -42,17 +42,77 @@ def _reason(exc):
     return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
 
 
-def _link_view(path, view):
-    """Fill ``view`` with links to the table files of ``path`` and copies of the rest."""
-    os.mkdir(view)
-    for name in os.listdir(path):
-        source = os.path.join(path, name)
-        if name in ("LOCK", "LOG", "LOG.old") or not os.path.isfile(source):
+def _varint(data, at):
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def _live_tables(manifest):
+    """The table numbers a MANIFEST lists (its version edits' new files less deleted ones).
+    Records are LevelDB's log format: 32 KB blocks of (checksum 4, length 2, type 1) headers."""
+    with open(manifest, "rb") as f:
+        data = f.read()
+    payload, at, live = b"", 0, set()
+    while at + 7 <= len(data):
+        if 32768 - at % 32768 < 7:                  # a block's zero-filled tail
+            at += 32768 - at % 32768
             continue
-        if name.endswith((".ldb", ".sst")):
-            os.link(source, os.path.join(view, name))
-        else:
-            shutil.copy2(source, os.path.join(view, name))
+        length, kind = int.from_bytes(data[at + 4:at + 6], "little"), data[at + 6]
+        payload += data[at + 7:at + 7 + length]
+        at += 7 + length
+        if kind not in (1, 4):                      # FIRST or MIDDLE: the record goes on
+            continue
+        edit, i, payload = payload, 0, b""
+        while i < len(edit):
+            tag, i = _varint(edit, i)
+            if tag == 1:                            # comparator name
+                n, i = _varint(edit, i)
+                i += n
+            elif tag in (2, 3, 4, 9):               # log, next file, sequence, prev log
+                _, i = _varint(edit, i)
+            elif tag == 5:                          # compaction pointer: level, key
+                _, i = _varint(edit, i)
+                n, i = _varint(edit, i)
+                i += n
+            elif tag in (6, 7):                     # deleted / new file: level, number
+                _, i = _varint(edit, i)
+                number, i = _varint(edit, i)
+                if tag == 6:
+                    live.discard(number)
+                    continue
+                live.add(number)
+                _, i = _varint(edit, i)             # size, smallest and largest keys
+                for _ in range(2):
+                    n, i = _varint(edit, i)
+                    i += n
+            else:
+                break
+    return live
+
+
+def _link_view(path, view):
+    """Fill ``view`` with copies of the bookkeeping files of ``path`` and links to the table
+    files its MANIFEST lists. A table it does not list is one the database's holder is
+    writing (recovering its log): the view's own recovery may create a table of that number,
+    and through a link would truncate the holder's."""
+    os.mkdir(view)
+    names = [n for n in os.listdir(path) if n not in ("LOCK", "LOG", "LOG.old") and
+             os.path.isfile(os.path.join(path, n)) and not n.endswith((".ldb", ".sst"))]
+    for name in names:
+        shutil.copy2(os.path.join(path, name), os.path.join(view, name))
+    with open(os.path.join(view, "CURRENT")) as f:
+        manifest = os.path.join(view, f.read().strip())
+    for number in _live_tables(manifest):
+        for suffix in (".ldb", ".sst"):
+            source = os.path.join(path, "%06d%s" % (number, suffix))
+            if os.path.isfile(source):
+                os.link(source, os.path.join(view, os.path.basename(source)))
 
 
 def _open_readable(path):
