@@ -64,3 +64,16 @@ KERNEL tile_backward(const int n, const float* top_diff, const int inner, const 
     bottom_diff[index] = sum;
   }
 }
+
+// Swap the two outer axes: to (b, a, inner) = from (a, b, inner); n = the count. Convolution
+// turns a gradient (num, channels, out) into (channels, num, out), one GEMM's operand.
+KERNEL swap_outer_axes(const int n, const float* from, const int a, const int b,
+                       const int inner, float* to) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int d = index % inner;
+    const int rest = index / inner;
+    const int i = rest % a;
+    const int j = rest / a;
+    to[index] = from[((long long)i * b + j) * inner + d];
+  }
+}
