@@ -58,19 +58,29 @@ def _conv_geometry(in_shape, channels=3, **g):
                         g["dilation"])
 
 
+def _pitches(geom, num, batch_layout):
+    """The kernels' (row_pitch, image_pitch) and how numpy lays per-image columns out so."""
+    if batch_layout:
+        return (num * geom.out_count, geom.out_count), lambda c: np.ascontiguousarray(
+            c.reshape(num, geom.col_rows, -1).transpose(1, 0, 2))
+    return (geom.out_count, geom.col_rows * geom.out_count), lambda c: c
+
+
+@pytest.mark.parametrize("batch_layout", [False, True], ids=["per-image", "batch"])
 @pytest.mark.parametrize("g", GEOMETRIES_2D)
-def test_im2col_and_col2im_2d(device, g):
+def test_im2col_and_col2im_2d(device, g, batch_layout):
     geom = _conv_geometry((6, 7), **g)
     x = rand((2, 3, 6, 7))
     ho, wo = geom.out_shape
+    pitches, lay_out = _pitches(geom, 2, batch_layout)
     col = device.empty((2, geom.col_rows, ho, wo))
-    args = (6, 7) + g["kernel"] + g["pad"] + g["stride"] + g["dilation"] + (ho, wo)
+    args = (3, 6, 7) + g["kernel"] + g["pad"] + g["stride"] + g["dilation"] + (ho, wo) + pitches
     device.launcher.run(kernels.im2col.im2col_2d, 2 * 3 * ho * wo, device.put(x), *args, col)
-    expected = CPUBackend().im2col(x, geom)
+    expected = lay_out(CPUBackend().im2col(x, geom))
     np.testing.assert_array_equal(device.get(col, expected.shape), expected)
-    cols = rand(expected.shape, 1)
+    cols = rand((2, geom.col_rows, ho, wo), 1)
     im = device.empty(x.shape)
-    device.launcher.run(kernels.im2col.col2im_2d, x.size, device.put(cols), *args, im)
+    device.launcher.run(kernels.im2col.col2im_2d, x.size, device.put(lay_out(cols)), *args, im)
     close(device.get(im, x.shape), CPUBackend().col2im(cols, geom))
 
 
@@ -79,20 +89,23 @@ def test_im2col_and_col2im_2d(device, g):
     ((4, 5, 6), dict(kernel=(2, 3, 2), stride=(1, 2, 2), pad=(1, 0, 1), dilation=(2, 1, 1))),
     ((9,), dict(kernel=(3,), stride=(2,), pad=(1,), dilation=(2,))),
 ])
-def test_im2col_and_col2im_nd(device, in_shape, g):
+@pytest.mark.parametrize("batch_layout", [False, True], ids=["per-image", "batch"])
+def test_im2col_and_col2im_nd(device, in_shape, g, batch_layout):
     geom = _conv_geometry(in_shape, channels=2, **g)
     x = rand((2, 2) + in_shape, 2)
     nd = len(in_shape)
+    pitches, lay_out = _pitches(geom, 2, batch_layout)
     geometry = device.put(np.concatenate([in_shape, geom.out_shape, g["kernel"], g["pad"],
                                           g["stride"], g["dilation"]]), np.int32)
-    expected = CPUBackend().im2col(x, geom)
+    expected = lay_out(CPUBackend().im2col(x, geom))
     col = device.empty(expected.shape)
-    device.launcher.run(kernels.im2col.im2col_nd, 2 * 2 * geom.out_count, device.put(x), nd,
-                       geometry, col)
+    device.launcher.run(kernels.im2col.im2col_nd, 2 * 2 * geom.out_count, device.put(x), 2, nd,
+                        geometry, *pitches, col)
     np.testing.assert_array_equal(device.get(col, expected.shape), expected)
-    cols = rand(expected.shape, 3)
+    cols = rand(CPUBackend().im2col(x, geom).shape, 3)
     im = device.empty(x.shape)
-    device.launcher.run(kernels.im2col.col2im_nd, x.size, device.put(cols), nd, geometry, im)
+    device.launcher.run(kernels.im2col.col2im_nd, x.size, device.put(lay_out(cols)), 2, nd,
+                        geometry, *pitches, im)
     close(device.get(im, x.shape), CPUBackend().col2im(cols, geom))
 
 
@@ -432,18 +445,39 @@ def test_threshold_clip_swish(device):
                  lambda dy, x, y, dx: k.run(kernels.neuron.swish_backward, n, dy, y, sig, dx, 1.5))
 
 
-def test_dropout_with_the_layers_uniform_draws(device):
+def test_dropout_with_the_layers_key(device):
     from poseidon_caffe import rng
+    from poseidon_caffe.backend import dropout_bits
     k, n, ratio = device.launcher, X.size, 0.4
     rng.set_random_seed(5)
-    uniform = rng.get_rng().random(X.shape, dtype=np.float32)    # what the layer will draw
+    key = dropout_bits.draw_key(rng.get_rng())                  # what the layer will draw
     rng.set_random_seed(5)
     scale = np.float32(1.0 / (1.0 - ratio))
-    u = device.put(uniform)
+    words = [int(np.uint32(w).astype(np.int32)) for w in key]
+    t = dropout_bits.threshold(ratio)
     _neuron_case(device, 'type: "Dropout" dropout_param { dropout_ratio: %g }' % ratio, X,
-                 lambda x, y: k.run(kernels.neuron.dropout_forward, n, x, u, y, ratio, scale),
-                 lambda dy, x, y, dx: k.run(kernels.neuron.dropout_backward, n, dy, u, dx, ratio,
-                                            scale))
+                 lambda x, y: k.run(kernels.neuron.dropout_apply, n, x, *words, t, scale, y),
+                 lambda dy, x, y, dx: k.run(kernels.neuron.dropout_apply, n, dy, *words, t,
+                                            scale, dx))
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.1, 0.5, 0.9])
+def test_dropout_kernel_draws_numpys_bits(device, ratio):
+    """Over many values and keys with the top bit set (negative as the kernel's int words),
+    the device keeps exactly the values numpy's reference keeps, and 0 times a NaN is NaN."""
+    from poseidon_caffe.backend import dropout_bits
+    n = 100003
+    x = rand((n,), 21) + 3.0
+    x[7] = np.nan
+    for key in [(0, 0), (0xFFFFFFFF, 0x80000001), (123456789, 0xDEADBEEF)]:
+        words = [int(np.uint32(w).astype(np.int32)) for w in key]
+        y = device.empty((n,))
+        device.launcher.run(kernels.neuron.dropout_apply, n, device.put(x), *words,
+                            dropout_bits.threshold(ratio), np.float32(2.5), y)
+        mask = dropout_bits.kept(key, n, ratio)
+        want = x * mask * np.float32(2.5)
+        np.testing.assert_array_equal(device.get(y, (n,)), want)
+        assert np.isnan(want[7])
 
 
 # -- elementwise -----------------------------------------------------------------------------

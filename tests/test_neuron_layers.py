@@ -183,6 +183,48 @@ def test_dropout_mask_follows_the_seed():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("ratio", [0.0, 0.3, 0.5, 0.95])
+def test_dropout_map_is_the_hash_references_by_every_path(ratio, threads, monkeypatch):
+    """The compiled map (over threads, in place too) and numpy's fallback keep exactly what
+    dropout_bits.kept keeps, and a NaN stays NaN where dropped (Caffe multiplies by 0)."""
+    from poseidon_caffe.backend import dropout_bits
+    from poseidon_caffe.backend.cpu import dropout, native
+    x = np.random.RandomState(3).randn(3, 700, 300).astype(np.float32)  # over SPLIT values
+    x[0, 0, :4] = np.nan
+    key = (0xFFFFFFFF, 0x9E3779B9)
+    want = x * dropout_bits.kept(key, x.size, ratio).reshape(x.shape) * np.float32(2.0)
+    assert np.isnan(want[0, 0, :4]).all()
+    if native.lib is not None:
+        y = dropout.apply(x, np.empty_like(x), key, ratio, 2.0, threads)
+        np.testing.assert_array_equal(y, want)
+        inplace = x.copy()
+        assert dropout.apply(inplace, inplace, key, ratio, 2.0, threads) is inplace
+        np.testing.assert_array_equal(inplace, want)
+    monkeypatch.setattr(native, "lib", None)
+    np.testing.assert_array_equal(dropout.apply(x, np.empty_like(x), key, ratio, 2.0), want)
+
+
+def test_dropout_draws_look_independent():
+    """Kept with probability 1 - ratio, neighbours and successive keys independent: each
+    frequency within 5 standard errors over a million values."""
+    from poseidon_caffe.backend import dropout_bits
+    n, ratio = 1 << 20, 0.3
+    stream = np.random.default_rng(8)
+    a = dropout_bits.kept(dropout_bits.draw_key(stream), n, ratio)
+    b = dropout_bits.kept(dropout_bits.draw_key(stream), n, ratio)
+    p = 1 - ratio
+
+    def near(frequency, expected, count):
+        return abs(frequency - expected) < 5 * math.sqrt(expected * (1 - expected) / count)
+    assert near(a.mean(), p, n)
+    assert near((a[1:] & a[:-1]).mean(), p * p, n)        # neighbours
+    assert near((a[256:] & a[:-256]).mean(), p * p, n)    # a row apart
+    assert near((a & b).mean(), p * p, n)                 # two forwards
+    assert near((a[::2] & a[1::2]).mean(), p * p, n // 2)
+    assert dropout_bits.threshold(0.0) == 0 and dropout_bits.kept((5, 6), 1000, 0.0).all()
+
+
 def test_dropout_ratio_out_of_range():
     with pytest.raises(LayerError, match="dropout_ratio"):
         forward(layer_of("Dropout", "dropout_param { dropout_ratio: 1 }"), [1.0])

@@ -243,13 +243,15 @@ class Backend(abc.ABC):
         inputs being what neuron_forward returned."""
 
     @op
-    def dropout_forward(self, x, y, uniform, ratio, scale):
-        """y = x scale where the host draws ``uniform`` (x's shape, [0, 1)) are >= ratio,
-        else 0 (the same draws on every backend); returns the mask backward reads."""
+    def dropout_forward(self, x, y, key, ratio, scale):
+        """y = x scale where the draws of ``key`` (dropout_bits.py: a hash of the key and
+        each index, the same bits on every backend) keep it, else x times 0; returns what
+        dropout_backward needs."""
 
     @op
-    def dropout_backward(self, mask, dy, dx, ratio, scale):
-        """dx = dy scale where the mask kept, else 0."""
+    def dropout_backward(self, state, dy, dx, ratio, scale):
+        """dx = dy scale where forward kept, else dy times 0 (state: what forward
+        returned)."""
 
     # -- the families of common_ops ------------------------------------------------------------
     @op

@@ -7,6 +7,7 @@ right where Caffe's would read the overwritten values.
 """
 import numpy as np
 
+from ..backend import dropout_bits
 from ..blob import Blob
 from ..fillers import constant_filler, fill
 from ..rng import get_rng
@@ -300,10 +301,11 @@ class DropoutLayer(NeuronLayer):
     def forward(self, bottom, top):
         x = bottom[0].dev_data
         if self.phase == TRAIN:
-            # the draws come from the host stream on every backend, so runs agree
+            # the key comes from the host stream and every backend hashes it alike, so runs
+            # agree; backward reads the same draws
             self._mask = self.backend.dropout_forward(
-                x, top[0].mutable_dev_data, get_rng().random(x.shape, dtype=np.float32),
-                self.ratio, self.scale)
+                x, top[0].mutable_dev_data, dropout_bits.draw_key(get_rng()), self.ratio,
+                self.scale)
         elif top[0] is not bottom[0]:
             self.backend.copy(x, top[0].mutable_dev_data)
 

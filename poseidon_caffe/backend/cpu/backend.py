@@ -6,6 +6,7 @@ import time
 import numpy as np
 
 from ..ops import Backend, Transfers
+from . import dropout
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
@@ -730,13 +731,12 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         """stat = stat fraction + scale value (BatchNorm's running sums)."""
         stat[...] = stat * fraction + (value if scale == 1.0 else scale * value)
 
-    def dropout_forward(self, x, y, uniform, ratio, scale):
-        mask = uniform >= ratio
-        y[...] = x * mask * np.float32(scale)
-        return mask
+    def dropout_forward(self, x, y, key, ratio, scale):
+        dropout.apply(x, y, key, ratio, scale, self.split_threads)
+        return key
 
-    def dropout_backward(self, mask, dy, dx, ratio, scale):
-        dx[...] = dy * mask * np.float32(scale)
+    def dropout_backward(self, key, dy, dx, ratio, scale):
+        dropout.apply(dy, dx, key, ratio, scale, self.split_threads)
 
     def softmax_forward(self, x, y):
         """y = softmax of x (outer, channels, inner) along channels, shifted by the max."""

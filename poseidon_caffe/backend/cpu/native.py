@@ -1,9 +1,9 @@
 """The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
-tiles, im2col and col2im), built at install as the module ``_kernels`` and called through
+tiles, im2col and col2im, Dropout's hashed draws), built at install as the module ``_kernels`` and called through
 ctypes (which releases the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
-windows, the copies in and out of Winograd's tiles, col2im's sums of every tap). ``lib`` is
+windows, the copies in and out of Winograd's tiles, col2im's sums of every tap, a hash per value). ``lib`` is
 None where the library was not built (no compiler at install) or when POSEIDON_NATIVE=0;
 callers then take their numpy paths, which compute the same values.
 """
@@ -15,8 +15,9 @@ import numpy as np
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
+_U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 7                  # kernels_version() of the kernels these calls are written for
+VERSION = 8                  # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -50,6 +51,8 @@ def _load():
     for name in ("im2col_2d", "col2im_2d"):
         getattr(lib, name).argtypes = [_P, _P, _L, _L, _L] + [_I] * 13
         getattr(lib, name).restype = _I
+    lib.dropout_apply.argtypes = [_P, _P, _I, _I, _U, _U, _U, ctypes.c_float]
+    lib.dropout_apply.restype = _I
     return lib
 
 
@@ -190,3 +193,10 @@ def col2im_2d(col, dx, geom, by_image_rows=0):
     if status:
         raise ValueError("col2im: a geometry out of range: %s" % (geom,))
     return dx
+
+
+def dropout_apply(x, y, start, count, key, threshold, scale):
+    """y[start:start+count] = Dropout's map of x there (kernels/dropout.c; flat indices)."""
+    lib.dropout_apply(_address(x), _address(y), start, count, key[0], key[1], threshold,
+                      scale)
+    return y

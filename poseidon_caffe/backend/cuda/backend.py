@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from .. import dropout_bits
 from ..geometry import PoolGeometry
 from ..ops import Backend
 from .choice import driver_kind
@@ -454,17 +455,20 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
     def running_average(self, stat, fraction, value, scale=1.0):
         self.axpby(scale, value, fraction, stat)
 
-    def dropout_forward(self, x, y, uniform, ratio, scale):
-        """y = x kept where uniform >= ratio, scaled; returns what backward needs (the draws
-        on the device)."""
-        mask = self.to_device(uniform)
-        self.launcher.run(kernels.neuron.dropout_forward, x.size, x.ptr, mask.ptr, y.ptr,
-                          float(ratio), float(scale))
-        return mask
+    def dropout_forward(self, x, y, key, ratio, scale):
+        """y = x scale where the hashed draws of ``key`` keep it (../dropout_bits.py, made on
+        the device); returns what backward needs: the key."""
+        self._dropout(x, y, key, ratio, scale)
+        return key
 
-    def dropout_backward(self, mask, dy, dx, ratio, scale):
-        self.launcher.run(kernels.neuron.dropout_backward, dy.size, dy.ptr, mask.ptr, dx.ptr,
-                          float(ratio), float(scale))
+    def dropout_backward(self, key, dy, dx, ratio, scale):
+        self._dropout(dy, dx, key, ratio, scale)
+
+    def _dropout(self, x, y, key, ratio, scale):
+        dropout_bits.check_count(x.size)
+        signed = [int(np.uint32(k).astype(np.int32)) for k in key]     # the kernel's int words
+        self.launcher.run(kernels.neuron.dropout_apply, x.size, x.ptr, signed[0], signed[1],
+                          dropout_bits.threshold(ratio), float(scale), y.ptr)
 
     def softmax_forward(self, x, y):
         """y = softmax of x (outer, channels, inner) along channels."""

@@ -32,12 +32,12 @@ int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64
                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                             int ph, int pw);
 
-/* The version of the functions' signatures below and in lrn.c, direct.c, winograd.c and
- * columns.c (raise it with any change to one); native.py refuses a library built from another
- * version (an in-place build older than this source). */
+/* The version of the functions' signatures below and in lrn.c, direct.c, winograd.c,
+ * columns.c and dropout.c (raise it with any change to one); native.py refuses a library built
+ * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 7;
+    return 8;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */

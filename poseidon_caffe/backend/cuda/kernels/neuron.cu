@@ -161,14 +161,25 @@ KERNEL swish_backward(const int n, const float* dy, const float* y, const float*
   }
 }
 
-// Inverted dropout at TRAIN: keep x where its uniform draw (in [0, 1)) is >= ratio and scale
-// it by 1 / (1 - ratio). The uniform array is the mask backward reads again.
-KERNEL dropout_forward(const int n, const float* x, const float* uniform, float* y,
-                       const float ratio, const float scale) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] * (uniform[i] >= ratio ? 1.0f : 0.0f) * scale; }
+// Inverted dropout at TRAIN: y = x scale where index i's draw keeps it, else 0 (x times 0,
+// so a NaN stays NaN as in Caffe). The draws are a counter hash of (key, i), the same bits on
+// every backend (backend/ops.py): nothing is drawn on the host or uploaded, and backward
+// recomputes the mask from the key. Forward and backward are this one map (dy for x).
+DEVICE unsigned int dropout_mix(unsigned int v) {
+  v ^= v >> 16;
+  v *= 0x85ebca6bu;
+  v ^= v >> 13;
+  v *= 0xc2b2ae35u;
+  v ^= v >> 16;
+  return v;
 }
 
-KERNEL dropout_backward(const int n, const float* dy, const float* uniform, float* dx,
-                        const float ratio, const float scale) {
-  CUDA_KERNEL_LOOP(i, n) { dx[i] = dy[i] * (uniform[i] >= ratio ? 1.0f : 0.0f) * scale; }
+// keep where the draw's top 24 bits >= threshold (= ceil(ratio 2^24))
+KERNEL dropout_apply(const int n, const float* x, const int key0, const int key1,
+                     const int threshold, const float scale, float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const unsigned int bits =
+        dropout_mix(dropout_mix((unsigned int)i ^ (unsigned int)key0) ^ (unsigned int)key1);
+    y[i] = x[i] * ((int)(bits >> 8) >= threshold ? 1.0f : 0.0f) * scale;
+  }
 }
