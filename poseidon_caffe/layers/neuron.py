@@ -303,7 +303,7 @@ class DropoutLayer(NeuronLayer):
         if self.phase == TRAIN:
             # the key comes from the host stream and every backend hashes it alike, so runs
             # agree; backward reads the same draws
-            self._mask = self.backend.dropout_forward(
+            self._draws = self.backend.dropout_forward(
                 x, top[0].mutable_dev_data, dropout_bits.draw_key(get_rng()), self.ratio,
                 self.scale)
         elif top[0] is not bottom[0]:
@@ -313,7 +313,7 @@ class DropoutLayer(NeuronLayer):
         if not propagate_down[0]:
             return
         if self.phase == TRAIN:
-            self.backend.dropout_backward(self._mask, top[0].dev_diff,
+            self.backend.dropout_backward(self._draws, top[0].dev_diff,
                                           bottom[0].mutable_dev_diff, self.ratio, self.scale)
         elif top[0] is not bottom[0]:
             self.backend.copy(top[0].dev_diff, bottom[0].mutable_dev_diff)
