@@ -17,6 +17,7 @@ import numpy as np
 from .. import dropout_bits
 from ..geometry import PoolGeometry
 from ..ops import Backend
+from .block_cache import BlockCache
 from .choice import driver_kind
 from .choice import open_driver
 from .driver import DriverError
@@ -50,17 +51,19 @@ class _SyncedMemory(SyncedMemory):
 
 
 class Allocation:
-    """Device memory freed when the last array viewing it goes."""
+    """Device memory given back (to the backend's BlockCache) when the last array viewing it
+    goes."""
 
-    def __init__(self, driver, nbytes):
+    def __init__(self, cache, nbytes):
         self.nbytes = int(nbytes)
+        size = max(self.nbytes, 4)
         try:
-            self.ptr = driver.alloc(max(self.nbytes, 4))
+            self.ptr = cache.alloc(size)
         except DriverError as exc:
-            free, total = driver.mem_info()
+            free, total = cache.driver.mem_info()
             raise DeviceMemoryError("out of device memory: %d bytes asked, %d of %d free (%s)"
                                     % (self.nbytes, free, total, exc)) from None
-        weakref.finalize(self, driver.free, self.ptr)
+        weakref.finalize(self, cache.free, self.ptr, size)
 
 
 class DeviceArray:
@@ -127,6 +130,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         self.device = int(device)
         self.launcher = KernelSet(self.driver)
         self.blas = self.driver.blas()
+        self.blocks = BlockCache(self.driver)
         self._ones = None
 
     @property
@@ -163,7 +167,7 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
     def empty(self, shape, dtype=None):
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         dtype = np.dtype(dtype or F32)
-        owner = Allocation(self.driver, math.prod(shape) * dtype.itemsize)
+        owner = Allocation(self.blocks, math.prod(shape) * dtype.itemsize)
         return DeviceArray(shape, owner.ptr, owner, dtype)
 
     def zeros(self, shape, dtype=None):
