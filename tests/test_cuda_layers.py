@@ -31,6 +31,11 @@ CASES = [
     ("Convolution", CONV, [uniform((2, 4, 7, 6), 1)], 1, {}),
     ("Convolution-1x1", CONV.replace("kernel_size: 3", "kernel_size: 1").replace(
         "stride: 2 pad: 1 group: 2", ""), [uniform((2, 3, 4, 4), 2)], 1, {}),
+    # 1x1 reads each image as its columns (cuda/conv.py's pointwise plan), by group too
+    ("Convolution-1x1-groups", CONV.replace("kernel_size: 3", "kernel_size: 1").replace(
+        "stride: 2 pad: 1 ", ""), [uniform((2, 4, 3, 5), 61)], 1, {}),
+    ("Convolution-1x1-stride-2", CONV.replace("kernel_size: 3", "kernel_size: 1").replace(
+        "pad: 1 ", ""), [uniform((2, 4, 5, 5), 62)], 1, {}),
     ("Pooling-MAX", 'name: "p" type: "Pooling" pooling_param { pool: MAX kernel_size: 3 '
      'stride: 2 pad: 1 }', [uniform((2, 3, 7, 7), 3)], 2, {"top_indices": [0]}),
     ("Pooling-AVE", 'name: "p" type: "Pooling" pooling_param { pool: AVE kernel_size: 3 '
@@ -97,6 +102,9 @@ CASES = [
     ("Flatten", 'name: "f" type: "Flatten"', [uniform((2, 3, 2), 19)], 1, {}),
     ("Deconvolution", CONV.replace("Convolution", "Deconvolution"),
      [uniform((2, 4, 3, 4), 46)], 1, {}),
+    ("Deconvolution-1x1-groups", CONV.replace("Convolution", "Deconvolution").replace(
+        "kernel_size: 3", "kernel_size: 1").replace("stride: 2 pad: 1 ", ""),
+     [uniform((2, 4, 3, 4), 63)], 1, {}),
     ("Crop", 'name: "c" type: "Crop" crop_param { axis: 1 offset: 1 offset: 2 offset: 0 }',
      [uniform((2, 3, 5, 4), 47), uniform((2, 2, 2, 3), 48)], 1, {"check_bottom": [0]}),
     ("EuclideanLoss", 'name: "l" type: "EuclideanLoss"',
@@ -173,6 +181,18 @@ def test_layer_on_the_device_matches_the_cpu(gpu_mode, case):
         assert _rel(got, want) <= 1e-5, (name, "top")
     for want, got in zip(dbottoms + dparams, g_dbottoms + g_dparams):
         assert _rel(got, want) <= 1e-4, (name, "gradient")
+
+
+CONVOLUTIONS = [c for c in CASES if "onvolution" in c[0]]
+
+
+@pytest.mark.parametrize("case", CONVOLUTIONS, ids=[c[0] for c in CONVOLUTIONS])
+def test_convolutions_by_per_image_products_match_the_cpu(gpu_mode, case, monkeypatch):
+    """The plan's other way, taken from PER_IMAGE_FROM outputs an image (AlexNet's conv1),
+    here for every size: forward and backward-data by GEMMs per image."""
+    from poseidon_caffe.backend.cuda import conv
+    monkeypatch.setattr(conv, "PER_IMAGE_FROM", 1)
+    test_layer_on_the_device_matches_the_cpu(gpu_mode, case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[4] is not None],

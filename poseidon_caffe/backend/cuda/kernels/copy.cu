@@ -65,15 +65,17 @@ KERNEL tile_backward(const int n, const float* top_diff, const int inner, const 
   }
 }
 
-// Swap the two outer axes: to (b, a, inner) = from (a, b, inner); n = the count. Convolution
-// turns a gradient (num, channels, out) into (channels, num, out), one GEMM's operand.
+// Swap the two outer axes: to (b, a, inner) = from (a, b, inner) (+ bias[i] along a, when
+// bias is not null); n = the count. Convolution turns dy (num, channels, out) into (channels,
+// num, out), one GEMM's operand, and its forward's product back, adding the bias on the way.
 KERNEL swap_outer_axes(const int n, const float* from, const int a, const int b,
-                       const int inner, float* to) {
+                       const int inner, const float* bias, float* to) {
   CUDA_KERNEL_LOOP(index, n) {
     const int d = index % inner;
     const int rest = index / inner;
     const int i = rest % a;
     const int j = rest / a;
-    to[index] = from[((long long)i * b + j) * inner + d];
+    const float v = from[((long long)i * b + j) * inner + d];
+    to[index] = bias ? v + bias[i] : v;
   }
 }
