@@ -21,9 +21,10 @@ def threshold(ratio):
 
 
 def draw_key(stream):
-    """Two uint32 words from a numpy Generator: one forward's draws."""
-    k0, k1 = stream.integers(0, KEY_SPACE, size=2, dtype=np.uint64)
-    return int(k0), int(k1)
+    """Two uint32 words, one 64-bit draw of a numpy Generator's bits (its integers() costs
+    ten times as much): one forward's draws."""
+    word = int(stream.bit_generator.random_raw())
+    return word & (KEY_SPACE - 1), word >> 32
 
 
 def check_count(count):
