@@ -706,6 +706,26 @@ def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
 
 
 
+@pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
+def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(path):
+    """Rows wide enough that the lanes take interior outputs four at a time (and the rest one
+    by one): ties go to the first cell, a NaN makes its windows' outputs NaN and leaves their
+    winners where they were, as the numpy tap loop does."""
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    g = PoolGeometry((13, 14), (3, 3), (1, 1), (1, 1), (13, 14))
+    native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
+    _take_pool_path(native_plan, path)
+    _take_pool_path(numpy_plan, "taps")
+    x = np.round(_rand((2, 17) + g.in_shape, 31) * 2)      # ties; 34 planes: a partial group
+    x[0, 3, 5, 6] = np.nan
+    x[1, 16, 6, 7:9] = np.nan
+    y = native_plan.max_forward(x, np.empty((2, 17) + g.out_shape, np.float32))
+    want = numpy_plan.max_forward(x, np.empty_like(y))
+    np.testing.assert_array_equal(y, want)
+    assert np.isnan(y[0, 3, 4:7, 5:8]).all() and np.isnan(y).sum() == 9 + 12
+    np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
+
+
 # the compiled passes lay out a group of planes side by side (as many as fill a few cache
 # lines' worth of blocks): 750 planes are several whole groups and a last, partial one
 MANY_PLANE_GEOMS = [
