@@ -321,3 +321,58 @@ def test_two_ranks_on_one_leveldb_equal_one_worker_of_twice_the_batch(tmp_path):
         for a, b in zip(single[layer], joint[layer]):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6, err_msg=layer)
     assert not [n for n in os.listdir(tmp_path / "digits") if n.endswith(".tmp")]
+
+
+def _tables(path):
+    return {int(n.split(".")[0]) for n in os.listdir(path) if n.endswith((".ldb", ".sst"))}
+
+
+def _compacted_leveldb(path):
+    """A LevelDB whose MANIFEST has added and then deleted tables (small write buffers, then a
+    compaction); returns it and the tables it had before the compaction."""
+    db = plyvel.DB(str(path), create_if_missing=True, write_buffer_size=16 << 10)
+    rng = np.random.default_rng(3)
+    for round_ in range(6):
+        with db.write_batch() as batch:
+            for i in range(400):
+                batch.put(b"%08d" % (i * 7 + round_), rng.bytes(200))
+    db.close()
+    before = _tables(path)
+    db = plyvel.DB(str(path), write_buffer_size=16 << 10)
+    db.compact_range()
+    db.close()
+    return str(path), before
+
+
+def test_the_view_links_the_tables_the_manifest_lists_after_compactions(tmp_path):
+    from poseidon_caffe.data.leveldb_store import _live_tables
+    src, before = _compacted_leveldb(tmp_path / "db")
+    with open(os.path.join(src, "CURRENT")) as f:
+        manifest = os.path.join(src, f.read().strip())
+    tables = _tables(src)
+    assert tables and before - tables       # the compaction deleted tables the edits added
+    assert _live_tables(manifest) == tables  # a closed database keeps exactly its live tables
+
+
+def test_a_manifest_copied_while_the_holder_appends_reads_to_its_last_whole_record(tmp_path):
+    """Cut at every byte, the copy never fails to read: each cut gives the tables of some
+    whole-record prefix, and the whole file the database's."""
+    from poseidon_caffe.data.leveldb_store import _live_tables
+    src, _ = _compacted_leveldb(tmp_path / "db")
+    with open(os.path.join(src, "CURRENT")) as f:
+        manifest = os.path.join(src, f.read().strip())
+    with open(manifest, "rb") as f:
+        data = f.read()
+    cut = tmp_path / "MANIFEST-cut"
+    seen = []
+    for end in range(len(data) + 1):
+        cut.write_bytes(data[:end])
+        live = _live_tables(str(cut))
+        if not seen or seen[-1] != live:
+            seen.append(live)
+    assert seen[0] == set() and seen[-1] == _live_tables(manifest)
+    records, at = 0, 0                      # the whole records: no more distinct answers
+    while at + 7 <= len(data):
+        at += 7 + int.from_bytes(data[at + 4:at + 6], "little")
+        records += 1
+    assert len(seen) <= records + 1

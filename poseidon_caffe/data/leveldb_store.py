@@ -53,9 +53,43 @@ def _varint(data, at):
             return value, at
 
 
+def _version_edit(edit, live):
+    """Apply one version edit's new and deleted files to ``live``; raises IndexError where the
+    edit is cut short."""
+    i = 0
+    while i < len(edit):
+        tag, i = _varint(edit, i)
+        if tag == 1:                                # comparator name
+            n, i = _varint(edit, i)
+            i += n
+        elif tag in (2, 3, 4, 9):                   # log, next file, sequence, prev log
+            _, i = _varint(edit, i)
+        elif tag == 5:                              # compaction pointer: level, key
+            _, i = _varint(edit, i)
+            n, i = _varint(edit, i)
+            i += n
+        elif tag in (6, 7):                         # deleted / new file: level, number
+            _, i = _varint(edit, i)
+            number, i = _varint(edit, i)
+            if tag == 6:
+                live.discard(number)
+                continue
+            _, i = _varint(edit, i)                 # size, smallest and largest keys
+            for _ in range(2):
+                n, i = _varint(edit, i)
+                i += n
+            if i > len(edit):
+                raise IndexError("a new file's keys run past the edit")
+            live.add(number)
+        else:
+            return
+
+
 def _live_tables(manifest):
     """The table numbers a MANIFEST lists (its version edits' new files less deleted ones).
-    Records are LevelDB's log format: 32 KB blocks of (checksum 4, length 2, type 1) headers."""
+    Records are LevelDB's log format: 32 KB blocks of (checksum 4, length 2, type 1) headers.
+    A copy taken while the holder appends may end inside a record: that record is left out
+    (the tables it would add are being written, and are not the view's to link)."""
     with open(manifest, "rb") as f:
         data = f.read()
     payload, at, live = b"", 0, set()
@@ -64,35 +98,19 @@ def _live_tables(manifest):
             at += 32768 - at % 32768
             continue
         length, kind = int.from_bytes(data[at + 4:at + 6], "little"), data[at + 6]
+        if at + 7 + length > len(data):             # cut short by the copy
+            break
         payload += data[at + 7:at + 7 + length]
         at += 7 + length
         if kind not in (1, 4):                      # FIRST or MIDDLE: the record goes on
             continue
-        edit, i, payload = payload, 0, b""
-        while i < len(edit):
-            tag, i = _varint(edit, i)
-            if tag == 1:                            # comparator name
-                n, i = _varint(edit, i)
-                i += n
-            elif tag in (2, 3, 4, 9):               # log, next file, sequence, prev log
-                _, i = _varint(edit, i)
-            elif tag == 5:                          # compaction pointer: level, key
-                _, i = _varint(edit, i)
-                n, i = _varint(edit, i)
-                i += n
-            elif tag in (6, 7):                     # deleted / new file: level, number
-                _, i = _varint(edit, i)
-                number, i = _varint(edit, i)
-                if tag == 6:
-                    live.discard(number)
-                    continue
-                live.add(number)
-                _, i = _varint(edit, i)             # size, smallest and largest keys
-                for _ in range(2):
-                    n, i = _varint(edit, i)
-                    i += n
-            else:
-                break
+        edit, payload = payload, b""
+        applied = set(live)
+        try:
+            _version_edit(edit, applied)
+        except IndexError:                          # an edit cut short: the last one
+            break
+        live = applied
     return live
 
 
