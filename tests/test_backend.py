@@ -760,6 +760,43 @@ def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec, path):
     np.testing.assert_allclose(dx, numpy_plan.ave_backward(dy, np.empty_like(x)), rtol=1e-5,
                                atol=1e-7)
 
+@pytest.mark.parametrize("beta", [0.75, 0.5])
+def test_compiled_lrn_reciprocal_roots_are_within_three_ulp_of_the_square_roots(beta):
+    """Beta 0.75 and 0.5 by AVX-512's reciprocal-root estimates refined once (the default)
+    against square roots and a division: within 3 ulp over scales from 1e-30 to 1e30, and the
+    scales outside their range (infinite, NaN) exactly as the exact forms give them."""
+    from poseidon_caffe.backend.cpu import lrn
+    if lrn._compiled() is None:
+        pytest.skip("the compiled kernels are not built")
+    rng = np.random.default_rng(40)
+    x = (rng.uniform(0.5, 2.0, (2, 7, 8, 9)) * 10.0 ** rng.integers(-15, 15, (2, 7, 8, 9))
+         ).astype(np.float32)
+    x[0, 3, 2, :4] = [1e25, -1e25, np.nan, 0.0]     # an infinite scale, a NaN, a zero cell
+    dy = _rand(x.shape, 41)
+    runs = []
+    try:
+        for fast in (True, False):
+            lrn.fast_roots(fast)
+            top, state = lrn.lrn_forward(x, 5, 1.0, beta, 1e-30, True)
+            runs.append((top, lrn.lrn_backward(x, top, state, dy, 5, 1.0, beta, True)))
+    finally:
+        lrn.fast_roots(True)
+    (fast_top, fast_dx), (exact_top, exact_dx) = runs
+    np.testing.assert_array_equal(np.isnan(fast_top), np.isnan(exact_top))
+    finite = np.isfinite(exact_top) & (exact_top != 0)
+    np.testing.assert_array_equal(fast_top[~finite], exact_top[~finite])
+    np.testing.assert_allclose(fast_top[finite], exact_top[finite], rtol=3.6e-7, atol=0)
+    assert np.isnan(fast_top).any() and (fast_top == 0).any()
+    # dx = dy p - (the window's term): the two nearly cancel in places, so the bound is
+    # relative to the terms, p being the power the exact forward used
+    keep = finite & np.isfinite(exact_dx)
+    with np.errstate(all="ignore"):
+        first = dy * (exact_top / x)
+        terms = np.abs(first) + np.abs(first - exact_dx)
+    assert (np.abs(fast_dx - exact_dx)[keep] <= 1e-6 * terms[keep]).all()
+    np.testing.assert_array_equal(np.isnan(fast_dx), np.isnan(exact_dx))
+
+
 @pytest.mark.parametrize("across", [True, False], ids=["across", "within"])
 def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slices, monkeypatch):
     """Slices of the batch (and, across channels, blocks of rows of one image) on 1 or 2

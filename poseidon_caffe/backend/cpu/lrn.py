@@ -41,6 +41,19 @@ def _compiled():
     return _COMPILED["lib"]
 
 
+def fast_roots(on=None):
+    """Whether the compiled kernels take beta 0.75's and 0.5's powers from AVX-512's
+    reciprocal-root estimates refined once (within 3 ulp; the default) rather than from square
+    roots and a division (the tests run both); ``on`` sets it. False without the kernels."""
+    lib = _compiled()
+    if lib is None:
+        return False
+    flag = ctypes.c_int.in_dll(lib, "lrn_fast_roots")
+    if on is not None:
+        flag.value = int(bool(on))
+    return bool(flag.value)
+
+
 def _address(a):
     return a.__array_interface__["data"][0]
 

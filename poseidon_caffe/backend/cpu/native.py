@@ -17,7 +17,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 8                  # kernels_version() of the kernels these calls are written for
+VERSION = 9                  # kernels_version() of the kernels these calls are written for
 
 
 def _load():
