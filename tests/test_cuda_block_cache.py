@@ -1,7 +1,8 @@
 """The CUDA backend's BlockCache on the emulated device: a freed block comes back to the next
 allocation of its size on the computation's thread, holding fresh (NaN) bytes again; other
 threads, other sizes and a full cache get the driver's memory; a failing allocation first
-gives the kept blocks back."""
+gives the kept blocks back. The backend's own cache keeps nothing there, so the device's
+checks still see a pointer used after its array went."""
 import gc
 import threading
 
@@ -69,13 +70,19 @@ def test_a_failing_allocation_gives_the_kept_blocks_back_first(monkeypatch):
         driver.close()
 
 
-def test_the_backends_arrays_go_back_to_the_cache():
+def test_the_backends_arrays_go_back_to_its_cache_which_keeps_none_on_the_emulated_device():
     from poseidon_caffe.backend.cuda.backend import CUDABackend
     be = CUDABackend(driver=EmulatedDriver())
     try:
         a = be.empty((10, 10))
         ptr = a.ptr
         del a
+        gc.collect()
+        assert be.blocks.held_bytes == 0 and ptr not in be.driver.allocations
+        be.blocks = BlockCache(be.driver)                 # as on a real device
+        b = be.empty((10, 10))
+        ptr = b.ptr
+        del b
         gc.collect()
         assert be.blocks.held_bytes == 400
         assert be.empty((4, 25)).ptr == ptr

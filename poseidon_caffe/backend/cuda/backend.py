@@ -17,7 +17,7 @@ import numpy as np
 from .. import dropout_bits
 from ..geometry import PoolGeometry
 from ..ops import Backend
-from .block_cache import BlockCache
+from .block_cache import LIMIT, BlockCache
 from .choice import driver_kind
 from .choice import open_driver
 from .driver import DriverError
@@ -130,7 +130,9 @@ class CUDABackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         self.device = int(device)
         self.launcher = KernelSet(self.driver)
         self.blas = self.driver.blas()
-        self.blocks = BlockCache(self.driver)
+        # the emulated device keeps none, so a pointer used after its array went still
+        # faults there (the cache's own tests give it a limit)
+        self.blocks = BlockCache(self.driver, limit=0 if self.driver.info.emulated else LIMIT)
         self._ones = None
 
     @property

@@ -9,9 +9,10 @@ only on the thread that made the cache (the computation), whose work runs in one
 order, so a kernel still reading the old contents runs before any that writes the new.
 
 The cache holds at most LIMIT bytes (a block past that is freed at once), and gives every
-block back to the driver when an allocation fails, before trying it once more. On the emulated
-device a block taken back is filled with NaN bytes again, as fresh memory is there, so a read
-of memory never written still shows.
+block back to the driver when an allocation fails, before trying it once more. The backend
+keeps none on the emulated device, whose checks then still catch a pointer used after its
+array went; where a cache there does keep blocks (its tests), a block taken back is filled
+with NaN bytes again, as fresh memory is there, so a read of memory never written still shows.
 """
 import threading
 
