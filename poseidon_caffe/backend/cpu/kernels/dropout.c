@@ -1,7 +1,7 @@
 /* Inverted dropout's map, y = x scale where index i's draw keeps it, else x times 0: the
- * counter hash of (key, i) that every backend draws with (backend/ops.py; the CUDA kernel
- * dropout_apply in neuron.cu is the same function), so nothing is drawn into an array and
- * backward recomputes the mask from the key. */
+ * counter hash of (key, i) that every backend draws with (backend/dropout_bits.py; the CUDA
+ * kernel dropout_apply in neuron.cu is the same function), so nothing is drawn into an
+ * array and backward recomputes the mask from the key. */
 #include <stdint.h>
 
 #include "vector_loop.h"
