@@ -1,11 +1,11 @@
 """The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
-tiles, im2col and col2im, Dropout's hashed draws), built at install as the module ``_kernels`` and called through
-ctypes (which releases the GIL, so batch parts run side by side).
+tiles, im2col and col2im, Dropout's hashed draws), built at install as the module ``_kernels``
+and called through ctypes (which releases the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
-windows, the copies in and out of Winograd's tiles, col2im's sums of every tap, a hash per value). ``lib`` is
-None where the library was not built (no compiler at install) or when POSEIDON_NATIVE=0;
-callers then take their numpy paths, which compute the same values.
+windows, the copies in and out of Winograd's tiles, col2im's sums of every tap, a hash per
+value). ``lib`` is None where the library was not built (no compiler at install) or when
+POSEIDON_NATIVE=0; callers then take their numpy paths, which compute the same values.
 """
 import ctypes
 import os
