@@ -21,8 +21,9 @@ multiply-adds of the direct method, 2 N M (C/group) taps outputs per pass (an FF
 Winograd plan does fewer, so a share above 100% is possible); backward counts the filter
 gradient, and the data gradient where the net propagates to the bottom. A memory-bound
 layer's bytes are its inputs read and its outputs written once (backward: the top gradient
-read, the bottom gradient written, and what the gradient needs of the forward: ReLU's and
-Dropout's input or mask, MAX pooling's winners, LRN's input and output, Softmax's output).
+read, the bottom gradient written, and what the gradient needs of the forward: ReLU's input,
+MAX pooling's winners, LRN's input and output, Softmax's output; Dropout needs nothing, its
+draws being made again from a key).
 Goals: convolutions overall at >= 70% of the sgemm rate, each memory-bound layer at >= 50% of
 the bandwidth; the layers below are marked with '<'.
 """
@@ -110,8 +111,10 @@ def layer_work(net, i):
         if not needs or not any(to_bottom):
             return "bytes", forward, 0.0
         kept = 0.0                                # what the gradient reads of the forward
-        if layer.type in ("ReLU", "Dropout"):
+        if layer.type == "ReLU":
             kept = bottom_bytes
+        # Dropout's draws can be made again from a key (backend/dropout_bits.py): its least
+        # backward reads the top gradient and writes the bottom's, nothing of the forward
         elif layer.type == "Pooling":
             from poseidon_caffe.proto import caffe_pb2
             if layer.param.pooling_param.pool == caffe_pb2.PoolingParameter.MAX:

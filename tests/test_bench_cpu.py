@@ -135,3 +135,28 @@ def test_others_load_averages_the_cpu_the_others_used_over_the_wall_time():
     # pid 1 ran 0.5 s more, pid 5 ended (not counted), pid 6 started and ran 0.5 s
     assert bench.others_load({1: 2.0, 5: 1.0}, {1: 2.5, 6: 0.5}, 2.0) == 0.5
     assert bench.others_load({1: 2.0}, {1: 2.0}, 2.0) == 0.0
+
+
+def test_roofline_counts_what_relu_and_dropout_backward_must_read():
+    """ReLU's backward reads its input again; Dropout's reads nothing of its forward (its
+    draws are made again from a key): the top gradient read and the bottom's written."""
+    import importlib.util
+    from google.protobuf import text_format
+    from poseidon_caffe.net import Net
+    from poseidon_caffe.proto import caffe_pb2
+    spec = importlib.util.spec_from_file_location("roofline_script", ROOFLINE)
+    roofline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roofline)
+    net = Net(text_format.Parse('''
+        layer { name: "d" type: "DummyData" top: "x" top: "label" dummy_data_param {
+          shape { dim: 4 dim: 6 } shape { dim: 4 } } }
+        layer { name: "ip" type: "InnerProduct" bottom: "x" top: "h"
+          inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+        layer { name: "relu" type: "ReLU" bottom: "h" top: "r" }
+        layer { name: "drop" type: "Dropout" bottom: "r" top: "o" }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "o" bottom: "label" top: "l" }
+        ''', caffe_pb2.NetParameter()), caffe_pb2.TRAIN)
+    work = {name: roofline.layer_work(net, i) for i, name in enumerate(net.layer_names)}
+    blob = 4.0 * 4 * 10
+    assert work["relu"] == ("bytes", 2 * blob, 3 * blob)
+    assert work["drop"] == ("bytes", 2 * blob, 2 * blob)
