@@ -53,10 +53,10 @@ def _varint(data, at):
             return value, at
 
 
-def _version_edit(edit, live):
-    """Apply one version edit's new and deleted files to ``live``; raises IndexError where the
-    edit is cut short."""
-    i = 0
+def _file_changes(edit):
+    """One version edit's table changes in order, [(number, added)]; raises IndexError where
+    the edit is cut short."""
+    changes, i = [], 0
     while i < len(edit):
         tag, i = _varint(edit, i)
         if tag == 1:                                # comparator name
@@ -71,18 +71,17 @@ def _version_edit(edit, live):
         elif tag in (6, 7):                         # deleted / new file: level, number
             _, i = _varint(edit, i)
             number, i = _varint(edit, i)
-            if tag == 6:
-                live.discard(number)
-                continue
-            _, i = _varint(edit, i)                 # size, smallest and largest keys
-            for _ in range(2):
-                n, i = _varint(edit, i)
-                i += n
-            if i > len(edit):
-                raise IndexError("a new file's keys run past the edit")
-            live.add(number)
+            if tag == 7:
+                _, i = _varint(edit, i)             # size, smallest and largest keys
+                for _ in range(2):
+                    n, i = _varint(edit, i)
+                    i += n
+                if i > len(edit):
+                    raise IndexError("a new file's keys run past the edit")
+            changes.append((number, tag == 7))
         else:
-            return
+            break
+    return changes
 
 
 def _live_tables(manifest):
@@ -105,12 +104,15 @@ def _live_tables(manifest):
         if kind not in (1, 4):                      # FIRST or MIDDLE: the record goes on
             continue
         edit, payload = payload, b""
-        applied = set(live)
         try:
-            _version_edit(edit, applied)
+            changes = _file_changes(edit)
         except IndexError:                          # an edit cut short: the last one
             break
-        live = applied
+        for number, added in changes:
+            if added:
+                live.add(number)
+            else:
+                live.discard(number)
     return live
 
 

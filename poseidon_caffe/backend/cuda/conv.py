@@ -123,8 +123,8 @@ class ConvPlan:
         if per_image:
             # per image: y_i[group] (mg, out) = W[group] (mg, kg) columns_i[group] (kg, out),
             # the columns being x_i itself or image i's block of the batch's columns
-            col, pitch, image = ((x, out, g.col_rows * out) if self.pointwise else
-                                 (self._columns(x), n * out, out))
+            col = x if self.pointwise else self._columns(x)
+            pitch, image = _pitches(g, n, batch_layout=not self.pointwise)
             for gi in range(groups):
                 be.blas.sgemm_strided_batched(
                     "N", "N", out, mg, kg, 1.0, col.ptr + 4 * gi * kg * pitch, pitch, image,
@@ -173,7 +173,7 @@ class ConvPlan:
         if dy_t is None or self.pointwise or out >= PER_IMAGE_FROM:
             # per image, from dy as it is: columns_i[group] (kg, out) = W[group]^T (kg, mg)
             # dy_i[group] (mg, out), into dx itself where the columns are the image
-            pitch, image = (out, g.col_rows * out) if self.pointwise else (wide, out)
+            pitch, image = _pitches(g, n, batch_layout=not self.pointwise)
             for gi in range(groups):
                 be.blas.sgemm_strided_batched(
                     "N", "T", out, kg, mg, 1.0, dy.ptr + 4 * gi * mg * out, out, m * out,
