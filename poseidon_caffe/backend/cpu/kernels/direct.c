@@ -14,15 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-
+#include "avx512.h"
+#if HAVE_AVX512
 #include "transpose16.h"
-#define HAVE_DIRECT 1
-#define AVX512 __attribute__((target("avx512f")))
-#else
-#define HAVE_DIRECT 0
 #endif
+#define HAVE_DIRECT HAVE_AVX512
 
 #define LANES 16          /* floats in a vector */
 #define BLOCK 8           /* neighbouring outputs of a row computed together */
@@ -30,12 +26,7 @@
 
 int conv_direct_available(void)
 {
-#if HAVE_DIRECT
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") ? 1 : 0;
-#else
-    return 0;
-#endif
+    return cpu_has_avx512();
 }
 
 #if HAVE_DIRECT

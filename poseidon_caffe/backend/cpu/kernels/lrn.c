@@ -17,15 +17,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "avx512.h"
 #include "vector_loop.h"
-
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define HAVE_ROOTS 1
-#define AVX512 __attribute__((target("avx512f")))
-#else
-#define HAVE_ROOTS 0
-#endif
 
 /* scale^-beta, with the square-root forms of Caffe's usual betas */
 VECTOR_LOOP
@@ -46,7 +39,7 @@ static void negative_power_exact(const float *restrict s, float *restrict out, i
     }
 }
 
-#if HAVE_ROOTS
+#if HAVE_AVX512
 /* 1/sqrt(v) for v in (2^-100, 2^100): the 14-bit estimate and one Newton step (relative
  * error near 2^-23, against a division and a square root of some 20 cycles a vector) */
 AVX512 static inline __m512 reciprocal_root(__m512 v)
@@ -81,20 +74,6 @@ AVX512 static void negative_power_roots(const float *s, float *out, int64_t coun
 }
 #endif
 
-static int has_avx512(void)
-{
-#if HAVE_ROOTS
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    }
-    return known;
-#else
-    return 0;
-#endif
-}
-
 /* 1 (the default): beta 0.75 and 0.5 by reciprocal-root estimates refined once, where the
  * CPU has AVX-512; 0: by square roots and a division everywhere (the tests run both) */
 int lrn_fast_roots = 1;
@@ -102,8 +81,8 @@ int lrn_fast_roots = 1;
 static void negative_power(const float *restrict s, float *restrict out, int64_t count,
                            float beta)
 {
-#if HAVE_ROOTS
-    if (lrn_fast_roots && (beta == 0.75f || beta == 0.5f) && has_avx512()) {
+#if HAVE_AVX512
+    if (lrn_fast_roots && (beta == 0.75f || beta == 0.5f) && cpu_has_avx512()) {
         negative_power_roots(s, out, count, beta == 0.75f);
         return;
     }

@@ -22,15 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-
+#include "avx512.h"
+#if HAVE_AVX512
 #include "transpose16.h"
-#define HAVE_LANES 1
-#define AVX512 __attribute__((target("avx512f")))
-#else
-#define HAVE_LANES 0
 #endif
+#define HAVE_LANES HAVE_AVX512
 
 #define LANES 16
 /* the most cells a plane may have: the 16 planes' copy (64 bytes a cell, 1 MB) then still
@@ -40,17 +36,7 @@
 
 int pool_lanes_serve(int64_t cells)
 {
-#if HAVE_LANES
-    static int avx512 = -1;
-    if (avx512 < 0) {
-        __builtin_cpu_init();
-        avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    }
-    return avx512 && cells <= LANE_CELLS;
-#else
-    (void)cells;
-    return 0;
-#endif
+    return cpu_has_avx512() && cells <= LANE_CELLS;
 }
 
 #if HAVE_LANES

@@ -23,15 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "avx512.h"
 #include "vector_loop.h"
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define HAVE_AVX512 1
-#define AVX512 __attribute__((target("avx512f")))
+#if HAVE_AVX512
 #define INLINE_AVX512 __attribute__((target("avx512f"), always_inline)) static inline
-#else
-#define HAVE_AVX512 0
 #endif
 
 #define MAX_SIDE 8       /* the largest tile side (a, p) these loops take */
@@ -127,12 +123,6 @@ VECTOR_LOOP static void transform(const float *restrict in, size_t in_stride,
 
 
 #if HAVE_AVX512
-static int has_avx512(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
-}
-
 /* 16 consecutive tiles t = (i, ty, tx): where each window's corner lies relative to its
  * channel's plane in image 0 (i*c*h*w + (ty*m - ph)*w + tx*m - pw), and in which lanes each of
  * its rows and columns lies inside the map (no lane past the last tile). */
@@ -282,7 +272,7 @@ int winograd_in(const float *restrict x, float *restrict v, const float *restric
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
     /* offsets within the chunk's images are int32 */
-    if (!portable && has_avx512() && (double)k * c * h * w < 2147483647.0) {
+    if (!portable && cpu_has_avx512() && (double)k * c * h * w < 2147483647.0) {
         struct group *groups = describe(tiles, c, h, w, a, m, ph, pw, th, tw);
         if (groups == NULL)
             return -1;
@@ -310,7 +300,7 @@ int winograd_out(const float *restrict prod, const float *restrict mat,
         return -2;
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
-    if (!portable && has_avx512() && (double)k * c * oh * ow < 2147483647.0) {
+    if (!portable && cpu_has_avx512() && (double)k * c * oh * ow < 2147483647.0) {
         struct group *groups = describe(tiles, c, oh, ow, m, m, 0, 0, th, tw);
         if (groups == NULL)
             return -1;

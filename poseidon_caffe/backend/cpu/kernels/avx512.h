@@ -1,0 +1,30 @@
+/* AVX-512 where the compiler can target it, for the kernels with hand-written vector paths
+ * (direct.c, pool_lanes.c, winograd.c, lrn.c): HAVE_AVX512, the AVX512 function attribute, and
+ * cpu_has_avx512(), whether the CPU running the library has it (asked once). */
+#ifndef POSEIDON_AVX512_H
+#define POSEIDON_AVX512_H
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+#define AVX512 __attribute__((target("avx512f")))
+
+static inline int cpu_has_avx512(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+    return known;
+}
+#else
+#define HAVE_AVX512 0
+
+static inline int cpu_has_avx512(void)
+{
+    return 0;
+}
+#endif
+
+#endif
