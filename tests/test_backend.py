@@ -86,10 +86,16 @@ WINOGRAD_GEOMS = [
     ConvGeometry(2, 3, (6, 66), (3, 3), (1, 1), (1, 1), (1, 1)),
     ConvGeometry(3, 2, (70, 9), (3, 3), (1, 1), (0, 1), (1, 1)),
 ]
-# pointwise: per-image GEMMs and transposed chunks, with groups
+# pointwise: per-image GEMMs, transposed chunks and the compiled kernels, with groups; maps of
+# one position, of fewer and more positions than a strip of the kernels' columns (48), and
+# of more than a block of their depth (128); channels on either side of a panel (8, 16) and
+# of a strip (48)
 POINTWISE_GEOMS = [
     ConvGeometry(4, 6, (3, 3), (1, 1), (1, 1), (0, 0), (1, 1), 2),
     ConvGeometry(5, 3, (4, 6), (1, 1), (1, 1), (0, 0), (1, 1)),
+    ConvGeometry(17, 9, (1, 1), (1, 1), (1, 1), (0, 0), (1, 1)),
+    ConvGeometry(50, 24, (7, 7), (1, 1), (1, 1), (0, 0), (1, 1), 2),
+    ConvGeometry(49, 33, (13, 11), (1, 1), (1, 1), (0, 0), (1, 1)),
 ]
 
 
@@ -254,9 +260,12 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
         plans = [winograd.WinogradConvPlan(geom)]
     else:
         plans = []
-        for per_image in (True, False):
+        for layout in ("images", "columns", "kernels"):
             plan = pointwise.PointwiseConvPlan(geom)
-            plan.per_image = per_image
+            plan.kernels = layout == "kernels"
+            if plan.kernels and not (native.image_gemm and native.lib):
+                continue          # no AVX-512, or the numpy paths under test
+            plan.layout = "columns" if plan.kernels else layout
             plans.append(plan)
     for plan in plans:
         _check_plan(plan, geom, x, w, bias, dy, col, wg, want)

@@ -1,5 +1,5 @@
 """The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
-tiles, im2col and col2im, Dropout's hashed draws), built at install as the module ``_kernels``
+tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images), built at install as the module ``_kernels``
 and called through ctypes (which releases the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
@@ -17,7 +17,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 9                  # kernels_version() of the kernels these calls are written for
+VERSION = 10                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -51,6 +51,10 @@ def _load():
     for name in ("im2col_2d", "col2im_2d"):
         getattr(lib, name).argtypes = [_P, _P, _L, _L, _L] + [_I] * 13
         getattr(lib, name).restype = _I
+    lib.gemm_images.argtypes = [_P, _L, _L, _I, _I, _P, _L, _P, _L, _L, _L, _L, _P, _I]
+    lib.gemm_images.restype = _I
+    lib.gemm_images_filter.argtypes = [_P, _L, _I, _P, _L, _I, _L, _L, _L, _P, _L]
+    lib.gemm_images_filter.restype = _I
     lib.dropout_apply.argtypes = [_P, _P, _I, _I, _U, _U, _U, ctypes.c_float]
     lib.dropout_apply.restype = _I
     return lib
@@ -62,8 +66,10 @@ PORTABLE_WINOGRAD = False
 # pooling by the phased layout (pooling.c) even on AVX-512, not 16 planes a vector
 # (pool_lanes.c; the tests run both)
 PORTABLE_POOLING = False
-# the direct convolution (kernels/direct.c) runs only where the CPU has AVX-512
+# the direct convolution (kernels/direct.c) and the GEMMs across images (image_gemm.c) run
+# only where the CPU has AVX-512
 direct = lib is not None and lib.conv_direct_available() == 1
+image_gemm = direct
 
 
 def takes(*arrays):
@@ -200,3 +206,37 @@ def dropout_apply(x, y, start, count, key, threshold, scale):
     lib.dropout_apply(_address(x), _address(y), start, count, key[0], key[1], threshold,
                       scale)
     return y
+
+
+def _gemm_status(status, what):
+    if status == -1:
+        raise MemoryError("%s: no memory for its packed operands" % what)
+    if status:
+        raise RuntimeError("%s: the kernels are not available on this CPU" % what)
+
+
+def gemm_images(a, b, b_offset, c, c_offset, bias, positions):
+    """c[n][i, p] = sum over k of a[i, k] b[n][k, p] (+ bias[i]) for every image n of b and c
+    (N, ..., positions-per-channel), their first rows ``b_offset`` and ``c_offset`` floats
+    into an image; a is any 2-D float32 view (its strides are read), bias a float32 run of
+    a.shape[0] or None (kernels/image_gemm.c)."""
+    item = a.itemsize
+    n = b.shape[0]
+    _gemm_status(lib.gemm_images(
+        _address(a), a.strides[0] // item, a.strides[1] // item, a.shape[0], a.shape[1],
+        _address(b) + 4 * b_offset, b[0].size, _address(c) + 4 * c_offset, c[0].size,
+        positions, 0, n * positions, None if bias is None else _address(bias), 0),
+        "a GEMM across images")
+    return c
+
+
+def gemm_images_filter(dy, dy_offset, x, x_offset, dw, positions):
+    """dw (M, C) += sum over images n and positions p of dy[n][i, p] x[n][j, p], dy's rows
+    from ``dy_offset`` and x's from ``x_offset`` floats into an image; dw C-contiguous rows
+    (kernels/image_gemm.c)."""
+    n = dy.shape[0]
+    _gemm_status(lib.gemm_images_filter(
+        _address(dy) + 4 * dy_offset, dy[0].size, dw.shape[0], _address(x) + 4 * x_offset,
+        x[0].size, dw.shape[1], positions, 0, n * positions, _address(dw),
+        dw.strides[0] // dw.itemsize), "a filter gradient across images")
+    return dw

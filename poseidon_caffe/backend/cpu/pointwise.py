@@ -1,8 +1,12 @@
 """1x1 stride-1 unpadded convolution as GEMMs that keep nothing between calls.
 
-Such a convolution is y[n] = W x[n] for each image, (M, C) x (C, H*W). Two layouts, chosen by
-the map size:
+Such a convolution is y[n] = W x[n] for each image, (M, C) x (C, H*W). Three ways, chosen by
+the map size and what the CPU has:
 
+- kernels (AVX-512 and the compiled kernels, maps under KERNELS_MAX positions): the batch's
+  columns as one run, 48 at a time packed in cache across images (kernels/image_gemm.c), for
+  the forward, the backward-data (W' dy) and the filter gradient (its depth the batch's
+  positions); no copy of the batch and no GEMM of a few dozen columns.
 - images (maps of PER_IMAGE_MIN positions and more): one GEMM per image on the (N, C, H*W)
   arrays as they lie, no copy in or out; the filter gradient sums dy[n] x[n]' over a few
   images at a time.
@@ -15,11 +19,14 @@ With groups, each group is the same on its slice of channels.
 """
 import numpy as np
 
-from . import threads
+from . import native, threads
 
 # positions per map from which per-image GEMMs are as fast as the transposed chunks (measured
 # on GoogLeNet's maps: ahead at 28x28, behind at 14x14 and 7x7)
 PER_IMAGE_MIN = 400
+# positions per map below which the compiled kernels run (at 56x56, OpenBLAS's per-image GEMMs
+# keep up: their columns are long runs already)
+KERNELS_MAX = 1024
 # bytes of the largest work array of one chunk (transposed input or output, or the per-image
 # filter gradients)
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -38,14 +45,16 @@ class PointwiseConvPlan:
                              "%r" % (geom,))
         self.geom = geom
         self.dtype = dtype
-        self.per_image = geom.out_count >= PER_IMAGE_MIN
+        # the compiled kernels (when they can run), else the GEMMs in ``layout``
+        self.kernels = native.image_gemm and geom.out_count < KERNELS_MAX
+        self.layout = "images" if geom.out_count >= PER_IMAGE_MIN else "columns"
         g = geom
         self.mg, self.cg = g.num_output // g.group, g.channels // g.group
 
     # -- sizes ---------------------------------------------------------------------------------
     def _chunk(self, n):
         g = self.geom
-        if self.per_image:     # per-image filter gradients, (M, C/G) each
+        if self.layout == "images":     # per-image filter gradients, (M, C/G) each
             per = g.num_output * self.cg * 4
         else:                  # the transposed input or output of an image
             per = max(g.channels, g.num_output) * g.out_count * 4
@@ -58,8 +67,10 @@ class PointwiseConvPlan:
     def shared_workspace_bytes(self, n):
         """A chunk's work arrays, in the thread's scratch that every layer shares."""
         g = self.geom
+        if self.kernels and native.lib is not None:
+            return 0
         k = self._chunk(n)
-        if self.per_image:
+        if self.layout == "images":
             cells = k * g.num_output * self.cg
         else:
             cells = k * g.out_count * (g.channels + g.num_output)
@@ -99,8 +110,14 @@ class PointwiseConvPlan:
 
     def forward(self, x, w, bias, y):
         g = self.geom
+        if self._by_kernels(x, w, y, bias):
+            for group in range(g.group):
+                native.gemm_images(self._group_weights(w, group), x, self._group(group, g.channels),
+                                   y, self._group(group, g.num_output),
+                                   None if bias is None else bias[group * self.mg:], g.out_count)
+            return y
         wg = self._weights(w)
-        if self.per_image:
+        if self.layout == "images":
             yv = self._images(y, g.num_output)
             np.matmul(wg, self._images(x, g.channels), out=yv)
             if bias is not None:
@@ -122,7 +139,10 @@ class PointwiseConvPlan:
             dbias += self._images(dy, g.num_output).sum(axis=(0, 3)).reshape(-1)
         if dw is None and dx is None:
             return
-        if self.per_image:
+        if self._by_kernels(x, dy, w, dx, dw):
+            self._backward_by_kernels(x, dy, w, dx, dw)
+            return
+        if self.layout == "images":
             self._backward_per_image(x, dy, w, dx, dw)
             return
         n = dy.shape[0]
@@ -140,6 +160,34 @@ class PointwiseConvPlan:
                                       self.dtype)
                 np.matmul(wt, dyc, out=dxc)
                 self._from_columns(dxc, dx, g.channels, lo, hi)
+
+    def _by_kernels(self, *arrays):
+        """Whether this call runs the compiled kernels: chosen, the library loaded (not
+        POSEIDON_NATIVE=0) and every array given C-contiguous float32; else ``layout``'s
+        GEMMs run."""
+        return self.kernels and native.lib is not None and native.image_gemm and \
+            native.takes(*(a for a in arrays if a is not None))
+
+    def _group(self, group, channels):
+        """The offset (floats) of a group's first channel in an image of ``channels``."""
+        return group * (channels // self.geom.group) * self.geom.out_count
+
+    def _group_weights(self, w, group):
+        """Group ``group``'s (M/G, C/G) weights, a view."""
+        return w.reshape(self.geom.group, self.mg, self.cg)[group]
+
+    def _backward_by_kernels(self, x, dy, w, dx, dw):
+        g = self.geom
+        for group in range(g.group):
+            wg = self._group_weights(w, group)
+            dyg = self._group(group, g.num_output)
+            if dw is not None:
+                native.gemm_images_filter(dy, dyg, x, self._group(group, g.channels),
+                                          dw.reshape(g.group, self.mg, self.cg)[group],
+                                          g.out_count)
+            if dx is not None:
+                native.gemm_images(wg.T, dy, dyg, dx, self._group(group, g.channels), None,
+                                   g.out_count)
 
     def _backward_per_image(self, x, dy, w, dx, dw):
         g = self.geom

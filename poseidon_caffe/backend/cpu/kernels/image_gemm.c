@@ -1,0 +1,353 @@
+/* GEMMs whose columns run across a batch of images (pointwise.py), on AVX-512:
+ *
+ *     c[n][i, p] (+)= sum over k of a[i, k] * b[n][k, p]       (gemm_images)
+ *
+ * for each image n, with a read through strides (so a 1x1 convolution's weights serve as
+ * they lie for the forward, and transposed for the backward-data), b and c image by image at
+ * their own pitches. A 1x1 convolution of a small map is such a product with only 49 to 784
+ * columns an image, where a GEMM library runs a GEMM per image slowly and one wide GEMM needs
+ * the batch transposed through memory first. Here the columns of every image are one run:
+ * 48 of them at a time are packed in cache (crossing images where a map ends), so the
+ * transpose is the packing a GEMM makes anyway.
+ *
+ * Blocking: a is packed once a call, rows in panels of ROWS, zero past its last row; for each
+ * strip of 48 columns and each block of depth DEPTH, the strip's b is packed (k, 48) and every
+ * panel's 8 x 48 sums run in 24 registers, each a broadcast of a times three vectors of b.
+ * Returns 0, -1 when out of memory, -2 where the CPU has no AVX-512.
+ */
+#define _POSIX_C_SOURCE 200112L       /* posix_memalign */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "avx512.h"
+#if HAVE_AVX512
+#include "transpose16.h"
+#endif
+
+#define ROWS 8            /* rows of a panel of a: broadcast one at a time */
+#define VECS 3            /* vectors of a strip */
+#define WIDTH 48          /* columns of a strip: VECS * 16 */
+#define DEPTH 256         /* k of a block: the strip's packed b, 48 KB, stays near the core */
+#define DEPTH_T 128       /* depth of a block of the filter gradient (both sides packed) */
+
+#if HAVE_AVX512
+/* `count` floats at a 64-byte boundary (the packed operands' vector loads), or NULL. */
+static float *aligned_floats(size_t count)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 64, sizeof(float) * count) ? NULL : p;
+}
+
+/* Where a run of columns (or depths) lies: pieces, each `len` of them from offset `at` of the
+ * run, in image `image` from position `pos`; at most one more piece than the run is long. */
+struct piece {
+    int at, len;
+    int64_t image, pos;
+};
+
+static int pieces_of(struct piece *pieces, int64_t first, int width, int64_t positions)
+{
+    int count = 0;
+    for (int at = 0; at < width;) {
+        int64_t col = first + at;
+        struct piece *p = &pieces[count++];
+        p->at = at;
+        p->image = col / positions;
+        p->pos = col % positions;
+        int64_t left = positions - p->pos;
+        p->len = left < width - at ? (int)left : width - at;
+        at += p->len;
+    }
+    return count;
+}
+
+AVX512 static inline void copy_run(float *restrict dst, const float *restrict src, int len)
+{
+    int j = 0;
+    for (; j + 16 <= len; j += 16)
+        _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+    if (j < len) {
+        __mmask16 m = (__mmask16)((1u << (len - j)) - 1);
+        _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
+    }
+}
+
+AVX512 static inline void add_run(float *restrict dst, const float *restrict src, int len,
+                                  __m512 shift, int accumulate)
+{
+    int j = 0;
+    for (; j + 16 <= len; j += 16) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(src + j), shift);
+        if (accumulate)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(dst + j));
+        _mm512_storeu_ps(dst + j, v);
+    }
+    if (j < len) {
+        __mmask16 m = (__mmask16)((1u << (len - j)) - 1);
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, src + j), shift);
+        if (accumulate)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, dst + j));
+        _mm512_mask_storeu_ps(dst + j, m, v);
+    }
+}
+
+/* a's rows [0, m) by its depth [0, k) as panels of ROWS rows: panel r, block d holds, for each
+ * k of the block, the panel's ROWS values (zero past row m). */
+static void pack_a(float *restrict packed, const float *restrict a, int64_t row_step,
+                   int64_t col_step, int m, int k)
+{
+    int panels = (m + ROWS - 1) / ROWS;
+    for (int r = 0; r < panels; ++r)
+        for (int kk = 0; kk < k; ++kk) {
+            float *dst = packed + ((size_t)r * k + kk) * ROWS;
+            for (int i = 0; i < ROWS; ++i) {
+                int row = r * ROWS + i;
+                dst[i] = row < m ? a[row * row_step + kk * col_step] : 0.0f;
+            }
+        }
+}
+
+/* The strip's b for depths [k0, k0 + kc): (kc, WIDTH), zero past the strip's width. */
+AVX512 static void pack_b(float *restrict packed, const float *restrict b, int64_t image_pitch,
+                          int64_t positions, const struct piece *pieces, int count, int width,
+                          int k0, int kc)
+{
+    for (int kk = 0; kk < kc; ++kk) {
+        float *dst = packed + (size_t)kk * WIDTH;
+        for (int q = 0; q < count; ++q) {
+            const struct piece *p = &pieces[q];
+            copy_run(dst + p->at, b + p->image * image_pitch + (k0 + kk) * positions + p->pos,
+                     p->len);
+        }
+        for (int j = width; j < WIDTH; ++j)
+            dst[j] = 0.0f;
+        /* the next strip's row, to arrive while this strip's panels run */
+        const struct piece *p = &pieces[count - 1];
+        const char *next = (const char *)(b + p->image * image_pitch + (k0 + kk) * positions +
+                                          p->pos + p->len);
+        for (int line = 0; line < 4; ++line)
+            _mm_prefetch(next + 64 * line, _MM_HINT_T0);
+    }
+}
+
+/* tile (ROWS, WIDTH) = a panel (kc, ROWS) times a strip (kc, WIDTH). */
+AVX512 static void panel_times_strip(const float *restrict a, const float *restrict b, int kc,
+                                     float *restrict tile)
+{
+    __m512 acc[ROWS][VECS];
+    for (int i = 0; i < ROWS; ++i)
+        for (int v = 0; v < VECS; ++v)
+            acc[i][v] = _mm512_setzero_ps();
+    for (int kk = 0; kk < kc; ++kk) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32);
+        for (int i = 0; i < ROWS; ++i) {
+            __m512 s = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(s, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(s, b1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(s, b2, acc[i][2]);
+        }
+        a += ROWS;
+        b += WIDTH;
+    }
+    for (int i = 0; i < ROWS; ++i)
+        for (int v = 0; v < VECS; ++v)
+            _mm512_store_ps(tile + i * WIDTH + v * 16, acc[i][v]);
+}
+
+/* c's rows [row0, row0 + rows) of the strip's columns: the tile, plus the bias on the first
+ * block, added to what c holds on later blocks (and on every block when accumulating). */
+AVX512 static void put_tile(const float *restrict tile, float *restrict c, int64_t image_pitch,
+                            int64_t positions, const struct piece *pieces, int count, int row0,
+                            int rows, const float *restrict bias, int accumulate, int ahead)
+{
+    for (int i = 0; i < rows; ++i) {
+        __m512 shift = _mm512_set1_ps(bias ? bias[row0 + i] : 0.0f);
+        float *row = NULL;
+        for (int q = 0; q < count; ++q) {
+            const struct piece *p = &pieces[q];
+            row = c + p->image * image_pitch + (int64_t)(row0 + i) * positions + p->pos;
+            add_run(row, tile + i * WIDTH + p->at, p->len, shift, accumulate);
+            row += p->len;
+        }
+        if (ahead)      /* the next strip's row, to be written while this strip's run */
+            for (int line = 0; line < 4; ++line)
+                __builtin_prefetch((const char *)row + 64 * line, 1, 3);
+    }
+}
+
+AVX512 static int run(const float *a, int64_t a_row_step, int64_t a_col_step, int m, int k,
+                      const float *b, int64_t b_image_pitch, float *c, int64_t c_image_pitch,
+                      int64_t positions, int64_t first, int64_t last, const float *bias,
+                      int accumulate)
+{
+    int panels = (m + ROWS - 1) / ROWS;
+    float *pa = aligned_floats((size_t)panels * ROWS * k);
+    float *pb = aligned_floats((size_t)DEPTH * WIDTH + ROWS * WIDTH);
+    if (pa == NULL || pb == NULL) {
+        free(pa);
+        free(pb);
+        return -1;
+    }
+    float *tile = pb + (size_t)DEPTH * WIDTH;
+    pack_a(pa, a, a_row_step, a_col_step, m, k);
+    struct piece pieces[WIDTH + 1];
+    for (int64_t col = first; col < last; col += WIDTH) {
+        int width = last - col < WIDTH ? (int)(last - col) : WIDTH;
+        int count = pieces_of(pieces, col, width, positions);
+        for (int k0 = 0; k0 < k; k0 += DEPTH) {
+            int kc = k - k0 < DEPTH ? k - k0 : DEPTH;
+            pack_b(pb, b, b_image_pitch, positions, pieces, count, width, k0, kc);
+            for (int r = 0; r < panels; ++r) {
+                int rows = m - r * ROWS < ROWS ? m - r * ROWS : ROWS;
+                panel_times_strip(pa + ((size_t)r * k + k0) * ROWS, pb, kc, tile);
+                put_tile(tile, c, c_image_pitch, positions, pieces, count, r * ROWS, rows,
+                         k0 == 0 ? bias : NULL, accumulate || k0 > 0, k0 == 0);
+            }
+        }
+    }
+    free(pa);
+    free(pb);
+    return 0;
+}
+
+/* -- the filter gradient: depth runs over the batch's positions ----------------------------- */
+
+/* rows [row0, row0 + 16) of an image's (rows, positions) array, positions [pos, pos + len)
+ * (len <= 16): out[t] = the 16 rows' values at position pos + t (zero past `rows`). */
+AVX512 static inline void sixteen_across(const float *restrict src, int64_t positions,
+                                         int row0, int rows, int64_t pos, int len,
+                                         __m512 out[16])
+{
+    __mmask16 m = (__mmask16)((1u << len) - 1);
+    for (int i = 0; i < 16; ++i) {
+        const float *at = src + (int64_t)(row0 + i) * positions + pos;
+        _mm_prefetch((const char *)(at + DEPTH_T), _MM_HINT_T0);    /* the next block's */
+        out[i] = row0 + i < rows ? _mm512_maskz_loadu_ps(m, at) : _mm512_setzero_ps();
+    }
+    transpose16(out);
+}
+
+/* dy's rows as panels of ROWS for the block's depths: panel r holds (kc, ROWS). */
+AVX512 static void pack_rows_across(float *restrict packed, const float *restrict src,
+                                    int64_t image_pitch, int64_t positions, int rows,
+                                    const struct piece *pieces, int count)
+{
+    for (int row0 = 0; row0 < rows; row0 += 16) {
+        int second = row0 + ROWS < rows;
+        float *low = packed + (size_t)(row0 / ROWS) * DEPTH_T * ROWS;
+        float *high = low + (size_t)DEPTH_T * ROWS;
+        for (int q = 0; q < count; ++q) {
+            const struct piece *p = &pieces[q];
+            const float *image = src + p->image * image_pitch;
+            for (int t0 = 0; t0 < p->len; t0 += 16) {
+                int len = p->len - t0 < 16 ? p->len - t0 : 16;
+                __m512 v[16];
+                sixteen_across(image, positions, row0, rows, p->pos + t0, len, v);
+                for (int t = 0; t < len; ++t) {
+                    size_t at = (size_t)(p->at + t0 + t) * ROWS;
+                    _mm256_store_ps(low + at, _mm512_castps512_ps256(v[t]));
+                    if (second)
+                        _mm256_store_ps(high + at, _mm256_castpd_ps(
+                            _mm512_extractf64x4_pd(_mm512_castps_pd(v[t]), 1)));
+                }
+            }
+        }
+    }
+}
+
+/* x's rows as strips of WIDTH columns for the block's depths: strip s holds (kc, WIDTH), zero
+ * past the last row. */
+AVX512 static void pack_columns_across(float *restrict packed, const float *restrict src,
+                                       int64_t image_pitch, int64_t positions, int rows,
+                                       const struct piece *pieces, int count, int kc)
+{
+    int strips = (rows + WIDTH - 1) / WIDTH;
+    for (int row0 = 0; row0 < strips * WIDTH; row0 += 16) {
+        float *dst = packed + (size_t)(row0 / WIDTH) * DEPTH_T * WIDTH + row0 % WIDTH;
+        if (row0 >= rows) {
+            for (int t = 0; t < kc; ++t)
+                _mm512_store_ps(dst + (size_t)t * WIDTH, _mm512_setzero_ps());
+            continue;
+        }
+        for (int q = 0; q < count; ++q) {
+            const struct piece *p = &pieces[q];
+            const float *image = src + p->image * image_pitch;
+            for (int t0 = 0; t0 < p->len; t0 += 16) {
+                int len = p->len - t0 < 16 ? p->len - t0 : 16;
+                __m512 v[16];
+                sixteen_across(image, positions, row0, rows, p->pos + t0, len, v);
+                for (int t = 0; t < len; ++t)
+                    _mm512_store_ps(dst + (size_t)(p->at + t0 + t) * WIDTH, v[t]);
+            }
+        }
+    }
+}
+
+AVX512 static int run_filter(const float *dy, int64_t dy_image_pitch, int m, const float *x,
+                             int64_t x_image_pitch, int c, int64_t positions, int64_t first,
+                             int64_t last, float *dw, int64_t dw_row_pitch)
+{
+    int panels = (m + 15) / 16 * 2, strips = (c + WIDTH - 1) / WIDTH;
+    float *pa = aligned_floats((size_t)panels * ROWS * DEPTH_T);
+    float *pb = aligned_floats((size_t)strips * WIDTH * DEPTH_T + ROWS * WIDTH);
+    if (pa == NULL || pb == NULL) {
+        free(pa);
+        free(pb);
+        return -1;
+    }
+    float *tile = pb + (size_t)strips * WIDTH * DEPTH_T;
+    struct piece pieces[DEPTH_T + 1];
+    for (int64_t d0 = first; d0 < last; d0 += DEPTH_T) {
+        int kc = last - d0 < DEPTH_T ? (int)(last - d0) : DEPTH_T;
+        int count = pieces_of(pieces, d0, kc, positions);
+        pack_rows_across(pa, dy, dy_image_pitch, positions, m, pieces, count);
+        pack_columns_across(pb, x, x_image_pitch, positions, c, pieces, count, kc);
+        for (int s = 0; s < strips; ++s) {
+            int width = c - s * WIDTH < WIDTH ? c - s * WIDTH : WIDTH;
+            for (int r = 0; r * ROWS < m; ++r) {
+                int rows = m - r * ROWS < ROWS ? m - r * ROWS : ROWS;
+                panel_times_strip(pa + (size_t)r * DEPTH_T * ROWS,
+                                  pb + (size_t)s * DEPTH_T * WIDTH, kc, tile);
+                for (int i = 0; i < rows; ++i)
+                    add_run(dw + (int64_t)(r * ROWS + i) * dw_row_pitch + s * WIDTH,
+                            tile + i * WIDTH, width, _mm512_setzero_ps(), 1);
+            }
+        }
+    }
+    free(pa);
+    free(pb);
+    return 0;
+}
+#endif
+
+/* Columns [first, last) of the batch (column n * positions + p is image n's position p).
+ * a[i, k] is a[i * a_row_step + k * a_col_step]; b[n][k, p] is b[n * b_image_pitch + k *
+ * positions + p], c[n][i, p] likewise with c_image_pitch. bias (m values) may be NULL. */
+int gemm_images(const float *a, int64_t a_row_step, int64_t a_col_step, int m, int k,
+                const float *b, int64_t b_image_pitch, float *c, int64_t c_image_pitch,
+                int64_t positions, int64_t first, int64_t last, const float *bias,
+                int accumulate)
+{
+#if HAVE_AVX512
+    if (cpu_has_avx512()) {
+        return run(a, a_row_step, a_col_step, m, k, b, b_image_pitch, c, c_image_pitch,
+                   positions, first, last, bias, accumulate);
+    }
+#endif
+    return -2;
+}
+
+/* dw[i, j] += sum over images n in [first / positions, ...) and positions p of the columns
+ * [first, last) of dy[n][i, p] * x[n][j, p]: the filter gradient of a 1x1 convolution (dw
+ * rows at dw_row_pitch; dy (m rows) and x (c rows) image by image at their pitches). */
+int gemm_images_filter(const float *dy, int64_t dy_image_pitch, int m, const float *x,
+                       int64_t x_image_pitch, int c, int64_t positions, int64_t first,
+                       int64_t last, float *dw, int64_t dw_row_pitch)
+{
+#if HAVE_AVX512
+    if (cpu_has_avx512())
+        return run_filter(dy, dy_image_pitch, m, x, x_image_pitch, c, positions, first, last,
+                          dw, dw_row_pitch);
+#endif
+    return -2;
+}
