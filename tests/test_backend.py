@@ -523,7 +523,21 @@ BIG_WINDOW_GEOMS = [
 ]
 
 
-# the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or the phased layout
+# stride 1, the output the input's size: shifted loads over the flat batch (pool_same.c,
+# AVX-512), whose 16 lanes hold parts of several rows (of 7, 5 and 3 cells) and planes; a
+# plane shorter than the window; a 1x1 window; windows of 5x3 and 15x17 (255 cells)
+SAME_GEOMS = [
+    ((7, 7), (3, 3), (1, 1), (1, 1), (7, 7)),
+    ((14, 5), (3, 3), (1, 1), (1, 1), (14, 5)),
+    ((2, 3), (3, 3), (1, 1), (1, 1), (2, 3)),
+    ((4, 4), (1, 1), (1, 1), (0, 0), (4, 4)),
+    ((9, 20), (5, 3), (1, 1), (2, 1), (9, 20)),
+    ((16, 18), (15, 17), (1, 1), (7, 8), (16, 18)),
+]
+
+
+# the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or shifted loads
+# (pool_same.c, AVX-512), or the phased layout
 NATIVE_POOL_PATHS = ["native", "native phased"]
 POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
 
@@ -550,7 +564,8 @@ def _take_pool_path(plan, path):
 
 
 @pytest.mark.parametrize("path", POOL_PATHS)
-@pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS + BIG_WINDOW_GEOMS, ids=str)
+@pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS + BIG_WINDOW_GEOMS +
+                         SAME_GEOMS, ids=str)
 def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
@@ -715,13 +730,15 @@ def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
 
 
 
+@pytest.mark.parametrize("pad", [1, 0], ids=["same size: shifted loads", "lanes"])
 @pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
-def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(path):
+def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(path, pad):
     """Rows wide enough that the lanes take interior outputs four at a time (and the rest one
-    by one): ties go to the first cell, a NaN makes its windows' outputs NaN and leaves their
-    winners where they were, as the numpy tap loop does."""
+    by one), or (padded to the input's size) shifted loads: ties go to the first cell, a NaN
+    makes its windows' outputs NaN and leaves their winners where they were, as the numpy tap
+    loop does."""
     from poseidon_caffe.backend.cpu.pool import PoolPlan
-    g = PoolGeometry((13, 14), (3, 3), (1, 1), (1, 1), (13, 14))
+    g = PoolGeometry((13, 14), (3, 3), (1, 1), (pad, pad), (11 + 2 * pad, 12 + 2 * pad))
     native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
     _take_pool_path(native_plan, path)
     _take_pool_path(numpy_plan, "taps")
@@ -731,7 +748,8 @@ def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(pa
     y = native_plan.max_forward(x, np.empty((2, 17) + g.out_shape, np.float32))
     want = numpy_plan.max_forward(x, np.empty_like(y))
     np.testing.assert_array_equal(y, want)
-    assert np.isnan(y[0, 3, 4:7, 5:8]).all() and np.isnan(y).sum() == 9 + 12
+    assert np.isnan(y[0, 3, 3 + pad:6 + pad, 4 + pad:7 + pad]).all()
+    assert np.isnan(y).sum() == 9 + 12
     np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
 
 

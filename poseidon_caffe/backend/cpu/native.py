@@ -17,7 +17,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 10                 # kernels_version() of the kernels these calls are written for
+VERSION = 11                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -34,7 +34,7 @@ def _load():
         return None
     lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW + [_I]
     lib.pool_max_forward.restype = _I
-    lib.pool_max_backward.argtypes = [_P, _P, _I, _P, _L] + _WINDOW
+    lib.pool_max_backward.argtypes = [_P, _P, _I, _P, _L] + _WINDOW + [_I]
     lib.pool_max_backward.restype = _I
     lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_forward.restype = _I
@@ -64,7 +64,7 @@ lib = _load()
 # Winograd's transforms by their plain loops even on AVX-512 (the tests run both)
 PORTABLE_WINOGRAD = False
 # pooling by the phased layout (pooling.c) even on AVX-512, not 16 planes a vector
-# (pool_lanes.c; the tests run both)
+# (pool_lanes.c) nor shifted loads (pool_same.c); the tests run both
 PORTABLE_POOLING = False
 # the direct convolution (kernels/direct.c) and the GEMMs across images (image_gemm.c) run
 # only where the CPU has AVX-512
@@ -116,7 +116,7 @@ def max_pool_backward(dy, arg, dx, geom):
     """dx = zero, then each dy added at its winner (arg from max_pool_forward)."""
     planes = dy.shape[0] * dy.shape[1]
     if lib.pool_max_backward(_address(dy), _address(arg), arg.itemsize, _address(dx), planes,
-                             *_pool_window(geom)):
+                             *_pool_window(geom), int(not PORTABLE_POOLING)):
         raise MemoryError("MAX pooling: no memory for a %dx%d window" % geom.kernel)
     return dx
 

@@ -21,6 +21,14 @@
 
 #include "vector_loop.h"
 
+/* pool_same.c: stride-1 MAX pooling whose output is the input's size, where the CPU has
+ * AVX-512 (-2 where it does not serve) */
+int pool_same_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                          int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                          int ph, int pw);
+int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
+                           int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
+                           int sh, int sw, int ph, int pw);
 /* pool_lanes.c: 16 planes a vector, where the CPU has AVX-512 (-2 where it does not serve) */
 int pool_lanes_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
                            int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
@@ -37,7 +45,7 @@ int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64
  * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 10;
+    return 11;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -344,8 +352,11 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
                      int kw, int sh, int sw, int ph, int pw, int lanes)
 {
     if (lanes) {
-        int status = pool_lanes_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
-                                            sh, sw, ph, pw);
+        int status = pool_same_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
+                                           sh, sw, ph, pw);
+        if (status == -2)
+            status = pool_lanes_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
+                                            kw, sh, sw, ph, pw);
         if (status != -2)
             return status;
     }
@@ -466,12 +477,16 @@ static inline void route_plane(const float *restrict dy, const void *restrict ar
 }
 
 /* dx = each dy added at its window's winner (arg from pool_max_forward, arg_bytes its element
- * size): the window's corner plus the offset of the winner's place in the input. -1: out of
- * memory. */
+ * size): the window's corner plus the offset of the winner's place in the input. With
+ * `lanes`, pool_same.c's gather where it serves (AVX-512, stride 1, output the input's size).
+ * -1: out of memory. */
 int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
                       float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
-                      int kh, int kw, int sh, int sw, int ph, int pw)
+                      int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
 {
+    if (lanes && pool_same_max_backward(dy, arg, arg_bytes, dx, planes, h, w, oh, ow, kh, kw,
+                                        sh, sw, ph, pw) == 0)
+        return 0;
     int32_t *cell = malloc(sizeof(int32_t) * (size_t)kh * kw);   /* place -> offset */
     if (cell == NULL)
         return -1;

@@ -1,0 +1,207 @@
+/* 2-D MAX pooling of stride 1 whose output is its input's size (GoogLeNet's 3x3 pad 1
+ * inception poolings), forward and backward, on AVX-512 (pooling.c calls these first).
+ *
+ * Every tap of such a window is the same shift of the flat index in every plane: output cell
+ * f reads input cell f + (a - ph) * w + (t - pw) for tap (a, t). So 16 consecutive cells of
+ * the batch's planes, wherever a row or a plane ends among them, are one vector, and a tap is
+ * one shifted load masked by which of the 16 windows hold it (a lane's row and column, kept
+ * as vectors). No layout copy and no transpose: each pass reads and writes memory once
+ * (pool_lanes.c's 16 planes a vector spent over half its time on the transposes in and out).
+ *
+ * Values are pooling.c's: the window's cells in row-major order, one taking over only when
+ * strictly greater, a NaN becoming the maximum without moving the winner, the winner's place
+ * (row tap * kw + column tap) kept in a byte. Backward gathers instead of scattering: cell f
+ * sums dy of each output whose winner it is, in the outputs' order (as pooling.c's scatter
+ * adds them), so the sums are the same bit for bit. Each returns 0, or -2 where it does not
+ * serve (no AVX-512; a window of more than 255 cells).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "avx512.h"
+
+#define LANES 16
+
+#if HAVE_AVX512
+static __mmask16 first_lanes(int64_t count)
+{
+    return count >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
+}
+
+/* Which of 16 consecutive cells' windows hold each tap, for every place the 16 can start in a
+ * plane (cell 16 k, k = 0, 1, ...: the starts repeat after plane / gcd(plane, 16) of them):
+ * masks[k * taps + a * kw + t], bit l for cell 16 k + l; then, from masks + starts * taps,
+ * each cell's first tap inside the input (LANES bytes a start). NULL when out of memory or
+ * larger than MAX_TABLE. */
+#define MAX_TABLE (1 << 18)
+static uint16_t *tap_masks(int h, int w, int kh, int kw, int ph, int pw, int *starts)
+{
+    int64_t plane = (int64_t)h * w, g = LANES;
+    for (int64_t r = plane % g; r;) {        /* gcd(plane, 16) */
+        int64_t next = g % r;
+        g = r;
+        r = next;
+    }
+    int64_t count = plane / g, taps = (int64_t)kh * kw;
+    size_t bytes = (size_t)(count * taps) * sizeof(uint16_t) + (size_t)(count * LANES);
+    if (bytes > MAX_TABLE)
+        return NULL;
+    uint16_t *masks = calloc(bytes, 1);
+    if (masks == NULL)
+        return NULL;
+    uint8_t *firsts = (uint8_t *)(masks + count * taps);
+    for (int64_t k = 0; k < count; ++k)
+        for (int l = 0; l < LANES; ++l) {
+            int64_t q = (k * LANES + l) % plane;
+            int i = (int)(q / w), j = (int)(q % w), first = -1;
+            for (int a = 0; a < kh; ++a)
+                for (int t = 0; t < kw; ++t)
+                    if (i + a - ph >= 0 && i + a - ph < h && j + t - pw >= 0 &&
+                        j + t - pw < w) {
+                        masks[k * taps + a * kw + t] |= (uint16_t)(1u << l);
+                        first = first < 0 ? a * kw + t : first;
+                    }
+            firsts[k * LANES + l] = (uint8_t)first;     /* the window's centre at least */
+        }
+    *starts = (int)count;
+    return masks;
+}
+
+/* Inlined with constant kh and kw (3x3), so the taps unroll and their masks stay in
+ * registers. */
+AVX512 static inline __attribute__((always_inline)) void
+same_max_forward(const float *x, float *y, uint8_t *arg, int64_t cells, const uint16_t *masks,
+                 const uint8_t *firsts, int starts, int w, int kh, int kw, int ph, int pw)
+{
+    int start = 0;
+    for (int64_t f = 0; f < cells; f += LANES) {
+        __mmask16 lanes = first_lanes(cells - f);
+        const uint16_t *m = masks + (size_t)start * kh * kw;
+        __m512 best = _mm512_set1_ps(-__builtin_inff());
+        /* each window's first cell is its winner until a greater one comes */
+        __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(
+            firsts + (size_t)start * LANES)));
+#pragma GCC unroll 16
+        for (int a = 0; a < kh; ++a)
+#pragma GCC unroll 16
+            for (int t = 0; t < kw; ++t) {
+                __mmask16 valid = m[a * kw + t] & lanes;
+                __m512 value = _mm512_maskz_loadu_ps(valid, x + f + (a - ph) * w + (t - pw));
+                __mmask16 greater = _mm512_mask_cmp_ps_mask(valid, value, best, _CMP_GT_OQ);
+                __mmask16 nan = _mm512_mask_cmp_ps_mask(valid, value, value, _CMP_UNORD_Q);
+                best = _mm512_mask_mov_ps(best, greater | nan, value);
+                at = _mm512_mask_mov_epi32(at, greater, _mm512_set1_epi32(a * kw + t));
+            }
+        _mm512_mask_storeu_ps(y + f, lanes, best);
+        _mm512_mask_cvtepi32_storeu_epi8(arg + f, lanes, at);
+        if (++start == starts)
+            start = 0;
+    }
+}
+
+/* dx[f] = sum of dy[o] over the outputs o whose window's winner is cell f: o = f - shift of
+ * tap (a, t), for the taps from the last to the first (the outputs in increasing order). Tap
+ * (a, t)'s output holds f where tap (kh - 1 - a, kw - 1 - t)'s window of f holds o (the
+ * windows are centred: 2 ph = kh - 1). */
+static float gathered_cell(const float *dy, const uint8_t *arg, int64_t f, __mmask16 lane,
+                           const uint16_t *m, int w, int kh, int kw, int ph, int pw)
+{
+    float sum = 0.0f;
+    for (int a = kh - 1; a >= 0; --a)
+        for (int t = kw - 1; t >= 0; --t) {
+            int64_t o = f + (int64_t)(ph - a) * w + (pw - t);
+            if ((m[(kh - 1 - a) * kw + kw - 1 - t] & lane) && arg[o] == a * kw + t)
+                sum += dy[o];
+        }
+    return sum;
+}
+
+AVX512 static inline __attribute__((always_inline)) void
+same_max_backward(const float *dy, const uint8_t *arg, float *dx, int64_t cells,
+                  const uint16_t *masks, int starts, int w, int kh, int kw, int ph, int pw)
+{
+    int64_t reach = (int64_t)(kh - 1 - ph) * w + (kw - 1 - pw);   /* the farthest output */
+    int64_t back = (int64_t)ph * w + pw;
+    int start = 0;
+    for (int64_t f = 0; f < cells; f += LANES) {
+        const uint16_t *m = masks + (size_t)start * kh * kw;
+        if (++start == starts)
+            start = 0;
+        if (f < reach || f + LANES + back > cells) {
+            /* near the batch's ends, where 16 winners' bytes would be read past it */
+            for (int l = 0; l < LANES && f + l < cells; ++l)
+                dx[f + l] = gathered_cell(dy, arg, f + l, (__mmask16)(1u << l), m, w, kh, kw,
+                                          ph, pw);
+            continue;
+        }
+        __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int a = kh - 1; a >= 0; --a)
+#pragma GCC unroll 16
+            for (int t = kw - 1; t >= 0; --t) {
+                int64_t o = f + (int64_t)(ph - a) * w + (pw - t);
+                __m512i won = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(arg + o)));
+                __mmask16 mine = _mm512_mask_cmpeq_epi32_mask(
+                    m[(kh - 1 - a) * kw + kw - 1 - t], won, _mm512_set1_epi32(a * kw + t));
+                sum = _mm512_mask_add_ps(sum, mine, sum, _mm512_maskz_loadu_ps(mine, dy + o));
+            }
+        _mm512_storeu_ps(dx + f, sum);
+    }
+}
+
+AVX512 static int same_max(const float *in, const void *arg_in, float *out, void *arg_out,
+                           int64_t planes, int h, int w, int kh, int kw, int ph, int pw)
+{
+    int starts;
+    uint16_t *masks = tap_masks(h, w, kh, kw, ph, pw, &starts);
+    if (masks == NULL)
+        return -2;
+    int64_t cells = planes * h * w;
+    const uint8_t *firsts = (const uint8_t *)(masks + (size_t)starts * kh * kw);
+    if (arg_out != NULL) {
+        if (kh == 3 && kw == 3)
+            same_max_forward(in, out, arg_out, cells, masks, firsts, starts, w, 3, 3, 1, 1);
+        else
+            same_max_forward(in, out, arg_out, cells, masks, firsts, starts, w, kh, kw, ph,
+                             pw);
+    } else {
+        if (kh == 3 && kw == 3)
+            same_max_backward(in, arg_in, out, cells, masks, starts, w, 3, 3, 1, 1);
+        else
+            same_max_backward(in, arg_in, out, cells, masks, starts, w, kh, kw, ph, pw);
+    }
+    free(masks);
+    return 0;
+}
+#endif
+
+static int serves(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                  int pw, int arg_bytes)
+{
+    return HAVE_AVX512 && cpu_has_avx512() && arg_bytes == 1 && sh == 1 && sw == 1 &&
+        oh == h && ow == w && kh * kw <= 255 && ph < kh && pw < kw;
+}
+
+int pool_same_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                          int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                          int ph, int pw)
+{
+    if (!serves(h, w, oh, ow, kh, kw, sh, sw, ph, pw, arg_bytes))
+        return -2;
+#if HAVE_AVX512
+    return same_max(x, NULL, y, arg, planes, h, w, kh, kw, ph, pw);
+#endif
+    return -2;
+}
+
+int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
+                           int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
+                           int sh, int sw, int ph, int pw)
+{
+    if (!serves(h, w, oh, ow, kh, kw, sh, sw, ph, pw, arg_bytes))
+        return -2;
+#if HAVE_AVX512
+    return same_max(dy, arg, dx, NULL, planes, h, w, kh, kw, ph, pw);
+#endif
+    return -2;
+}
