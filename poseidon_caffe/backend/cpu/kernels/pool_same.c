@@ -4,16 +4,17 @@
  * Every tap of such a window is the same shift of the flat index in every plane: output cell
  * f reads input cell f + (a - ph) * w + (t - pw) for tap (a, t). So 16 consecutive cells of
  * the batch's planes, wherever a row or a plane ends among them, are one vector, and a tap is
- * one shifted load masked by which of the 16 windows hold it (a lane's row and column, kept
- * as vectors). No layout copy and no transpose: each pass reads and writes memory once
- * (pool_lanes.c's 16 planes a vector spent over half its time on the transposes in and out).
+ * one shifted load masked by which of the 16 windows hold it (from a table of the places 16
+ * cells can start in a plane). No layout copy and no transpose: each pass reads and writes
+ * memory once (pool_lanes.c's 16 planes a vector spent over half its time on the transposes
+ * in and out).
  *
  * Values are pooling.c's: the window's cells in row-major order, one taking over only when
  * strictly greater, a NaN becoming the maximum without moving the winner, the winner's place
  * (row tap * kw + column tap) kept in a byte. Backward gathers instead of scattering: cell f
  * sums dy of each output whose winner it is, in the outputs' order (as pooling.c's scatter
  * adds them), so the sums are the same bit for bit. Each returns 0, or -2 where it does not
- * serve (no AVX-512; a window of more than 255 cells).
+ * serve (no AVX-512; a window of more than 255 cells; a table past MAX_TABLE; no memory).
  */
 #include <stdint.h>
 #include <stdlib.h>
