@@ -3,7 +3,7 @@
 Such a convolution is y[n] = W x[n] for each image, (M, C) x (C, H*W). Three ways, chosen by
 the map size and what the CPU has:
 
-- kernels (AVX-512 and the compiled kernels, maps under KERNELS_MAX positions): the batch's
+- kernels (AVX-512 and the compiled kernels, maps up to KERNELS_MAX positions): the batch's
   columns as one run, 48 at a time packed in cache across images (kernels/image_gemm.c), for
   the forward, the backward-data (W' dy) and the filter gradient (its depth the batch's
   positions); no copy of the batch and no GEMM of a few dozen columns.
@@ -24,9 +24,9 @@ from . import native, threads
 # positions per map from which per-image GEMMs are as fast as the transposed chunks (measured
 # on GoogLeNet's maps: ahead at 28x28, behind at 14x14 and 7x7)
 PER_IMAGE_MIN = 400
-# positions per map below which the compiled kernels run (at 56x56, OpenBLAS's per-image GEMMs
-# keep up: their columns are long runs already)
-KERNELS_MAX = 1024
+# positions per map up to which the compiled kernels run (56x56; on maps of thousands of
+# positions more, OpenBLAS's per-image filter gradient is ahead: its depth is one long run)
+KERNELS_MAX = 4096
 # bytes of the largest work array of one chunk (transposed input or output, or the per-image
 # filter gradients)
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -46,7 +46,7 @@ class PointwiseConvPlan:
         self.geom = geom
         self.dtype = dtype
         # the compiled kernels (when they can run), else the GEMMs in ``layout``
-        self.kernels = native.image_gemm and geom.out_count < KERNELS_MAX
+        self.kernels = native.image_gemm and geom.out_count <= KERNELS_MAX
         self.layout = "images" if geom.out_count >= PER_IMAGE_MIN else "columns"
         g = geom
         self.mg, self.cg = g.num_output // g.group, g.channels // g.group

@@ -10,9 +10,12 @@
  * 48 of them at a time are packed in cache (crossing images where a map ends), so the
  * transpose is the packing a GEMM makes anyway.
  *
- * Blocking: a is packed once a call, rows in panels of ROWS, zero past its last row; for each
- * strip of 48 columns and each block of depth DEPTH, the strip's b is packed (k, 48) and every
- * panel's 8 x 48 sums run in 24 registers, each a broadcast of a times three vectors of b.
+ * Blocking: a is packed once a call, rows in panels of ROWS, zero past its last row. For each
+ * block of STRIPS strips of 48 columns and each depth block of DEPTH, the block's b is packed
+ * (strip, k, 48), row by row of b, and each panel of a, staying near the core, meets every
+ * strip: 8 x 48 sums in 24 registers, each a broadcast of a times three vectors of b.
+ * The filter gradient (gemm_images_filter) packs both sides of a depth block, transposed in
+ * registers, its depth being the batch's positions.
  * Returns 0, -1 when out of memory, -2 where the CPU has no AVX-512.
  */
 #define _POSIX_C_SOURCE 200112L       /* posix_memalign */
@@ -27,7 +30,9 @@
 #define ROWS 8            /* rows of a panel of a: broadcast one at a time */
 #define VECS 3            /* vectors of a strip */
 #define WIDTH 48          /* columns of a strip: VECS * 16 */
-#define DEPTH 256         /* k of a block: the strip's packed b, 48 KB, stays near the core */
+#define DEPTH 256         /* k of a block */
+#define STRIPS 8          /* strips packed together (384 KB at most, in L2): b's rows read in
+                           * runs of 384 floats */
 #define DEPTH_T 128       /* depth of a block of the filter gradient (both sides packed) */
 
 #if HAVE_AVX512
@@ -107,27 +112,23 @@ static void pack_a(float *restrict packed, const float *restrict a, int64_t row_
         }
 }
 
-/* The strip's b for depths [k0, k0 + kc): (kc, WIDTH), zero past the strip's width. */
+/* A block's strips of b for depths [k0, k0 + kc): strip s at packed + s * DEPTH * WIDTH,
+ * (kc, WIDTH), zero past the strip's width; row by row, so that b's rows are read in runs. */
 AVX512 static void pack_b(float *restrict packed, const float *restrict b, int64_t image_pitch,
-                          int64_t positions, const struct piece *pieces, int count, int width,
-                          int k0, int kc)
+                          int64_t positions, struct piece pieces[][WIDTH + 1],
+                          const int *counts, const int *widths, int strips, int k0, int kc)
 {
-    for (int kk = 0; kk < kc; ++kk) {
-        float *dst = packed + (size_t)kk * WIDTH;
-        for (int q = 0; q < count; ++q) {
-            const struct piece *p = &pieces[q];
-            copy_run(dst + p->at, b + p->image * image_pitch + (k0 + kk) * positions + p->pos,
-                     p->len);
+    for (int kk = 0; kk < kc; ++kk)
+        for (int s = 0; s < strips; ++s) {
+            float *dst = packed + ((size_t)s * DEPTH + kk) * WIDTH;
+            for (int q = 0; q < counts[s]; ++q) {
+                const struct piece *p = &pieces[s][q];
+                copy_run(dst + p->at,
+                         b + p->image * image_pitch + (k0 + kk) * positions + p->pos, p->len);
+            }
+            for (int j = widths[s]; j < WIDTH; ++j)
+                dst[j] = 0.0f;
         }
-        for (int j = width; j < WIDTH; ++j)
-            dst[j] = 0.0f;
-        /* the next strip's row, to arrive while this strip's panels run */
-        const struct piece *p = &pieces[count - 1];
-        const char *next = (const char *)(b + p->image * image_pitch + (k0 + kk) * positions +
-                                          p->pos + p->len);
-        for (int line = 0; line < 4; ++line)
-            _mm_prefetch(next + 64 * line, _MM_HINT_T0);
-    }
 }
 
 /* tile (ROWS, WIDTH) = a panel (kc, ROWS) times a strip (kc, WIDTH). */
@@ -182,31 +183,42 @@ AVX512 static int run(const float *a, int64_t a_row_step, int64_t a_col_step, in
 {
     int panels = (m + ROWS - 1) / ROWS;
     float *pa = aligned_floats((size_t)panels * ROWS * k);
-    float *pb = aligned_floats((size_t)DEPTH * WIDTH + ROWS * WIDTH);
-    if (pa == NULL || pb == NULL) {
+    float *pb = aligned_floats((size_t)STRIPS * DEPTH * WIDTH + ROWS * WIDTH);
+    struct piece (*pieces)[WIDTH + 1] = malloc(sizeof(*pieces) * STRIPS);
+    if (pa == NULL || pb == NULL || pieces == NULL) {
         free(pa);
         free(pb);
+        free(pieces);
         return -1;
     }
-    float *tile = pb + (size_t)DEPTH * WIDTH;
+    float *tile = pb + (size_t)STRIPS * DEPTH * WIDTH;
     pack_a(pa, a, a_row_step, a_col_step, m, k);
-    struct piece pieces[WIDTH + 1];
-    for (int64_t col = first; col < last; col += WIDTH) {
-        int width = last - col < WIDTH ? (int)(last - col) : WIDTH;
-        int count = pieces_of(pieces, col, width, positions);
+    int counts[STRIPS], widths[STRIPS];
+    for (int64_t block = first; block < last; block += STRIPS * WIDTH) {
+        int strips = 0;
+        for (int64_t col = block; col < last && strips < STRIPS; col += WIDTH, ++strips) {
+            widths[strips] = last - col < WIDTH ? (int)(last - col) : WIDTH;
+            counts[strips] = pieces_of(pieces[strips], col, widths[strips], positions);
+        }
         for (int k0 = 0; k0 < k; k0 += DEPTH) {
             int kc = k - k0 < DEPTH ? k - k0 : DEPTH;
-            pack_b(pb, b, b_image_pitch, positions, pieces, count, width, k0, kc);
+            pack_b(pb, b, b_image_pitch, positions, pieces, counts, widths, strips, k0, kc);
+            /* a panel of a stays near the core while the block's strips pass */
             for (int r = 0; r < panels; ++r) {
                 int rows = m - r * ROWS < ROWS ? m - r * ROWS : ROWS;
-                panel_times_strip(pa + ((size_t)r * k + k0) * ROWS, pb, kc, tile);
-                put_tile(tile, c, c_image_pitch, positions, pieces, count, r * ROWS, rows,
-                         k0 == 0 ? bias : NULL, accumulate || k0 > 0, k0 == 0);
+                for (int s = 0; s < strips; ++s) {
+                    panel_times_strip(pa + ((size_t)r * k + k0) * ROWS,
+                                      pb + (size_t)s * DEPTH * WIDTH, kc, tile);
+                    put_tile(tile, c, c_image_pitch, positions, pieces[s], counts[s],
+                             r * ROWS, rows, k0 == 0 ? bias : NULL, accumulate || k0 > 0,
+                             k0 == 0);
+                }
             }
         }
     }
     free(pa);
     free(pb);
+    free(pieces);
     return 0;
 }
 
