@@ -1229,6 +1229,42 @@ def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
     assert len(parts) == 5 and all(len(bounds) == 2 for bounds in parts)
 
 
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+def test_relu_is_caffes_cpu_arithmetic_at_nan_zeros_infinities_and_subnormals(slope, way,
+                                                                              monkeypatch):
+    """relu_layer.cpp: y = max(x, 0) + slope min(x, 0) with std::max / std::min (a NaN x
+    passes through, -inf gives NaN as 0 * -inf does), dx = dy ((x > 0) + slope (x <= 0)); in
+    float32, bit for bit on the compiled pass (kernels/relu.c), in place too. The numpy path
+    matches its values."""
+    from poseidon_caffe.backend.cpu import native
+    if way == "numpy":
+        monkeypatch.setattr(native, "lib", None)
+    elif native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    special = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-40, 3.0, -2.0],
+                       np.float32)
+    x = np.concatenate([special, _rand((1000,), 43) - 0.5]).astype(np.float32)
+    dy = _rand(x.shape, 44) - 0.5
+    s = np.float32(slope)
+    with np.errstate(invalid="ignore"):
+        want = np.where(x < 0, np.float32(0), x) + s * np.where(0 < x, np.float32(0), x)
+        dx_want = dy * ((x > 0).astype(np.float32) + s * (x <= 0).astype(np.float32))
+    y = np.empty_like(x)
+    B.relu_forward(x, y, slope)
+    dx = np.empty_like(x)
+    B.relu_backward(x, dy, dx, slope)
+    if way == "compiled":
+        assert y.tobytes() == want.tobytes() and dx.tobytes() == dx_want.tobytes()
+        inplace = x.copy()
+        B.relu_forward(inplace, inplace, slope)
+        assert inplace.tobytes() == want.tobytes()
+    else:
+        np.testing.assert_array_equal(y, want)
+        finite = ~np.isnan(x)                  # numpy's where(x > 0, 1, slope) at a NaN x
+        np.testing.assert_array_equal(dx[finite], dx_want[finite])
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_axis_copy_of_large_parts_over_threads_is_a_concat_and_its_slices(axis, threads):

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from ..ops import Backend, Transfers
-from . import dropout
+from . import dropout, native
 from .common_ops import CommonOps
 from .loss_ops import LossOps
 from .prelu_ops import PReLUOps
@@ -559,14 +559,23 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         over_parts(lambda i, lo, hi: fn(*(a[lo:hi] for a in flat)), n, self.split_threads)
 
     def relu_forward(self, x, y, slope):
+        # the compiled pass where it can run: numpy's maximum goes a value at a time
+        if native.lib is not None and native.takes(x, y):
+            self._over_flat_parts(lambda x, y: native.relu_forward(x, y, slope), x, y)
+            return
+
         def run(x, y):
-            if slope:
-                y[...] = np.maximum(x, 0) + slope * np.minimum(x, 0)
-            else:
-                np.maximum(x, 0, out=y)
+            # Caffe's arithmetic with any slope: 0 * min(-inf, 0) makes -inf's output NaN
+            with np.errstate(invalid="ignore"):
+                y[...] = np.maximum(x, 0) + np.float32(slope) * np.minimum(x, 0)
         self._over_flat_parts(run, x, y)
 
     def relu_backward(self, x, dy, dx, slope):
+        if native.lib is not None and native.takes(x, dy, dx):
+            self._over_flat_parts(lambda x, dy, dx: native.relu_backward(x, dy, dx, slope),
+                                  x, dy, dx)
+            return
+
         def run(x, dy, dx):
             positive = x > 0
             if slope:

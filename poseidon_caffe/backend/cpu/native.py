@@ -1,5 +1,5 @@
 """The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
-tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images), built at install as the module ``_kernels``
+tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images, ReLU), built at install as the module ``_kernels``
 and called through ctypes (which releases the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
@@ -17,7 +17,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 11                 # kernels_version() of the kernels these calls are written for
+VERSION = 12                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -55,6 +55,10 @@ def _load():
     lib.gemm_images.restype = _I
     lib.gemm_images_filter.argtypes = [_P, _L, _I, _P, _L, _I, _L, _L, _L, _P, _L]
     lib.gemm_images_filter.restype = _I
+    lib.relu_forward.argtypes = [_P, _P, _L, ctypes.c_float]
+    lib.relu_forward.restype = _I
+    lib.relu_backward.argtypes = [_P, _P, _P, _L, ctypes.c_float]
+    lib.relu_backward.restype = _I
     lib.dropout_apply.argtypes = [_P, _P, _I, _I, _U, _U, _U, ctypes.c_float]
     lib.dropout_apply.restype = _I
     return lib
@@ -240,3 +244,15 @@ def gemm_images_filter(dy, dy_offset, x, x_offset, dw, positions):
         x[0].size, dw.shape[1], positions, 0, n * positions, _address(dw),
         dw.strides[0] // dw.itemsize), "a filter gradient across images")
     return dw
+
+
+def relu_forward(x, y, slope):
+    """y = Caffe's CPU ReLU of x (kernels/relu.c); y may be x."""
+    lib.relu_forward(_address(x), _address(y), x.size, slope)
+    return y
+
+
+def relu_backward(x, dy, dx, slope):
+    """dx = dy times ReLU's slope at x (kernels/relu.c); dx may be dy."""
+    lib.relu_backward(_address(x), _address(dy), _address(dx), x.size, slope)
+    return dx
