@@ -274,13 +274,20 @@ class ConvPlan:
         yv = y.reshape(n, g.num_output, g.out_count)
         if self.by_image:
             if bias is None:
-                np.matmul(w.reshape(g.num_output, g.col_rows), col[:, :g.col_rows], out=yv)
+                weights = w.reshape(g.num_output, g.col_rows)
             else:
                 if self._with_bias is None:
                     self._with_bias = np.empty((g.num_output, g.col_rows + 1), self.dtype)
                 self._with_bias[:, :g.col_rows] = w.reshape(g.num_output, g.col_rows)
                 self._with_bias[:, g.col_rows] = bias
-                np.matmul(self._with_bias, col, out=yv)
+                weights = self._with_bias
+            if native.image_gemm and native.lib is not None and native.takes(weights, col, yv):
+                # one product over every image's columns (kernels/image_gemm.c; without the
+                # bias, the columns' first rows): OpenBLAS's per-image products of a first
+                # layer's few dozen output channels run slower
+                native.gemm_images(weights, col, 0, yv, 0, None, g.out_count)
+            else:
+                np.matmul(weights, col[:, :weights.shape[1]], out=yv)
             return y
         cols = col.reshape(g.group, g.col_rows // g.group, n * g.out_count)
         wg = self._grouped(w)
