@@ -218,6 +218,55 @@ static void window_scale(const float *restrict xi, float *restrict sc, int c, in
     scale_shift(sc, coef, k, positions);
 }
 
+#if HAVE_AVX512
+/* One channel's forward, window of five and beta 0.75 or 0.5 by the roots, in one pass over
+ * its positions (the three loops five_squares, negative_power and multiply, each a pass over
+ * the plane, would read and write it three times): the same operations in the same order
+ * (no fused multiply-add, as the plain loops are built), so the same values to the bit. */
+AVX512 static void five_forward_roots(const float *w[5], const float *restrict xc, float coef,
+                                      float k, float *restrict sc, float *restrict top,
+                                      int64_t n, int three_quarters)
+{
+    const __m512 low = _mm512_set1_ps(0x1p-100f), high = _mm512_set1_ps(0x1p100f);
+    const __m512 cv = _mm512_set1_ps(coef), kv = _mm512_set1_ps(k);
+    const float beta = three_quarters ? 0.75f : 0.5f;
+    int64_t p = 0;
+    for (; p + 16 <= n; p += 16) {
+        __m512 v = _mm512_loadu_ps(w[0] + p), sum = _mm512_mul_ps(v, v);
+        for (int q = 1; q < 5; ++q) {
+            v = _mm512_loadu_ps(w[q] + p);
+            sum = _mm512_add_ps(sum, _mm512_mul_ps(v, v));
+        }
+        const __m512 scale = _mm512_add_ps(_mm512_mul_ps(sum, cv), kv);
+        if (sc != NULL)
+            _mm512_storeu_ps(sc + p, scale);
+        const __mmask16 inside = _mm512_cmp_ps_mask(scale, low, _CMP_GT_OQ) &
+                                 _mm512_cmp_ps_mask(scale, high, _CMP_LT_OQ);
+        __m512 power;
+        if (inside != 0xFFFF) {
+            float cells[16], powers[16];
+            _mm512_storeu_ps(cells, scale);
+            negative_power_exact(cells, powers, 16, beta);
+            power = _mm512_loadu_ps(powers);
+        } else {
+            const __m512 r = reciprocal_root(scale);
+            power = three_quarters ? _mm512_mul_ps(_mm512_mul_ps(r, r), reciprocal_root(r)) : r;
+        }
+        _mm512_storeu_ps(top + p, _mm512_mul_ps(_mm512_loadu_ps(xc + p), power));
+    }
+    for (; p < n; ++p) {         /* the last few as negative_power_roots: the exact forms */
+        float sum = w[0][p] * w[0][p];
+        for (int q = 1; q < 5; ++q)
+            sum = sum + w[q][p] * w[q][p];
+        float scale = sum * coef + k, power;
+        if (sc != NULL)
+            sc[p] = scale;
+        negative_power_exact(&scale, &power, 1, beta);
+        top[p] = xc[p] * power;
+    }
+}
+#endif
+
 /* top of images [0, n), and their scale when ``scale`` is not NULL (else the backward
  * remakes it from x). Returns -1 when out of memory. */
 int lrn_across_forward(const float *restrict x, float *restrict top, float *restrict scale,
@@ -238,6 +287,17 @@ int lrn_across_forward(const float *restrict x, float *restrict top, float *rest
         const float *xi = x + i * channels * positions;
         for (int c = 0; c < channels; ++c) {
             float *sc = scale ? scale + (i * channels + c) * positions : own;
+#if HAVE_AVX512
+            if (size == 5 && lrn_fast_roots && (beta == 0.75f || beta == 0.5f) &&
+                cpu_has_avx512()) {
+                const float *w[5];
+                window_of_five(xi, zeros, c, channels, positions, w);
+                five_forward_roots(w, xi + (int64_t)c * positions, coef, k,
+                                   scale ? sc : NULL, top + (i * channels + c) * positions,
+                                   positions, beta == 0.75f);
+                continue;
+            }
+#endif
             window_scale(xi, sc, c, channels, positions, size, coef, k, zeros);
             negative_power(sc, power, positions, beta);
             multiply(xi + (int64_t)c * positions, power, top + (i * channels + c) * positions,
