@@ -267,6 +267,50 @@ AVX512 static void five_forward_roots(const float *w[5], const float *restrict x
 }
 #endif
 
+#if HAVE_AVX512
+/* The backward's last steps for one channel, window of five and beta 0.75 or 0.5 by the
+ * roots, in one pass: the window's ratios summed (five_sum), scale^-beta (negative_power) and
+ * dx (backward_cells), the same operations in the same order, so the same values to the
+ * bit. */
+AVX512 static void five_backward_roots(const float *w[5], const float *restrict sc,
+                                       const float *restrict dy, const float *restrict x,
+                                       float coef, float *restrict dx, int64_t n,
+                                       int three_quarters)
+{
+    const __m512 low = _mm512_set1_ps(0x1p-100f), high = _mm512_set1_ps(0x1p100f);
+    const __m512 cv = _mm512_set1_ps(coef);
+    const float beta = three_quarters ? 0.75f : 0.5f;
+    int64_t p = 0;
+    for (; p + 16 <= n; p += 16) {
+        __m512 acc = _mm512_loadu_ps(w[0] + p);
+        for (int q = 1; q < 5; ++q)
+            acc = _mm512_add_ps(acc, _mm512_loadu_ps(w[q] + p));
+        const __m512 scale = _mm512_loadu_ps(sc + p);
+        const __mmask16 inside = _mm512_cmp_ps_mask(scale, low, _CMP_GT_OQ) &
+                                 _mm512_cmp_ps_mask(scale, high, _CMP_LT_OQ);
+        __m512 power;
+        if (inside != 0xFFFF) {
+            float powers[16];
+            negative_power_exact(sc + p, powers, 16, beta);
+            power = _mm512_loadu_ps(powers);
+        } else {
+            const __m512 r = reciprocal_root(scale);
+            power = three_quarters ? _mm512_mul_ps(_mm512_mul_ps(r, r), reciprocal_root(r)) : r;
+        }
+        const __m512 kept = _mm512_mul_ps(_mm512_loadu_ps(dy + p), power);
+        const __m512 spread = _mm512_mul_ps(_mm512_mul_ps(cv, _mm512_loadu_ps(x + p)), acc);
+        _mm512_storeu_ps(dx + p, _mm512_sub_ps(kept, spread));
+    }
+    for (; p < n; ++p) {         /* the last few as negative_power_roots: the exact forms */
+        float acc = w[0][p], power;
+        for (int q = 1; q < 5; ++q)
+            acc = acc + w[q][p];
+        negative_power_exact(sc + p, &power, 1, beta);
+        dx[p] = dy[p] * power - coef * x[p] * acc;
+    }
+}
+#endif
+
 /* top of images [0, n), and their scale when ``scale`` is not NULL (else the backward
  * remakes it from x). Returns -1 when out of memory. */
 int lrn_across_forward(const float *restrict x, float *restrict top, float *restrict scale,
@@ -352,6 +396,8 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
                 product_over(dy + base + at, top + base + at, sc,
                              ratio + (int64_t)(next % size) * positions, positions);
             }
+            const int64_t at = (int64_t)c * positions;
+            const float *sc = scale ? scale + base + at : scales + (int64_t)(c % size) * positions;
             if (size == 5) {
                 const float *w[5];
                 for (int q = 0; q < 5; ++q) {    /* the window's ratios in channel order */
@@ -360,15 +406,20 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
                         ratio + (int64_t)(d % size) * positions;
                 }
                 zeros_first(w, zeros);
+#if HAVE_AVX512
+                if (lrn_fast_roots && (beta == 0.75f || beta == 0.5f) && cpu_has_avx512()) {
+                    five_backward_roots(w, sc, dy + base + at, x + base + at, coef,
+                                        dx + base + at, positions, beta == 0.75f);
+                    continue;
+                }
+#endif
                 five_sum(w[0], w[1], w[2], w[3], w[4], acc, positions);
             } else {
                 zero(acc, positions);
                 for (int d = lo; d <= hi; ++d)
                     add(acc, ratio + (int64_t)(d % size) * positions, positions);
             }
-            const int64_t at = (int64_t)c * positions;
-            negative_power(scale ? scale + base + at : scales + (int64_t)(c % size) * positions,
-                           power, positions, beta);
+            negative_power(sc, power, positions, beta);
             backward_cells(dy + base + at, power, x + base + at, acc, coef, dx + base + at,
                            positions);
         }
