@@ -356,7 +356,12 @@ class ConvPlan:
             col = self.prepare(x, reuse=True)
             # per image dy (M, out) against its columns; the ones row gives the bias gradient
             rows = k + 1 if dbias is not None else k
-            total = np.matmul(dyv, col[:, :rows].transpose(0, 2, 1)).sum(axis=0)
+            if native.image_gemm and native.lib is not None and native.takes(dyv, col):
+                # one product whose depth is every image's positions (kernels/image_gemm.c)
+                total = np.zeros((g.num_output, rows), self.dtype)
+                native.gemm_images_filter(dyv, 0, col, 0, total, g.out_count)
+            else:
+                total = np.matmul(dyv, col[:, :rows].transpose(0, 2, 1)).sum(axis=0)
             dw.reshape(g.num_output, k)[...] += total[:, :k]
             if dbias is not None:
                 dbias += total[:, k]
