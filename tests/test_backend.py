@@ -1211,6 +1211,7 @@ def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
     be = type(B)()
     be.split_threads = 2
     monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 1000)
+    monkeypatch.setattr(cpu, "COMPILED_RELU_SPLIT", 1000)
     parts = []
     real = cpu.over_parts
     monkeypatch.setattr(cpu, "over_parts", lambda fn, n, threads: parts.append(

@@ -91,8 +91,12 @@ SHARED_COLUMN_BYTES = 8 * 1024 * 1024
 FEW_ROWS = 128
 # a GEMM from which cutting it over the threads pays for handing the parts out
 SPLIT_GEMM_FLOPS = 4e6
-# elementwise passes (ReLU) of at least this many values run a part per thread
+# elementwise passes (numpy's ReLU; Concat's copies) of at least this many values run a part
+# per thread
 ELEMENTWISE_SPLIT = 1 << 18
+# the same for the compiled ReLU, a pass at the memory's rate: below a million values its
+# parts' hand-off costs more than the second core saves
+COMPILED_RELU_SPLIT = 1 << 20
 # the product a GEMM adds into its output is made this many bytes of rows at a time
 ACCUMULATE_BLOCK_BYTES = 2 * 1024 * 1024
 # Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
@@ -546,12 +550,14 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
             dbias += dy.sum(axis=(0, 2), dtype=np.float64).astype(np.float32)
         return dbias
 
-    def _over_flat_parts(self, fn, *arrays):
+    def _over_flat_parts(self, fn, *arrays, split=None):
         """fn(*parts) on flat parts of same-size contiguous arrays, one per thread where the
-        arrays are large enough for the parts to pay (a pass over memory uses one core's
-        share of the bandwidth), else fn(*arrays) once."""
+        arrays are large enough for the parts to pay (``split`` values, ELEMENTWISE_SPLIT
+        unless given: a pass over memory uses one core's share of the bandwidth), else
+        fn(*arrays) once."""
         n = arrays[0].size
-        if self.split_threads <= 1 or n < ELEMENTWISE_SPLIT or \
+        split = ELEMENTWISE_SPLIT if split is None else split
+        if self.split_threads <= 1 or n < split or \
                 not all(a.flags.c_contiguous for a in arrays):
             fn(*arrays)
             return
@@ -561,7 +567,8 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
     def relu_forward(self, x, y, slope):
         # the compiled pass where it can run: numpy's maximum goes a value at a time
         if native.lib is not None and native.takes(x, y):
-            self._over_flat_parts(lambda x, y: native.relu_forward(x, y, slope), x, y)
+            self._over_flat_parts(lambda x, y: native.relu_forward(x, y, slope), x, y,
+                                  split=COMPILED_RELU_SPLIT)
             return
 
         def run(x, y):
@@ -573,7 +580,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
     def relu_backward(self, x, dy, dx, slope):
         if native.lib is not None and native.takes(x, dy, dx):
             self._over_flat_parts(lambda x, dy, dx: native.relu_backward(x, dy, dx, slope),
-                                  x, dy, dx)
+                                  x, dy, dx, split=COMPILED_RELU_SPLIT)
             return
 
         def run(x, dy, dx):
