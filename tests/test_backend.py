@@ -161,13 +161,19 @@ def test_compiled_col2im_adds_the_taps_in_numpys_order(geom, monkeypatch):
     np.testing.assert_array_equal(compiled, col2im(col, geom, 3))
 
 
-@pytest.mark.parametrize("way", ["compiled", "numpy"])
+@pytest.mark.parametrize("way", ["compiled", "numpy", "compiled, products across images"])
 @pytest.mark.parametrize("geom", GEOMS, ids=str)
 def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom, way, monkeypatch):
     """Independent of the plan's layout: per-image, per-group products of the Im2col matrix;
     the columns of both layouts made and scattered back by the compiled kernels and by
-    numpy."""
-    _columns_by(way, monkeypatch)
+    numpy; and the image-by-image layout's products by kernels/image_gemm.c whatever their
+    rows (a first layer's only, otherwise), with and without a bias."""
+    from poseidon_caffe.backend.cpu import conv, native
+    _columns_by(way.split(",")[0], monkeypatch)
+    if way.endswith("across images"):
+        if not native.image_gemm:
+            pytest.skip("the GEMMs across images need AVX-512")
+        monkeypatch.setattr(conv, "KERNELS_MIN_ROWS", 1)
     n = 3
     x = _rand((n, geom.channels) + geom.in_shape, 4)
     w = _rand(geom.weight_shape, 5)
@@ -179,6 +185,10 @@ def test_conv_plan_forward_and_backward_match_im2col_matrix_products(geom, way, 
         (n, geom.num_output) + geom.out_shape) + bias.reshape((1, -1) + (1,) * geom.nd)
     for plan in _plans(geom):
         _check_plan(plan, geom, x, w, bias, dy, col, wg, want)
+        y = np.empty(want.shape, np.float32)
+        plan.forward(x, w, None, y)
+        np.testing.assert_allclose(y, want - bias.reshape((1, -1) + (1,) * geom.nd),
+                                   rtol=1e-4, atol=1e-5)
 
 
 def _check_plan(plan, geom, x, w, bias, dy, col, wg, want):

@@ -81,6 +81,10 @@ def im2col(x, geom, out=None, pad_buffer=None):
     return out
 
 
+# column rows (C*taps) from which an image-by-image plan's products go by the GEMMs across
+# images (kernels/image_gemm.c): ahead on GoogLeNet's and AlexNet's first layers (147 and 363
+# rows), behind OpenBLAS on LeNet's (25 rows: 1.9 against 1.5 ms forward)
+KERNELS_MIN_ROWS = 128
 # outputs per image from which the image-by-image layout is used (its per-image GEMMs are
 # then wide enough; below it, the one wide GEMM of the channel-major layout is faster)
 BY_IMAGE_MIN_OUTPUTS = 256
@@ -281,7 +285,7 @@ class ConvPlan:
                 self._with_bias[:, :g.col_rows] = w.reshape(g.num_output, g.col_rows)
                 self._with_bias[:, g.col_rows] = bias
                 weights = self._with_bias
-            if native.image_gemm and native.lib is not None and native.takes(weights, col, yv):
+            if self._by_kernels(weights, col, yv):
                 # one product over every image's columns (kernels/image_gemm.c; without the
                 # bias, the columns' first rows): OpenBLAS's per-image products of a first
                 # layer's few dozen output channels run slower
@@ -356,7 +360,7 @@ class ConvPlan:
             col = self.prepare(x, reuse=True)
             # per image dy (M, out) against its columns; the ones row gives the bias gradient
             rows = k + 1 if dbias is not None else k
-            if native.image_gemm and native.lib is not None and native.takes(dyv, col):
+            if self._by_kernels(dyv, col):
                 # one product whose depth is every image's positions (kernels/image_gemm.c)
                 total = np.zeros((g.num_output, rows), self.dtype)
                 native.gemm_images_filter(dyv, 0, col, 0, total, g.out_count)
@@ -377,6 +381,12 @@ class ConvPlan:
         if self._dpad is None and not native.makes_columns(g, dcol, dx):
             self._dpad = np.empty((n, g.channels) + g.padded_shape, self.dtype)
         col2im_by_image(dcol, g, dx, self._dpad)
+
+    def _by_kernels(self, *arrays):
+        """Whether a by-image product goes by kernels/image_gemm.c: built, AVX-512, columns
+        of KERNELS_MIN_ROWS rows or more, the arrays C-contiguous float32."""
+        return native.image_gemm and native.lib is not None and \
+            self.geom.col_rows >= KERNELS_MIN_ROWS and native.takes(*arrays)
 
     # -- backward-data as a forward convolution ---------------------------------------------
     def _flipped_geometry(self):
