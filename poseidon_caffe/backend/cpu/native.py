@@ -1,6 +1,7 @@
 """The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
-tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images, ReLU), built at install as the module ``_kernels``
-and called through ctypes (which releases the GIL, so batch parts run side by side).
+tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images, ReLU), built
+at install as the module ``_kernels`` and called through ctypes (which releases the GIL, so
+batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
 windows, the copies in and out of Winograd's tiles, col2im's sums of every tap, a hash per

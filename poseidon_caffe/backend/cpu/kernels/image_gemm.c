@@ -96,8 +96,8 @@ AVX512 static inline void add_run(float *restrict dst, const float *restrict src
     }
 }
 
-/* a's rows [0, m) by its depth [0, k) as panels of ROWS rows: panel r, block d holds, for each
- * k of the block, the panel's ROWS values (zero past row m). */
+/* a's rows [0, m) by its depth [0, k) as panels of ROWS rows: panel r holds, for each k, the
+ * panel's ROWS values (zero past row m). */
 static void pack_a(float *restrict packed, const float *restrict a, int64_t row_step,
                    int64_t col_step, int m, int k)
 {
@@ -170,7 +170,7 @@ AVX512 static void put_tile(const float *restrict tile, float *restrict c, int64
             add_run(row, tile + i * WIDTH + p->at, p->len, shift, accumulate);
             row += p->len;
         }
-        if (ahead)      /* the next strip's row, to be written while this strip's run */
+        if (ahead)      /* the row's next strip, written next: its lines on the way meanwhile */
             for (int line = 0; line < 4; ++line)
                 __builtin_prefetch((const char *)row + 64 * line, 1, 3);
     }

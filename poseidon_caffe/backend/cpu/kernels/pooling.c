@@ -340,7 +340,8 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  * for an empty window; arg_bytes: 1 or 4, arg's element size. A NaN in a window makes its
  * output NaN, as numpy's maximum does.
  *
- * With `lanes`, pool_lanes.c's pass runs where it serves (AVX-512), 16 planes a vector.
+ * With `lanes`, pool_same.c's shifted loads (stride 1, the output the input's size) or
+ * pool_lanes.c's pass run where they serve (AVX-512), 16 cells or 16 planes a vector.
  * Otherwise: which cell wins is data, which a branch predictor cannot learn, so the
  * comparisons are masks over whole planes: in the phased layout (above, padding -inf) the
  * taps are visited in the window's row-major order, each one contiguous loop over every output
