@@ -276,15 +276,15 @@ AVX512 static inline void sixteen_across(const float *restrict src, int64_t posi
     transpose16(out);
 }
 
-/* dy's rows as panels of ROWS for the block's depths: panel r holds (kc, ROWS). */
-AVX512 static void pack_rows_across(float *restrict packed, const float *restrict src,
-                                    int64_t image_pitch, int64_t positions, int rows,
-                                    const struct piece *pieces, int count)
+/* The block's depths of src's rows [0, rows) in blocks of `width` rows (8: a's panels, 48: b's
+ * strips), DEPTH_T * width floats apart: block r holds (kc, width), rows past `rows` zero. */
+AVX512 static void pack_across(float *restrict packed, const float *restrict src,
+                               int64_t image_pitch, int64_t positions, int rows, int width,
+                               const struct piece *pieces, int count)
 {
-    for (int row0 = 0; row0 < rows; row0 += 16) {
-        int second = row0 + ROWS < rows;
-        float *low = packed + (size_t)(row0 / ROWS) * DEPTH_T * ROWS;
-        float *high = low + (size_t)DEPTH_T * ROWS;
+    const int padded = (rows + width - 1) / width * width;
+    const int part = width < 16 ? width : 16;       /* lanes of a vector in one block */
+    for (int row0 = 0; row0 < padded; row0 += 16)
         for (int q = 0; q < count; ++q) {
             const struct piece *p = &pieces[q];
             const float *image = src + p->image * image_pitch;
@@ -292,51 +292,24 @@ AVX512 static void pack_rows_across(float *restrict packed, const float *restric
                 int len = p->len - t0 < 16 ? p->len - t0 : 16;
                 __m512 v[16];
                 sixteen_across(image, positions, row0, rows, p->pos + t0, len, v);
-                for (int t = 0; t < len; ++t) {
-                    size_t at = (size_t)(p->at + t0 + t) * ROWS;
-                    _mm256_store_ps(low + at, _mm512_castps512_ps256(v[t]));
-                    if (second)
-                        _mm256_store_ps(high + at, _mm256_castpd_ps(
-                            _mm512_extractf64x4_pd(_mm512_castps_pd(v[t]), 1)));
+                for (int h = 0; h < 16 && row0 + h < padded; h += part) {
+                    /* lanes [h, h + part) land at the block's row (row0 + h) % width */
+                    float *at = packed + (size_t)((row0 + h) / width) * DEPTH_T * width +
+                                (row0 + h) % width - h;
+                    __mmask16 lanes = (__mmask16)(((1u << part) - 1) << h);
+                    for (int t = 0; t < len; ++t)
+                        _mm512_mask_storeu_ps(at + (size_t)(p->at + t0 + t) * width, lanes,
+                                              v[t]);
                 }
             }
         }
-    }
-}
-
-/* x's rows as strips of WIDTH columns for the block's depths: strip s holds (kc, WIDTH), zero
- * past the last row. */
-AVX512 static void pack_columns_across(float *restrict packed, const float *restrict src,
-                                       int64_t image_pitch, int64_t positions, int rows,
-                                       const struct piece *pieces, int count, int kc)
-{
-    int strips = (rows + WIDTH - 1) / WIDTH;
-    for (int row0 = 0; row0 < strips * WIDTH; row0 += 16) {
-        float *dst = packed + (size_t)(row0 / WIDTH) * DEPTH_T * WIDTH + row0 % WIDTH;
-        if (row0 >= rows) {
-            for (int t = 0; t < kc; ++t)
-                _mm512_store_ps(dst + (size_t)t * WIDTH, _mm512_setzero_ps());
-            continue;
-        }
-        for (int q = 0; q < count; ++q) {
-            const struct piece *p = &pieces[q];
-            const float *image = src + p->image * image_pitch;
-            for (int t0 = 0; t0 < p->len; t0 += 16) {
-                int len = p->len - t0 < 16 ? p->len - t0 : 16;
-                __m512 v[16];
-                sixteen_across(image, positions, row0, rows, p->pos + t0, len, v);
-                for (int t = 0; t < len; ++t)
-                    _mm512_store_ps(dst + (size_t)(p->at + t0 + t) * WIDTH, v[t]);
-            }
-        }
-    }
 }
 
 AVX512 static int run_filter(const float *dy, int64_t dy_image_pitch, int m, const float *x,
                              int64_t x_image_pitch, int c, int64_t positions, int64_t first,
                              int64_t last, float *dw, int64_t dw_row_pitch)
 {
-    int panels = (m + 15) / 16 * 2, strips = (c + WIDTH - 1) / WIDTH;
+    int panels = (m + ROWS - 1) / ROWS, strips = (c + WIDTH - 1) / WIDTH;
     float *pa = packing_buffer(0, (size_t)panels * ROWS * DEPTH_T);
     float *pb = packing_buffer(1, (size_t)strips * WIDTH * DEPTH_T + ROWS * WIDTH);
     if (pa == NULL || pb == NULL)
@@ -346,8 +319,8 @@ AVX512 static int run_filter(const float *dy, int64_t dy_image_pitch, int m, con
     for (int64_t d0 = first; d0 < last; d0 += DEPTH_T) {
         int kc = last - d0 < DEPTH_T ? (int)(last - d0) : DEPTH_T;
         int count = pieces_of(pieces, d0, kc, positions);
-        pack_rows_across(pa, dy, dy_image_pitch, positions, m, pieces, count);
-        pack_columns_across(pb, x, x_image_pitch, positions, c, pieces, count, kc);
+        pack_across(pa, dy, dy_image_pitch, positions, m, ROWS, pieces, count);
+        pack_across(pb, x, x_image_pitch, positions, c, WIDTH, pieces, count);
         for (int s = 0; s < strips; ++s) {
             int width = c - s * WIDTH < WIDTH ? c - s * WIDTH : WIDTH;
             for (int r = 0; r * ROWS < m; ++r) {

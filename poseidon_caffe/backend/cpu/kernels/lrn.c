@@ -49,27 +49,31 @@ AVX512 static inline __m512 reciprocal_root(__m512 v)
     return _mm512_mul_ps(r, _mm512_fnmadd_ps(half_v_r, r, _mm512_set1_ps(1.5f)));
 }
 
-/* scale^-0.75 = r^1.5 with r = scale^-0.5, or scale^-0.5 = r; cells outside (2^-100,
- * 2^100) (never with k >= 1e-30: the scale is at least k) and the last few go the exact way.
- * Within 3 ulp of the exact forms (themselves rounded three times): the tests' 1e-5 is
+/* scale^-0.75 = r^1.5 with r = scale^-0.5, or scale^-0.5 = r, of 16 cells; when one is
+ * outside (2^-100, 2^100) (never with k >= 1e-30: the scale is at least k) the 16 go the exact
+ * way. Within 3 ulp of the exact forms (themselves rounded three times): the tests' 1e-5 is
  * thirty times wider. */
+AVX512 static inline __m512 negative_power16(__m512 scale, int three_quarters)
+{
+    const __mmask16 inside = _mm512_cmp_ps_mask(scale, _mm512_set1_ps(0x1p-100f), _CMP_GT_OQ) &
+                             _mm512_cmp_ps_mask(scale, _mm512_set1_ps(0x1p100f), _CMP_LT_OQ);
+    if (inside != 0xFFFF) {
+        float cells[16], powers[16];
+        _mm512_storeu_ps(cells, scale);
+        negative_power_exact(cells, powers, 16, three_quarters ? 0.75f : 0.5f);
+        return _mm512_loadu_ps(powers);
+    }
+    const __m512 r = reciprocal_root(scale);
+    return three_quarters ? _mm512_mul_ps(_mm512_mul_ps(r, r), reciprocal_root(r)) : r;
+}
+
+/* negative_power16 over the cells, the last few (under 16) the exact way. */
 AVX512 static void negative_power_roots(const float *s, float *out, int64_t count,
                                         int three_quarters)
 {
-    const __m512 low = _mm512_set1_ps(0x1p-100f), high = _mm512_set1_ps(0x1p100f);
     int64_t p = 0;
-    for (; p + 16 <= count; p += 16) {
-        const __m512 v = _mm512_loadu_ps(s + p);
-        const __mmask16 inside = _mm512_cmp_ps_mask(v, low, _CMP_GT_OQ) &
-                                 _mm512_cmp_ps_mask(v, high, _CMP_LT_OQ);
-        if (inside != 0xFFFF) {
-            negative_power_exact(s + p, out + p, 16, three_quarters ? 0.75f : 0.5f);
-            continue;
-        }
-        const __m512 r = reciprocal_root(v);
-        _mm512_storeu_ps(out + p, three_quarters ?
-                         _mm512_mul_ps(_mm512_mul_ps(r, r), reciprocal_root(r)) : r);
-    }
+    for (; p + 16 <= count; p += 16)
+        _mm512_storeu_ps(out + p, negative_power16(_mm512_loadu_ps(s + p), three_quarters));
     negative_power_exact(s + p, out + p, count - p, three_quarters ? 0.75f : 0.5f);
 }
 #endif
@@ -227,7 +231,6 @@ AVX512 static void five_forward_roots(const float *w[5], const float *restrict x
                                       float k, float *restrict sc, float *restrict top,
                                       int64_t n, int three_quarters)
 {
-    const __m512 low = _mm512_set1_ps(0x1p-100f), high = _mm512_set1_ps(0x1p100f);
     const __m512 cv = _mm512_set1_ps(coef), kv = _mm512_set1_ps(k);
     const float beta = three_quarters ? 0.75f : 0.5f;
     int64_t p = 0;
@@ -240,18 +243,7 @@ AVX512 static void five_forward_roots(const float *w[5], const float *restrict x
         const __m512 scale = _mm512_add_ps(_mm512_mul_ps(sum, cv), kv);
         if (sc != NULL)
             _mm512_storeu_ps(sc + p, scale);
-        const __mmask16 inside = _mm512_cmp_ps_mask(scale, low, _CMP_GT_OQ) &
-                                 _mm512_cmp_ps_mask(scale, high, _CMP_LT_OQ);
-        __m512 power;
-        if (inside != 0xFFFF) {
-            float cells[16], powers[16];
-            _mm512_storeu_ps(cells, scale);
-            negative_power_exact(cells, powers, 16, beta);
-            power = _mm512_loadu_ps(powers);
-        } else {
-            const __m512 r = reciprocal_root(scale);
-            power = three_quarters ? _mm512_mul_ps(_mm512_mul_ps(r, r), reciprocal_root(r)) : r;
-        }
+        const __m512 power = negative_power16(scale, three_quarters);
         _mm512_storeu_ps(top + p, _mm512_mul_ps(_mm512_loadu_ps(xc + p), power));
     }
     for (; p < n; ++p) {         /* the last few as negative_power_roots: the exact forms */
@@ -265,9 +257,7 @@ AVX512 static void five_forward_roots(const float *w[5], const float *restrict x
         top[p] = xc[p] * power;
     }
 }
-#endif
 
-#if HAVE_AVX512
 /* The backward's last steps for one channel, window of five and beta 0.75 or 0.5 by the
  * roots, in one pass: the window's ratios summed (five_sum), scale^-beta (negative_power) and
  * dx (backward_cells), the same operations in the same order, so the same values to the
@@ -277,7 +267,6 @@ AVX512 static void five_backward_roots(const float *w[5], const float *restrict 
                                        float coef, float *restrict dx, int64_t n,
                                        int three_quarters)
 {
-    const __m512 low = _mm512_set1_ps(0x1p-100f), high = _mm512_set1_ps(0x1p100f);
     const __m512 cv = _mm512_set1_ps(coef);
     const float beta = three_quarters ? 0.75f : 0.5f;
     int64_t p = 0;
@@ -285,18 +274,7 @@ AVX512 static void five_backward_roots(const float *w[5], const float *restrict 
         __m512 acc = _mm512_loadu_ps(w[0] + p);
         for (int q = 1; q < 5; ++q)
             acc = _mm512_add_ps(acc, _mm512_loadu_ps(w[q] + p));
-        const __m512 scale = _mm512_loadu_ps(sc + p);
-        const __mmask16 inside = _mm512_cmp_ps_mask(scale, low, _CMP_GT_OQ) &
-                                 _mm512_cmp_ps_mask(scale, high, _CMP_LT_OQ);
-        __m512 power;
-        if (inside != 0xFFFF) {
-            float powers[16];
-            negative_power_exact(sc + p, powers, 16, beta);
-            power = _mm512_loadu_ps(powers);
-        } else {
-            const __m512 r = reciprocal_root(scale);
-            power = three_quarters ? _mm512_mul_ps(_mm512_mul_ps(r, r), reciprocal_root(r)) : r;
-        }
+        const __m512 power = negative_power16(_mm512_loadu_ps(sc + p), three_quarters);
         const __m512 kept = _mm512_mul_ps(_mm512_loadu_ps(dy + p), power);
         const __m512 spread = _mm512_mul_ps(_mm512_mul_ps(cv, _mm512_loadu_ps(x + p)), acc);
         _mm512_storeu_ps(dx + p, _mm512_sub_ps(kept, spread));
