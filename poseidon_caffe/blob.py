@@ -75,11 +75,12 @@ class Blob:
 
     @property
     def count(self):
-        return int(np.prod(self._shape, dtype=np.int64)) if self._shape else 1
+        # math.prod, not numpy's: a layer reads counts at every reshape, numpy's costs µs
+        return math.prod(self._shape)
 
     def count_axes(self, start, end=None):
         end = self.num_axes if end is None else end
-        return int(np.prod(self._shape[start:end], dtype=np.int64))
+        return math.prod(self._shape[start:end])
 
     def canonical_axis_index(self, axis):
         n = self.num_axes

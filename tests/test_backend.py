@@ -1276,6 +1276,90 @@ def test_relu_is_caffes_cpu_arithmetic_at_nan_zeros_infinities_and_subnormals(sl
         np.testing.assert_array_equal(dx[finite], dx_want[finite])
 
 
+def _softmax_ways(way, monkeypatch):
+    from poseidon_caffe.backend.cpu import native
+    if way == "numpy":
+        monkeypatch.setattr(native, "softmax", False)
+    elif not native.softmax:
+        pytest.skip("the compiled softmax needs the kernels built and an AVX-512 CPU")
+
+
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
+def test_softmax_exp_within_three_ulp_to_the_denormals_with_infinities_and_nan(way,
+                                                                               monkeypatch):
+    """softmax of (t, 0) over channels is e^t / (e^t + 1) and 1 / (e^t + 1), worked in float64
+    here: within 3 ulp of the float results down to the denormals (an exp's ulp or two, the
+    sum's rounding and the division's; kernels/softmax.c's own exp, numpy's), 0 at -inf and
+    past -104, NaN through the whole column of a NaN (numpy's max)."""
+    _softmax_ways(way, monkeypatch)
+    t = np.concatenate([-np.linspace(0, 103, 200001), [-87.33, -88.72, -95.5, -103.27, -105,
+                                                        -np.inf, np.nan]]).astype(np.float32)
+    x = np.stack([t, np.zeros_like(t)])[None]                    # (1, 2, positions)
+    y = B.softmax_forward(x, np.empty_like(x))
+    e = np.exp(t.astype(np.float64))
+    ok = np.isfinite(t)
+    for got, want in ((y[0, 0], e / (e + 1)), (y[0, 1], 1 / (e + 1))):
+        ulp = np.spacing(want.astype(np.float32)).astype(np.float64)
+        assert np.all(np.abs(got[ok] - want[ok]) <= 3 * ulp[ok])
+    assert y[0, 0, -2] == 0 and y[0, 1, -2] == 1 and y[0, 0, -3] == 0
+    assert np.isnan(y[0, :, -1]).all()
+    rows = x[0].T.copy()[:, :, None]                             # the rows' way (inner 1)
+    np.testing.assert_array_equal(B.softmax_forward(rows, np.empty_like(rows))[:, :, 0],
+                                  y[0].T)
+
+
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
+@pytest.mark.parametrize("shape", [(32, 1000, 1), (3, 21, 37), (2, 5, 1), (4, 3, 17)])
+def test_softmax_and_its_loss_are_caffes_formulas(shape, way, monkeypatch):
+    """softmax_layer.cpp / softmax_loss_layer.cpp worked in float64: y = e^(x - max) / sum,
+    loss = -sum log(max(p[label], FLT_MIN)) over the labels not ignored, dx = scale (p -
+    onehot) and 0 at an ignored label (a NaN probability stays NaN), a label out of range a
+    NaN loss; in place too, and over two threads' slices of the batch."""
+    _softmax_ways(way, monkeypatch)
+    from poseidon_caffe.backend.cpu import backend as cpu
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    want = e / e.sum(axis=1, keepdims=True)
+    y = B.softmax_forward(x, np.empty_like(x))
+    np.testing.assert_allclose(y, want, rtol=3e-6, atol=1e-30)
+    inplace = x.copy()
+    B.softmax_forward(inplace, inplace)
+    np.testing.assert_array_equal(inplace, y)
+    be = type(B)()
+    be.split_threads = 2
+    monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 10)
+    np.testing.assert_array_equal(be.softmax_forward(x, np.empty_like(x)), y)
+    outer, channels, inner = shape
+    labels = rng.integers(0, channels, outer * inner).astype(np.float32)
+    labels[::3] = 2                                              # some ignored
+    y[0, :, 0] = np.nan if outer > 2 else y[0, :, 0]
+    p_true = np.take_along_axis(y, labels.reshape(outer, 1, inner).astype(int), axis=1)[:, 0]
+    counted = (labels != 2).reshape(outer, inner)
+    loss_want = -np.log(np.maximum(p_true[counted], np.finfo(np.float32).tiny)
+                        .astype(np.float64)).sum()
+    loss, count = B.softmax_loss_forward(y, labels, 2)
+    assert count == counted.sum()
+    np.testing.assert_allclose(loss, loss_want, rtol=1e-6)
+    onehot = np.arange(channels)[None, :, None] == np.where(counted, labels.reshape(
+        outer, inner), 0).astype(int)[:, None, :]
+    dx_want = (y - onehot) * counted[:, None, :] * np.float32(0.3)
+    dx = B.softmax_loss_backward(y, labels, 2, 0.3, np.empty_like(y))
+    np.testing.assert_allclose(dx, dx_want, rtol=1e-6, atol=1e-30)
+    assert np.isnan(dx[0, :, 0]).all() == (outer > 2)
+    same = y.copy()
+    B.softmax_loss_backward(same, labels, 2, 0.3, same)
+    np.testing.assert_array_equal(same, dx)
+    assert B.softmax_loss_forward(y, labels, None)[1] == outer * inner
+    o, i = np.argwhere(counted)[0]
+    y[o, :, i] = np.nan                                          # counted: a NaN loss
+    assert np.isnan(B.softmax_loss_forward(y, labels, 2)[0])
+    labels[1] = channels                                         # out of range: NaN
+    loss, count = B.softmax_loss_forward(y, labels, 2)
+    assert loss != loss and count == (labels != 2).sum()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_axis_copy_of_large_parts_over_threads_is_a_concat_and_its_slices(axis, threads):

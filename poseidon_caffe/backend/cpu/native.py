@@ -1,7 +1,7 @@
 """The optional compiled kernels: kernels/*.c (pooling, LRN, the direct convolution, Winograd's
-tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images, ReLU), built
-at install as the module ``_kernels`` and called through ctypes (which releases the GIL, so
-batch parts run side by side).
+tiles, im2col and col2im, Dropout's hashed draws, GEMMs across a batch's images, ReLU, softmax
+and its loss), built at install as the module ``_kernels`` and called through ctypes (which
+releases the GIL, so batch parts run side by side).
 
 They exist for passes numpy can only make as many strided passes (2-D pooling over small
 windows, the copies in and out of Winograd's tiles, col2im's sums of every tap, a hash per
@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 12                 # kernels_version() of the kernels these calls are written for
+VERSION = 13                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -62,6 +62,12 @@ def _load():
     lib.relu_backward.restype = _I
     lib.dropout_apply.argtypes = [_P, _P, _I, _I, _U, _U, _U, ctypes.c_float]
     lib.dropout_apply.restype = _I
+    lib.softmax_forward.argtypes = [_P, _P, _L, _L, _L]
+    lib.softmax_forward.restype = _I
+    lib.softmax_loss_forward.argtypes = [_P, _P, _L, _L, _L, _I, _L, _P]
+    lib.softmax_loss_forward.restype = _I
+    lib.softmax_loss_backward.argtypes = [_P, _P, _L, _L, _L, _I, _L, ctypes.c_float, _P]
+    lib.softmax_loss_backward.restype = _I
     return lib
 
 
@@ -75,6 +81,8 @@ PORTABLE_POOLING = False
 # only where the CPU has AVX-512
 direct = lib is not None and lib.conv_direct_available() == 1
 image_gemm = direct
+# Softmax and SoftmaxWithLoss (kernels/softmax.c): AVX-512 only, numpy's passes elsewhere
+softmax = lib is not None and lib.softmax_available() == 1
 
 
 def takes(*arrays):
@@ -256,4 +264,32 @@ def relu_forward(x, y, slope):
 def relu_backward(x, dy, dx, slope):
     """dx = dy times ReLU's slope at x (kernels/relu.c); dx may be dy."""
     lib.relu_backward(_address(x), _address(dy), _address(dx), x.size, slope)
+    return dx
+
+
+def softmax_forward(x, y):
+    """y = softmax of x (outer, channels, inner) along channels (kernels/softmax.c); y may
+    be x."""
+    if lib.softmax_forward(_address(x), _address(y), *x.shape):
+        raise MemoryError("softmax: no memory for a %d-position scratch" % x.shape[2])
+    return y
+
+
+def _ignore(ignore_label):
+    return (0, 0) if ignore_label is None else (1, int(ignore_label))
+
+
+def softmax_loss_forward(prob, labels, ignore_label):
+    """(summed -log p(label), count not ignored) of prob (outer, channels, inner) and float32
+    labels (outer * inner), or (NaN, count) where a label is out of range."""
+    out = (ctypes.c_double * 2)()
+    bad = lib.softmax_loss_forward(_address(prob), _address(labels), *prob.shape,
+                                   *_ignore(ignore_label), out)
+    return (float("nan") if bad else out[0]), out[1]
+
+
+def softmax_loss_backward(prob, labels, ignore_label, scale, dx):
+    """dx = scale (prob - onehot(label)), zero where the label is ignored; dx may be prob."""
+    lib.softmax_loss_backward(_address(prob), _address(labels), *prob.shape,
+                              *_ignore(ignore_label), scale, _address(dx))
     return dx
