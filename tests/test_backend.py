@@ -546,6 +546,18 @@ SAME_GEOMS = [
 ]
 
 
+# columns stepping by 2 with rows of 12 outputs or more: MAX forward 16 outputs a vector
+# (pool_stride2.c, AVX-512): AlexNet's 13x13 pool2 (one short vector a row), two vectors and
+# an overhanging last window, padding, 2x2, a 3x4 window with rows stepping by 3, 16x17
+# (int32 winners)
+STRIDE2_GEOMS = [
+    ((27, 27), (3, 3), (2, 2), (0, 0), (13, 13)),
+    ((35, 40), (3, 3), (2, 2), (0, 0), (17, 20)),
+    ((30, 33), (3, 3), (2, 2), (1, 1), (16, 17)),
+    ((24, 50), (2, 2), (2, 2), (0, 0), (12, 25)),
+    ((20, 40), (3, 4), (3, 2), (1, 2), (7, 21)),
+    ((40, 60), (16, 17), (2, 2), (2, 3), (15, 26)),
+]
 # the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or shifted loads
 # (pool_same.c, AVX-512), or the phased layout
 NATIVE_POOL_PATHS = ["native", "native phased"]
@@ -575,7 +587,7 @@ def _take_pool_path(plan, path):
 
 @pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS + BIG_WINDOW_GEOMS +
-                         SAME_GEOMS, ids=str)
+                         SAME_GEOMS + STRIDE2_GEOMS, ids=str)
 def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
@@ -695,6 +707,40 @@ def test_native_pooling_equals_caffes_loops_bit_for_bit(spec, path):
             want_dx[a, b, u, v] = np.float32(want_dx[a, b, u, v] + share)
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(dx, want_dx)
+
+
+@pytest.mark.parametrize("spec", STRIDE2_GEOMS + NATIVE_LAYOUT_GEOMS[:1], ids=str)
+def test_native_max_pool_backward_is_caffes_scatter_bit_for_bit(spec):
+    """Caffe's MAX backward adds each dy at its winner in the outputs' row-major order, in
+    float32: the same sums to the bit (a cell two windows share gets its two in that order),
+    with ties, NaN inputs (the maximum, the winner staying) and -inf; the compiled paths (16
+    outputs a vector where they serve, the phased layout) find the same winners."""
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    g = PoolGeometry(*spec)
+    x = np.round(_rand((2, 3) + g.in_shape, 36) * 3)          # ties: the first one wins
+    x.reshape(-1)[::37] = np.nan
+    x.reshape(-1)[5::41] = -np.inf
+    dy = _rand((2, 3) + g.out_shape, 37) * 100 - 50
+    results = []
+    for path in NATIVE_POOL_PATHS:
+        plan = PoolPlan(g)
+        _take_pool_path(plan, path)
+        y = plan.max_forward(x, np.empty(dy.shape, np.float32))
+        dx = plan.routed_backward(dy, np.full(x.shape, np.nan, np.float32))
+        results.append((y, plan.mask(), dx))
+    (y, at, dx), other = results
+    assert y.tobytes() == other[0].tobytes() and dx.tobytes() == other[2].tobytes()
+    np.testing.assert_array_equal(at, other[1])
+    want, _, _ = _naive_max_pool(np.nan_to_num(x, nan=np.inf), g)
+    assert np.isnan(y).any()
+    np.testing.assert_array_equal(np.isnan(y), want == np.inf)
+    np.testing.assert_array_equal(y[~np.isnan(y)], want[~np.isnan(y)])
+    dx_want = np.zeros(x.shape, np.float32)
+    for out_index in itertools.product(*map(range, y.shape)):
+        if at[out_index] >= 0:
+            where = out_index[:2] + divmod(int(at[out_index]), g.in_shape[1])
+            dx_want[where] = np.float32(dx_want[where] + dy[out_index])
+    assert dx.tobytes() == dx_want.tobytes()
 
 
 @pytest.mark.parametrize("spec, winner_bytes",
