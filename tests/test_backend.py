@@ -85,6 +85,12 @@ WINOGRAD_GEOMS = [
     # row of tiles, and 18 x 3 an image
     ConvGeometry(2, 3, (6, 66), (3, 3), (1, 1), (1, 1), (1, 1)),
     ConvGeometry(3, 2, (70, 9), (3, 3), (1, 1), (0, 1), (1, 1)),
+    # rows of tiles side by side in a vector (the compiled input transform without gathers):
+    # rows of 3 (above), 4 (a last tile part outside the map), 8, 14 and 16 tiles
+    ConvGeometry(2, 3, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ConvGeometry(2, 2, (10, 30), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ConvGeometry(2, 3, (9, 54), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ConvGeometry(3, 2, (5, 64), (3, 3), (1, 1), (1, 1), (1, 1)),
 ]
 # pointwise: per-image GEMMs, transposed chunks and the compiled kernels, with groups; maps of
 # one position, of fewer and more positions than a strip of the kernels' columns (48), and
@@ -246,8 +252,9 @@ def test_direct_plan_matches_im2col_matrix_products(geom, data_by_gemm):
 def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_bytes,
                                                                      transforms, monkeypatch):
     """The same independent truth as above, with the batch worked in chunks of one image
-    and in one chunk, Winograd's tile transforms compiled (kernels/winograd.c) and by numpy,
-    and the pointwise plan in both of its layouts."""
+    (the compiled input transform's tiles made a channel at a time in a buffer) and in one
+    chunk, Winograd's tile transforms compiled (kernels/winograd.c) and by numpy, and the
+    pointwise plan in both of its layouts."""
     from poseidon_caffe.backend.cpu import native, pointwise, winograd
     if transforms != "numpy" and not winograd.compiled():
         pytest.skip("the compiled kernels are not built (no C compiler at install)")
@@ -256,6 +263,7 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
     monkeypatch.setattr(native, "PORTABLE_WINOGRAD", transforms == "compiled portable")
     monkeypatch.setattr(winograd, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
+    monkeypatch.setattr(native, "STAGED_BYTES", 0 if chunk_bytes == 1 else 1 << 30)
     monkeypatch.setattr(pointwise, "CHUNK_BYTES", chunk_bytes)
     n = 3
     x = _rand((n, geom.channels) + geom.in_shape, 14)

@@ -3,8 +3,10 @@
  * transform as a GEMM with the 36x36 (or 16x36) Kronecker product, 3x the multiply-adds of the
  * two 6x6 products it stands for and a pass over memory of its own. Here a channel's tiles are
  * gathered into a buffer that stays in cache and transformed from it, a block of tiles at a
- * time (the tiles are the vector lanes); on AVX-512, 16 tiles at a time are gathered straight
- * into registers, transformed there and stored (or scattered into the map).
+ * time (the tiles are the vector lanes); on AVX-512, 16 tiles at a time are taken straight
+ * into registers, transformed there and stored (or scattered into the map): by rows of tiles
+ * (struct rows: a window row's cells loaded once, each column picked by permutes) where a
+ * map's row holds 3 to 16 tiles, else gathered.
  *
  *   winograd_in    v[q][q'][c][t] = sum over r, s of mat[q][r] mat[q'][s] X[r][s], X[r][s] =
  *                  x[i][c][ty*m + r - ph][tx*m + s - pw] (0 outside x) for tile t = (i, ty, tx):
@@ -32,6 +34,8 @@
 
 #define MAX_SIDE 8       /* the largest tile side (a, p) these loops take */
 #define LANES 64         /* tiles transformed together: each row of the work below is a run */
+/* rows of fewer tiles take the gathers: a vector of rows of 2 tiles needs 8 tile rows' loads */
+#define ROWS_MIN_TILES 3
 
 /* The tiles tx in [*lo, *hi) whose column tx*m + s - pw lies in [0, w). */
 static void inside(int s, int m, int pw, int w, int tw, int *lo, int *hi)
@@ -156,30 +160,35 @@ static struct group *describe(size_t tiles, int64_t c, int h, int w, int a, int 
     return groups;
 }
 
-/* The 16 tiles of `gr` in one channel `plane`: gathered, mat X mat' made in registers, and
- * stored at out[(q * p + q') * stride] (the lanes in `keep`). */
-INLINE_AVX512 void in_group(const float *plane, const struct group *gr, int w,
-                            const float *mat, float *out, size_t stride, __mmask16 keep,
-                            const int a, const int p)
+/* X[r * a + s] = cell (r, s) of the a x a windows of the 16 tiles of `gr` in one channel
+ * `plane`, gathered (0 outside the map). */
+INLINE_AVX512 void gather_windows(const float *plane, const struct group *gr, int w, __m512 *X,
+                                  const int a)
+{
+    __m512i corner = _mm512_loadu_si512(gr->corner);
+    for (int r = 0; r < a; ++r)
+        for (int s = 0; s < a; ++s) {
+            __m512i at = _mm512_add_epi32(corner, _mm512_set1_epi32(r * w + s));
+            X[r * a + s] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(),
+                                                    (__mmask16)(gr->rows[r] & gr->cols[s]),
+                                                    at, plane, 4);
+        }
+}
+
+/* The windows X of 16 tiles: mat X mat' made in registers and stored at
+ * out[(q * p + q') * stride] (the lanes in `keep`). */
+INLINE_AVX512 void transform_windows(const __m512 *X, const float *mat, float *out,
+                                     size_t stride, __mmask16 keep, const int a, const int p)
 {
     /* half[q][s] = sum over r of mat[q][r] X[r][s] */
     __m512 half[MAX_SIDE][MAX_SIDE];
-    __m512i corner = _mm512_loadu_si512(gr->corner);
-    for (int s = 0; s < a; ++s) {
-        __m512 col[MAX_SIDE];
-        for (int r = 0; r < a; ++r) {
-            __m512i at = _mm512_add_epi32(corner, _mm512_set1_epi32(r * w + s));
-            col[r] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(),
-                                              (__mmask16)(gr->rows[r] & gr->cols[s]), at,
-                                              plane, 4);
-        }
+    for (int s = 0; s < a; ++s)
         for (int q = 0; q < p; ++q) {
             __m512 acc = _mm512_setzero_ps();
             for (int r = 0; r < a; ++r)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(mat[q * a + r]), col[r], acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(mat[q * a + r]), X[r * a + s], acc);
             half[q][s] = acc;
         }
-    }
     for (int q = 0; q < p; ++q)
         for (int q2 = 0; q2 < p; ++q2) {
             __m512 acc = _mm512_setzero_ps();
@@ -187,6 +196,79 @@ INLINE_AVX512 void in_group(const float *plane, const struct group *gr, int w,
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(mat[q2 * a + s]), half[q][s], acc);
             _mm512_mask_storeu_ps(out + (size_t)(q * p + q2) * stride, keep, acc);
         }
+}
+
+/* Rows of tiles laid in vector lanes (the map's rows of tiles, tw of them, at most 16): lane
+ * L holds tile L % tw of the group's tile row L / tw. A window row's cells, from column -pw,
+ * are loaded once (5 vectors, 80 cells) for the whole tile row, and column s of every tile's
+ * window (cells 4 tx + s: steps of 4) picked from them by permutes, 8 tiles a permute, from
+ * the loads as they lie (s < 4) or shifted by 4 cells (s >= 4): gathers, on this CPU 30 cycles
+ * each where a permute takes one, made the transform several times slower than its memory. */
+struct rows {
+    int tw, per;                /* tiles a row; tile rows a group */
+    __m512i pick[4];            /* lane L: cell (s mod 4) + 4 ((L mod tw) mod 8) of a pair */
+    __mmask16 lanes[16][2];     /* tile row k's lanes of tiles 0-7 and 8-15 */
+};
+
+static void describe_rows(struct rows *d, int tw)
+{
+    d->tw = tw;
+    d->per = 16 / tw;
+    for (int sm = 0; sm < 4; ++sm) {
+        int32_t index[16];
+        for (int l = 0; l < 16; ++l)
+            index[l] = sm + 4 * ((l % tw) % 8);
+        memcpy(&d->pick[sm], index, sizeof(index));
+    }
+    memset(d->lanes, 0, sizeof(d->lanes));
+    for (int l = 0; l < d->per * tw; ++l)
+        d->lanes[l / tw][(l % tw) / 8] |= (__mmask16)(1u << l);
+}
+
+/* X (as gather_windows) of the tile rows [q0, q0 + count) (row q: image q / th, tile row
+ * q % th) of one channel, `plane` its cells in image 0 and `image` the floats between
+ * images. */
+INLINE_AVX512 void pick_windows(const float *plane, int64_t image, const struct rows *d, int h,
+                                int w, int th, int ph, int pw, int64_t q0, int count,
+                                __m512 *X, const int a)
+{
+    const int halves = d->tw > 8 ? 2 : 1, loads = 2 * halves + 1;
+    __mmask16 inside[5];                       /* the loads' cells within [0, w) */
+    for (int j = 0; j < loads; ++j) {
+        int64_t lo = (int64_t)16 * j - pw;
+        uint32_t bits = 0;
+        for (int l = 0; l < 16; ++l)
+            bits |= (uint32_t)(lo + l >= 0 && lo + l < w) << l;
+        inside[j] = (__mmask16)bits;
+    }
+    for (int i = 0; i < a * a; ++i)
+        X[i] = _mm512_setzero_ps();
+    for (int k = 0; k < count; ++k) {
+        const int64_t q = q0 + k;
+        const int ty = (int)(q % th);
+        const float *base = plane + q / th * image;
+        for (int r = 0; r < a; ++r) {
+            const int u = ty * 4 - ph + r;
+            if (u < 0 || u >= h)
+                continue;                      /* a row of padding: zeros */
+            const float *row = base + (int64_t)u * w - pw;
+            __m512 v[5], shifted[4];
+            for (int j = 0; j < loads; ++j)
+                v[j] = _mm512_maskz_loadu_ps(inside[j], row + 16 * j);
+            if (a > 4)
+                for (int j = 0; j + 1 < loads; ++j)
+                    shifted[j] = _mm512_castsi512_ps(_mm512_alignr_epi32(
+                        _mm512_castps_si512(v[j + 1]), _mm512_castps_si512(v[j]), 4));
+            for (int s = 0; s < a; ++s) {
+                const __m512 *src = s < 4 ? v : shifted;
+                for (int half = 0; half < halves; ++half) {
+                    __m512 picked = _mm512_permutex2var_ps(src[2 * half], d->pick[s & 3],
+                                                           src[2 * half + 1]);
+                    X[r * a + s] = _mm512_mask_mov_ps(X[r * a + s], d->lanes[k][half], picked);
+                }
+            }
+        }
+    }
 }
 
 /* The 16 tiles of `gr` (described on the output map) in one channel: their p x p products
@@ -232,13 +314,57 @@ AVX512 static void in_avx512(const float *x, float *v, const float *mat, const s
             __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
             float *out = v + (size_t)cc * tiles + g * 16;
             size_t stride = (size_t)c * tiles;
-            if (a == 6 && p == 6)
-                in_group(plane, groups + g, w, mat, out, stride, keep, 6, 6);
-            else if (a == 4 && p == 6)
-                in_group(plane, groups + g, w, mat, out, stride, keep, 4, 6);
-            else
-                in_group(plane, groups + g, w, mat, out, stride, keep, a, p);
+            __m512 X[MAX_SIDE * MAX_SIDE];
+            if (a == 6 && p == 6) {
+                gather_windows(plane, groups + g, w, X, 6);
+                transform_windows(X, mat, out, stride, keep, 6, 6);
+            } else if (a == 4 && p == 6) {
+                gather_windows(plane, groups + g, w, X, 4);
+                transform_windows(X, mat, out, stride, keep, 4, 6);
+            } else {
+                gather_windows(plane, groups + g, w, X, a);
+                transform_windows(X, mat, out, stride, keep, a, p);
+            }
         }
+    }
+}
+
+/* The same by rows of tiles (struct rows): steps of 4, windows of at most 8 cells. */
+AVX512 static void in_rows_avx512(const float *x, float *v, const float *mat, int64_t k, int c,
+                                  int h, int w, int a, int p, int ph, int pw, int th, int tw,
+                                  float *stage)
+{
+    struct rows d;
+    describe_rows(&d, tw);
+    const int64_t tile_rows = k * th, image = (int64_t)c * h * w;
+    const size_t tiles = (size_t)(tile_rows * tw);
+    /* staged: a channel's p * p rows of tiles made in a buffer the cache keeps, then copied
+     * out a row at a time (p * p rows written side by side, far apart in a large v, ran at a
+     * quarter of the memory's rate) */
+    const size_t stride = stage != NULL ? tiles : (size_t)c * tiles;
+    for (int cc = 0; cc < c; ++cc) {
+        const float *plane = x + (size_t)cc * h * w;
+        for (int64_t q0 = 0; q0 < tile_rows; q0 += d.per) {
+            const int count = tile_rows - q0 < d.per ? (int)(tile_rows - q0) : d.per;
+            const int n = count * tw;
+            const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+            float *out = (stage != NULL ? stage : v + (size_t)cc * tiles) + (size_t)q0 * tw;
+            __m512 X[MAX_SIDE * MAX_SIDE];
+            if (a == 6 && p == 6) {
+                pick_windows(plane, image, &d, h, w, th, ph, pw, q0, count, X, 6);
+                transform_windows(X, mat, out, stride, keep, 6, 6);
+            } else if (a == 4 && p == 6) {
+                pick_windows(plane, image, &d, h, w, th, ph, pw, q0, count, X, 4);
+                transform_windows(X, mat, out, stride, keep, 4, 6);
+            } else {
+                pick_windows(plane, image, &d, h, w, th, ph, pw, q0, count, X, a);
+                transform_windows(X, mat, out, stride, keep, a, p);
+            }
+        }
+        if (stage != NULL)
+            for (int j = 0; j < p * p; ++j)
+                memcpy(v + ((size_t)j * c + cc) * tiles, stage + j * stride,
+                       sizeof(float) * tiles);
     }
 }
 
@@ -265,13 +391,22 @@ AVX512 static void out_avx512(const float *prod, const float *mat, const float *
 
 int winograd_in(const float *restrict x, float *restrict v, const float *restrict mat,
                 int64_t k, int c, int h, int w, int a, int p, int m, int ph, int pw, int th,
-                int tw, int portable)
+                int tw, int portable, int staged)
 {
     if (a > MAX_SIDE || p > MAX_SIDE)
         return -2;
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
     /* offsets within the chunk's images are int32 */
+    if (!portable && cpu_has_avx512() && m == 4 && a <= 8 && tw >= ROWS_MIN_TILES &&
+        tw <= 16 && (tw - 1) * 4 + a - pw <= 80) {
+        float *stage = NULL;
+        if (staged && (stage = malloc(sizeof(float) * (size_t)p * p * tiles)) == NULL)
+            return -1;
+        in_rows_avx512(x, v, mat, k, c, h, w, a, p, ph, pw, th, tw, stage);
+        free(stage);
+        return 0;
+    }
     if (!portable && cpu_has_avx512() && (double)k * c * h * w < 2147483647.0) {
         struct group *groups = describe(tiles, c, h, w, a, m, ph, pw, th, tw);
         if (groups == NULL)
