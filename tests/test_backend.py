@@ -252,9 +252,8 @@ def test_direct_plan_matches_im2col_matrix_products(geom, data_by_gemm):
 def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_bytes,
                                                                      transforms, monkeypatch):
     """The same independent truth as above, with the batch worked in chunks of one image
-    (the compiled input transform's tiles made a channel at a time in a buffer) and in one
-    chunk, Winograd's tile transforms compiled (kernels/winograd.c) and by numpy, and the
-    pointwise plan in both of its layouts."""
+    and in one chunk, Winograd's tile transforms compiled (kernels/winograd.c) and by numpy,
+    and the pointwise plan in both of its layouts."""
     from poseidon_caffe.backend.cpu import native, pointwise, winograd
     if transforms != "numpy" and not winograd.compiled():
         pytest.skip("the compiled kernels are not built (no C compiler at install)")
@@ -263,7 +262,6 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
     monkeypatch.setattr(native, "PORTABLE_WINOGRAD", transforms == "compiled portable")
     monkeypatch.setattr(winograd, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
-    monkeypatch.setattr(native, "STAGED_BYTES", 0 if chunk_bytes == 1 else 1 << 30)
     monkeypatch.setattr(pointwise, "CHUNK_BYTES", chunk_bytes)
     n = 3
     x = _rand((n, geom.channels) + geom.in_shape, 14)

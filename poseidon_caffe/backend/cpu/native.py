@@ -45,7 +45,7 @@ def _load():
     lib.conv_direct_forward.restype = _I
     lib.conv_direct_filter.argtypes = [_P, _P, _P, _L] + [_I] * 8
     lib.conv_direct_filter.restype = _I
-    lib.winograd_in.argtypes = [_P, _P, _P, _L] + [_I] * 12
+    lib.winograd_in.argtypes = [_P, _P, _P, _L] + [_I] * 11
     lib.winograd_in.restype = _I
     lib.winograd_out.argtypes = [_P, _P, _P, _P, _L] + [_I] * 8
     lib.winograd_out.restype = _I
@@ -74,9 +74,6 @@ def _load():
 lib = _load()
 # Winograd's transforms by their plain loops even on AVX-512 (the tests run both)
 PORTABLE_WINOGRAD = False
-# the transformed tiles from which winograd_in makes them a channel at a time in a buffer:
-# GoogLeNet's 56x56 layer, 192 channels an image (5.4 MB), 4.3 -> 2.1 ms; 1.8 MB ran 15% slower
-STAGED_BYTES = 4 << 20
 # pooling by the phased layout (pooling.c) even on AVX-512, not 16 planes a vector
 # (pool_lanes.c) nor shifted loads (pool_same.c); the tests run both
 PORTABLE_POOLING = False
@@ -155,13 +152,11 @@ def ave_pool_backward(dy, dx, geom):
 
 def winograd_in(x, v, mat, a, m, pad, tiles):
     """v (p*p, C, k*th*tw) = mat X mat' of each a x a window X of x (k, C, h, w) at steps of
-    m from -pad, zero outside x; mat is (p, a) (winograd.c). A v past STAGED_BYTES is made a
-    channel at a time in a buffer and copied out."""
+    m from -pad, zero outside x; mat is (p, a) (winograd.c)."""
     k, c, h, w = x.shape
     p = mat.shape[0]
     if lib.winograd_in(_address(x), _address(v), _address(mat), k, c, h, w, a, p, m,
-                       pad[0], pad[1], *tiles, int(PORTABLE_WINOGRAD),
-                       int(v.nbytes > STAGED_BYTES)):
+                       pad[0], pad[1], *tiles, int(PORTABLE_WINOGRAD)):
         raise MemoryError("Winograd: no memory for a channel's %dx%d tiles" % (a, a))
     return v
 

@@ -5,8 +5,9 @@
  * gathered into a buffer that stays in cache and transformed from it, a block of tiles at a
  * time (the tiles are the vector lanes); on AVX-512, 16 tiles at a time are taken straight
  * into registers, transformed there and stored (or scattered into the map): by rows of tiles
- * (struct rows: a window row's cells loaded once, each column picked by permutes) where a
- * map's row holds 3 to 16 tiles, else gathered.
+ * (struct rows: a window row's cells loaded once, each column picked by permutes; outputs
+ * interleaved by permutes and stored by rows), a channel's tiles passing through a buffer
+ * the cache keeps, where a map's row holds 3 to 16 tiles; else gathered and scattered.
  *
  *   winograd_in    v[q][q'][c][t] = sum over r, s of mat[q][r] mat[q'][s] X[r][s], X[r][s] =
  *                  x[i][c][ty*m + r - ph][tx*m + s - pw] (0 outside x) for tile t = (i, ty, tx):
@@ -206,14 +207,23 @@ INLINE_AVX512 void transform_windows(const __m512 *X, const float *mat, float *o
  * each where a permute takes one, made the transform several times slower than its memory. */
 struct rows {
     int tw, per;                /* tiles a row; tile rows a group */
+    int loads;                  /* vectors a window row: 16 cells each, from column -pw */
+    __mmask16 inside[5];        /* their cells within [0, w) */
     __m512i pick[4];            /* lane L: cell (s mod 4) + 4 ((L mod tw) mod 8) of a pair */
     __mmask16 lanes[16][2];     /* tile row k's lanes of tiles 0-7 and 8-15 */
 };
 
-static void describe_rows(struct rows *d, int tw)
+static void describe_rows(struct rows *d, int tw, int w, int pw)
 {
     d->tw = tw;
     d->per = 16 / tw;
+    d->loads = tw > 8 ? 5 : 3;
+    for (int j = 0; j < d->loads; ++j) {
+        uint32_t bits = 0;
+        for (int l = 0; l < 16; ++l)
+            bits |= (uint32_t)(16 * j + l - pw >= 0 && 16 * j + l - pw < w) << l;
+        d->inside[j] = (__mmask16)bits;
+    }
     for (int sm = 0; sm < 4; ++sm) {
         int32_t index[16];
         for (int l = 0; l < 16; ++l)
@@ -232,29 +242,27 @@ INLINE_AVX512 void pick_windows(const float *plane, int64_t image, const struct 
                                 int w, int th, int ph, int pw, int64_t q0, int count,
                                 __m512 *X, const int a)
 {
-    const int halves = d->tw > 8 ? 2 : 1, loads = 2 * halves + 1;
-    __mmask16 inside[5];                       /* the loads' cells within [0, w) */
-    for (int j = 0; j < loads; ++j) {
-        int64_t lo = (int64_t)16 * j - pw;
-        uint32_t bits = 0;
-        for (int l = 0; l < 16; ++l)
-            bits |= (uint32_t)(lo + l >= 0 && lo + l < w) << l;
-        inside[j] = (__mmask16)bits;
-    }
-    for (int i = 0; i < a * a; ++i)
-        X[i] = _mm512_setzero_ps();
+    const int halves = d->tw > 8 ? 2 : 1, loads = d->loads;
+    /* the first tile row's picks fill whole vectors (the lanes past the group's tiles are
+     * never stored), the others' are merged into their lanes: nothing is zeroed first (a
+     * `rep stos` of X took 40% of the pass) */
     for (int k = 0; k < count; ++k) {
         const int64_t q = q0 + k;
         const int ty = (int)(q % th);
         const float *base = plane + q / th * image;
         for (int r = 0; r < a; ++r) {
             const int u = ty * 4 - ph + r;
-            if (u < 0 || u >= h)
-                continue;                      /* a row of padding: zeros */
+            if (u < 0 || u >= h) {
+                /* a row of padding: zeros */
+                for (int s = 0; s < a; ++s)
+                    X[r * a + s] = k == 0 ? _mm512_setzero_ps() : _mm512_mask_mov_ps(
+                        X[r * a + s], d->lanes[k][0] | d->lanes[k][1], _mm512_setzero_ps());
+                continue;
+            }
             const float *row = base + (int64_t)u * w - pw;
             __m512 v[5], shifted[4];
             for (int j = 0; j < loads; ++j)
-                v[j] = _mm512_maskz_loadu_ps(inside[j], row + 16 * j);
+                v[j] = _mm512_maskz_loadu_ps(d->inside[j], row + 16 * j);
             if (a > 4)
                 for (int j = 0; j + 1 < loads; ++j)
                     shifted[j] = _mm512_castsi512_ps(_mm512_alignr_epi32(
@@ -264,19 +272,18 @@ INLINE_AVX512 void pick_windows(const float *plane, int64_t image, const struct 
                 for (int half = 0; half < halves; ++half) {
                     __m512 picked = _mm512_permutex2var_ps(src[2 * half], d->pick[s & 3],
                                                            src[2 * half + 1]);
-                    X[r * a + s] = _mm512_mask_mov_ps(X[r * a + s], d->lanes[k][half], picked);
+                    X[r * a + s] = k == 0 && half == 0 ? picked :
+                        _mm512_mask_mov_ps(X[r * a + s], d->lanes[k][half], picked);
                 }
             }
         }
     }
 }
 
-/* The 16 tiles of `gr` (described on the output map) in one channel: their p x p products
- * from in[(q * p + q') * stride], mat P mat' made in registers, plus b, and scattered into
- * the output `plane`. */
-INLINE_AVX512 void out_group(const float *in, size_t stride, const struct group *gr, int ow,
-                             const float *mat, float b, float *plane, __mmask16 keep,
-                             const int p, const int m)
+/* Y[r * m + s] = output (r, s) of 16 tiles: mat P mat' of their p x p products
+ * in[(q * p + q') * stride], made in registers, plus b. */
+INLINE_AVX512 void untransform(const float *in, size_t stride, const float *mat, float b,
+                               __mmask16 keep, __m512 *Y, const int p, const int m)
 {
     /* half[q][s] = sum over q' of mat[s][q'] P[q][q'] */
     __m512 half[MAX_SIDE][MAX_SIDE];
@@ -291,17 +298,60 @@ INLINE_AVX512 void out_group(const float *in, size_t stride, const struct group 
             half[q][s] = acc;
         }
     }
-    __m512i corner = _mm512_loadu_si512(gr->corner);
-    __m512 bias = _mm512_set1_ps(b);
     for (int r = 0; r < m; ++r)
         for (int s = 0; s < m; ++s) {
-            __m512 acc = bias;
+            __m512 acc = _mm512_set1_ps(b);
             for (int q = 0; q < p; ++q)
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(mat[r * p + q]), half[q][s], acc);
-            __m512i at = _mm512_add_epi32(corner, _mm512_set1_epi32(r * ow + s));
-            _mm512_mask_i32scatter_ps(plane, (__mmask16)(gr->rows[r] & gr->cols[s]), at, acc,
-                                      4);
+            Y[r * m + s] = acc;
         }
+}
+
+/* The outputs Y of the 16 tiles of `gr` (described on the output map), scattered into the
+ * output `plane`. */
+INLINE_AVX512 void scatter_outputs(const __m512 *Y, const struct group *gr, int ow, float *plane,
+                                   const int m)
+{
+    __m512i corner = _mm512_loadu_si512(gr->corner);
+    for (int r = 0; r < m; ++r)
+        for (int s = 0; s < m; ++s) {
+            __m512i at = _mm512_add_epi32(corner, _mm512_set1_epi32(r * ow + s));
+            _mm512_mask_i32scatter_ps(plane, (__mmask16)(gr->rows[r] & gr->cols[s]), at,
+                                      Y[r * m + s], 4);
+        }
+}
+
+/* The outputs Y (4 x 4 a tile) of rows of tiles (struct rows) into the output `plane` of
+ * image 0 (`image` floats between images): each output row of a tile row is its 4 tiles a
+ * vector interleaved by two permutes and a blend, stored within the map (scatters, as
+ * gathers, take 30 cycles each here). */
+INLINE_AVX512 void place_outputs(const __m512 *Y, const struct rows *d, float *plane,
+                                 int64_t image, int oh, int ow, int th, int64_t q0, int count)
+{
+    /* output cell e = 4 t + s of a vector: tile t's column s, from Y[s] (s < 2: the pair
+     * Y[0], Y[1]; else Y[2], Y[3]) lane t + 16 (s mod 2), before the tiles' first lane */
+    const __m512i pair = _mm512_setr_epi32(0, 16, 0, 16, 1, 17, 1, 17, 2, 18, 2, 18, 3, 19, 3,
+                                           19);
+    for (int k = 0; k < count; ++k) {
+        const int64_t q = q0 + k;
+        const int ty = (int)(q % th);
+        float *base = plane + q / th * image;
+        for (int j = 0; j * 4 < d->tw; ++j) {
+            const int first = k * d->tw + 4 * j;            /* the vector's first tile's lane */
+            const __m512i at = _mm512_add_epi32(pair, _mm512_set1_epi32(first));
+            const int cell = 16 * j;
+            int n = ow - cell < 16 ? ow - cell : 16;
+            if (4 * (d->tw - 4 * j) < n)
+                n = 4 * (d->tw - 4 * j);
+            const __mmask16 inside = (__mmask16)((1u << n) - 1);
+            for (int r = 0; r < 4 && ty * 4 + r < oh; ++r) {
+                const __m512 low = _mm512_permutex2var_ps(Y[r * 4], at, Y[r * 4 + 1]);
+                const __m512 high = _mm512_permutex2var_ps(Y[r * 4 + 2], at, Y[r * 4 + 3]);
+                _mm512_mask_storeu_ps(base + (int64_t)(ty * 4 + r) * ow + cell, inside,
+                                      _mm512_mask_blend_ps((__mmask16)0xCCCC, low, high));
+            }
+        }
+    }
 }
 
 AVX512 static void in_avx512(const float *x, float *v, const float *mat, const struct group *groups,
@@ -335,20 +385,20 @@ AVX512 static void in_rows_avx512(const float *x, float *v, const float *mat, in
                                   float *stage)
 {
     struct rows d;
-    describe_rows(&d, tw);
+    describe_rows(&d, tw, w, pw);
     const int64_t tile_rows = k * th, image = (int64_t)c * h * w;
     const size_t tiles = (size_t)(tile_rows * tw);
-    /* staged: a channel's p * p rows of tiles made in a buffer the cache keeps, then copied
-     * out a row at a time (p * p rows written side by side, far apart in a large v, ran at a
-     * quarter of the memory's rate) */
-    const size_t stride = stage != NULL ? tiles : (size_t)c * tiles;
+    /* a channel's p * p rows of tiles are made in `stage`, which the cache keeps, then copied
+     * out a row at a time: p * p rows written side by side, far apart in v, ran at a quarter
+     * of the memory's rate (GoogLeNet's inception_3b/3x3, forward + backward, 367 -> 246 ms) */
+    const size_t stride = tiles;
     for (int cc = 0; cc < c; ++cc) {
         const float *plane = x + (size_t)cc * h * w;
         for (int64_t q0 = 0; q0 < tile_rows; q0 += d.per) {
             const int count = tile_rows - q0 < d.per ? (int)(tile_rows - q0) : d.per;
             const int n = count * tw;
             const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-            float *out = (stage != NULL ? stage : v + (size_t)cc * tiles) + (size_t)q0 * tw;
+            float *out = stage + (size_t)q0 * tw;
             __m512 X[MAX_SIDE * MAX_SIDE];
             if (a == 6 && p == 6) {
                 pick_windows(plane, image, &d, h, w, th, ph, pw, q0, count, X, 6);
@@ -361,10 +411,8 @@ AVX512 static void in_rows_avx512(const float *x, float *v, const float *mat, in
                 transform_windows(X, mat, out, stride, keep, a, p);
             }
         }
-        if (stage != NULL)
-            for (int j = 0; j < p * p; ++j)
-                memcpy(v + ((size_t)j * c + cc) * tiles, stage + j * stride,
-                       sizeof(float) * tiles);
+        for (int j = 0; j < p * p; ++j)
+            memcpy(v + ((size_t)j * c + cc) * tiles, stage + j * stride, sizeof(float) * tiles);
     }
 }
 
@@ -380,18 +428,49 @@ AVX512 static void out_avx512(const float *prod, const float *mat, const float *
             __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
             const float *in = prod + (size_t)cc * tiles + g * 16;
             size_t stride = (size_t)c * tiles;
-            if (p == 6 && m == 4)
-                out_group(in, stride, groups + g, ow, mat, b, plane, keep, 6, 4);
-            else
-                out_group(in, stride, groups + g, ow, mat, b, plane, keep, p, m);
+            __m512 Y[MAX_SIDE * MAX_SIDE];
+            if (p == 6 && m == 4) {
+                untransform(in, stride, mat, b, keep, Y, 6, 4);
+                scatter_outputs(Y, groups + g, ow, plane, 4);
+            } else {
+                untransform(in, stride, mat, b, keep, Y, p, m);
+                scatter_outputs(Y, groups + g, ow, plane, m);
+            }
         }
     }
 }
 #endif
 
+/* The same by rows of tiles (struct rows): 4 x 4 outputs from 6 x 6 products. */
+AVX512 static void out_rows_avx512(const float *prod, const float *mat, const float *bias,
+                                   float *y, int64_t k, int c, int oh, int ow, int th, int tw,
+                                   float *stage)
+{
+    struct rows d;
+    describe_rows(&d, tw, ow, 0);
+    const int64_t tile_rows = k * th, image = (int64_t)c * oh * ow;
+    const size_t tiles = (size_t)(tile_rows * tw);
+    for (int cc = 0; cc < c; ++cc) {
+        float *plane = y + (size_t)cc * oh * ow;
+        const float b = bias ? bias[cc] : 0.0f;
+        /* the channel's 36 rows of products copied together into `stage` first (as in) */
+        for (int j = 0; j < 36; ++j)
+            memcpy(stage + j * tiles, prod + ((size_t)j * c + cc) * tiles,
+                   sizeof(float) * tiles);
+        for (int64_t q0 = 0; q0 < tile_rows; q0 += d.per) {
+            const int count = tile_rows - q0 < d.per ? (int)(tile_rows - q0) : d.per;
+            const int n = count * tw;
+            const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+            __m512 Y[16];
+            untransform(stage + (size_t)q0 * tw, tiles, mat, b, keep, Y, 6, 4);
+            place_outputs(Y, &d, plane, image, oh, ow, th, q0, count);
+        }
+    }
+}
+
 int winograd_in(const float *restrict x, float *restrict v, const float *restrict mat,
                 int64_t k, int c, int h, int w, int a, int p, int m, int ph, int pw, int th,
-                int tw, int portable, int staged)
+                int tw, int portable)
 {
     if (a > MAX_SIDE || p > MAX_SIDE)
         return -2;
@@ -400,8 +479,8 @@ int winograd_in(const float *restrict x, float *restrict v, const float *restric
     /* offsets within the chunk's images are int32 */
     if (!portable && cpu_has_avx512() && m == 4 && a <= 8 && tw >= ROWS_MIN_TILES &&
         tw <= 16 && (tw - 1) * 4 + a - pw <= 80) {
-        float *stage = NULL;
-        if (staged && (stage = malloc(sizeof(float) * (size_t)p * p * tiles)) == NULL)
+        float *stage = malloc(sizeof(float) * (size_t)p * p * tiles);
+        if (stage == NULL)
             return -1;
         in_rows_avx512(x, v, mat, k, c, h, w, a, p, ph, pw, th, tw, stage);
         free(stage);
@@ -435,6 +514,15 @@ int winograd_out(const float *restrict prod, const float *restrict mat,
         return -2;
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
+    if (!portable && cpu_has_avx512() && p == 6 && m == 4 && tw >= ROWS_MIN_TILES &&
+        tw <= 16) {
+        float *stage = malloc(sizeof(float) * (size_t)p * p * tiles);
+        if (stage == NULL)
+            return -1;
+        out_rows_avx512(prod, mat, bias, y, k, c, oh, ow, th, tw, stage);
+        free(stage);
+        return 0;
+    }
     if (!portable && cpu_has_avx512() && (double)k * c * oh * ow < 2147483647.0) {
         struct group *groups = describe(tiles, c, oh, ow, m, m, 0, 0, th, tw);
         if (groups == NULL)
