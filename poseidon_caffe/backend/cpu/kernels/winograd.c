@@ -439,7 +439,6 @@ AVX512 static void out_avx512(const float *prod, const float *mat, const float *
         }
     }
 }
-#endif
 
 /* The same by rows of tiles (struct rows): 4 x 4 outputs from 6 x 6 products. */
 AVX512 static void out_rows_avx512(const float *prod, const float *mat, const float *bias,
@@ -467,6 +466,7 @@ AVX512 static void out_rows_avx512(const float *prod, const float *mat, const fl
         }
     }
 }
+#endif
 
 int winograd_in(const float *restrict x, float *restrict v, const float *restrict mat,
                 int64_t k, int c, int h, int w, int a, int p, int m, int ph, int pw, int th,
@@ -476,9 +476,8 @@ int winograd_in(const float *restrict x, float *restrict v, const float *restric
         return -2;
     size_t tiles = (size_t)k * th * tw;
 #if HAVE_AVX512
-    /* offsets within the chunk's images are int32 */
     if (!portable && cpu_has_avx512() && m == 4 && a <= 8 && tw >= ROWS_MIN_TILES &&
-        tw <= 16 && (tw - 1) * 4 + a - pw <= 80) {
+        tw <= 16) {
         float *stage = malloc(sizeof(float) * (size_t)p * p * tiles);
         if (stage == NULL)
             return -1;
@@ -486,6 +485,7 @@ int winograd_in(const float *restrict x, float *restrict v, const float *restric
         free(stage);
         return 0;
     }
+    /* the gathers' offsets within the chunk's images are int32 */
     if (!portable && cpu_has_avx512() && (double)k * c * h * w < 2147483647.0) {
         struct group *groups = describe(tiles, c, h, w, a, m, ph, pw, th, tw);
         if (groups == NULL)
