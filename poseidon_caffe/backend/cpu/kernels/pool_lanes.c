@@ -54,11 +54,6 @@ static void clip(const window2d *g, int i, int j, int *hs, int *he, int *ws, int
     *we = c + g->kw > g->w ? g->w : c + g->kw;
 }
 
-static __mmask16 first_lanes(int64_t count)
-{
-    return count >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
-}
-
 /* t[c][l] = x[l * pitch + c] for cells c < cells and lanes l < count (0 in the others): 16
  * cells of each plane loaded as one vector, transposed in registers. (A gather a cell reads
  * 16 planes' lines at once; planes of 4 KB share the L1 cache's sets and evict each other.) */

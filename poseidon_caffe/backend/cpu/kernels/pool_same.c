@@ -24,11 +24,6 @@
 #define LANES 16
 
 #if HAVE_AVX512
-static __mmask16 first_lanes(int64_t count)
-{
-    return count >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
-}
-
 /* Which of 16 consecutive cells' windows hold each tap, for every place the 16 can start in a
  * plane (cell 16 k, k = 0, 1, ...: the starts repeat after plane / gcd(plane, 16) of them):
  * masks[k * taps + a * kw + t], bit l for cell 16 k + l; then, from masks + starts * taps,

@@ -39,11 +39,6 @@ static int serves(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, 
 }
 
 #if HAVE_AVX512
-static inline __mmask16 first_lanes(int n)
-{
-    return n >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-}
-
 /* The three vectors of cells [start, start + 48) of a row: which lie inside [0, w). */
 static inline void row_cells(int start, int w, __mmask16 m[3])
 {

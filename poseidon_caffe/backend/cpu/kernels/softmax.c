@@ -45,11 +45,6 @@ AVX512 static inline __m512 exp16(__m512 t)
     return _mm512_scalef_ps(p, n);
 }
 
-static inline __mmask16 tail_mask(int64_t left)
-{
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
-
 /* One row of channels (inner 1). The max propagates a NaN as numpy's does: then every value
  * of the row is NaN. */
 AVX512 static void softmax_row(const float *x, float *y, int64_t channels)
@@ -58,7 +53,7 @@ AVX512 static void softmax_row(const float *x, float *y, int64_t channels)
     __m512 top = lowest;
     __mmask16 nan = 0;
     for (int64_t c = 0; c < channels; c += 16) {
-        const __m512 v = _mm512_mask_loadu_ps(lowest, tail_mask(channels - c), x + c);
+        const __m512 v = _mm512_mask_loadu_ps(lowest, first_lanes(channels - c), x + c);
         nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         top = _mm512_max_ps(top, v);
     }
@@ -66,14 +61,14 @@ AVX512 static void softmax_row(const float *x, float *y, int64_t channels)
     const __m512 shift = _mm512_set1_ps(most);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < channels; c += 16) {
-        const __mmask16 m = tail_mask(channels - c);
+        const __mmask16 m = first_lanes(channels - c);
         const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + c), shift));
         sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
         _mm512_mask_storeu_ps(y + c, m, e);
     }
     const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
     for (int64_t c = 0; c < channels; c += 16) {
-        const __mmask16 m = tail_mask(channels - c);
+        const __mmask16 m = first_lanes(channels - c);
         _mm512_mask_storeu_ps(y + c, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, y + c), total));
     }
 }
@@ -85,7 +80,7 @@ AVX512 static void softmax_plane(const float *x, float *y, int64_t channels, int
 {
     const __m512 lowest = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < inner; i += 16) {
-        const __mmask16 m = tail_mask(inner - i);
+        const __mmask16 m = first_lanes(inner - i);
         __m512 top = lowest;
         __mmask16 nan = 0;
         for (int64_t c = 0; c < channels; ++c) {
@@ -99,7 +94,7 @@ AVX512 static void softmax_plane(const float *x, float *y, int64_t channels, int
     }
     for (int64_t c = 0; c < channels; ++c)
         for (int64_t i = 0; i < inner; i += 16) {
-            const __mmask16 m = tail_mask(inner - i);
+            const __mmask16 m = first_lanes(inner - i);
             const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + c * inner + i),
                                                  _mm512_maskz_loadu_ps(m, most + i)));
             _mm512_mask_storeu_ps(y + c * inner + i, m, e);
@@ -108,7 +103,7 @@ AVX512 static void softmax_plane(const float *x, float *y, int64_t channels, int
         }
     for (int64_t c = 0; c < channels; ++c)
         for (int64_t i = 0; i < inner; i += 16) {
-            const __mmask16 m = tail_mask(inner - i);
+            const __mmask16 m = first_lanes(inner - i);
             float *row = y + c * inner + i;
             _mm512_mask_storeu_ps(row, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, row),
                                                         _mm512_maskz_loadu_ps(m, sum + i)));

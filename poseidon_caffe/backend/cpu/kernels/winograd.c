@@ -343,7 +343,7 @@ INLINE_AVX512 void place_outputs(const __m512 *Y, const struct rows *d, float *p
             int n = ow - cell < 16 ? ow - cell : 16;
             if (4 * (d->tw - 4 * j) < n)
                 n = 4 * (d->tw - 4 * j);
-            const __mmask16 inside = (__mmask16)((1u << n) - 1);
+            const __mmask16 inside = first_lanes(n);
             for (int r = 0; r < 4 && ty * 4 + r < oh; ++r) {
                 const __m512 low = _mm512_permutex2var_ps(Y[r * 4], at, Y[r * 4 + 1]);
                 const __m512 high = _mm512_permutex2var_ps(Y[r * 4 + 2], at, Y[r * 4 + 3]);
@@ -361,7 +361,7 @@ AVX512 static void in_avx512(const float *x, float *v, const float *mat, const s
         const float *plane = x + (size_t)cc * h * w;
         for (size_t g = 0; g * 16 < tiles; ++g) {
             size_t left = tiles - g * 16;
-            __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            __mmask16 keep = first_lanes((int64_t)left);
             float *out = v + (size_t)cc * tiles + g * 16;
             size_t stride = (size_t)c * tiles;
             __m512 X[MAX_SIDE * MAX_SIDE];
@@ -397,7 +397,7 @@ AVX512 static void in_rows_avx512(const float *x, float *v, const float *mat, in
         for (int64_t q0 = 0; q0 < tile_rows; q0 += d.per) {
             const int count = tile_rows - q0 < d.per ? (int)(tile_rows - q0) : d.per;
             const int n = count * tw;
-            const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+            const __mmask16 keep = first_lanes(n);
             float *out = stage + (size_t)q0 * tw;
             __m512 X[MAX_SIDE * MAX_SIDE];
             if (a == 6 && p == 6) {
@@ -425,7 +425,7 @@ AVX512 static void out_avx512(const float *prod, const float *mat, const float *
         float b = bias ? bias[cc] : 0.0f;
         for (size_t g = 0; g * 16 < tiles; ++g) {
             size_t left = tiles - g * 16;
-            __mmask16 keep = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            __mmask16 keep = first_lanes((int64_t)left);
             const float *in = prod + (size_t)cc * tiles + g * 16;
             size_t stride = (size_t)c * tiles;
             __m512 Y[MAX_SIDE * MAX_SIDE];
@@ -459,7 +459,7 @@ AVX512 static void out_rows_avx512(const float *prod, const float *mat, const fl
         for (int64_t q0 = 0; q0 < tile_rows; q0 += d.per) {
             const int count = tile_rows - q0 < d.per ? (int)(tile_rows - q0) : d.per;
             const int n = count * tw;
-            const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+            const __mmask16 keep = first_lanes(n);
             __m512 Y[16];
             untransform(stage + (size_t)q0 * tw, tiles, mat, b, keep, Y, 6, 4);
             place_outputs(Y, &d, plane, image, oh, ow, th, q0, count);
