@@ -1267,13 +1267,13 @@ def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
 
 
 def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
-    """Large ReLU passes run a flat part per thread: the same values as one pass, leaky and
-    in place included."""
-    from poseidon_caffe.backend.cpu import backend as cpu
+    """Large ReLU passes by numpy run a flat part per thread: the same values as one pass,
+    leaky and in place included."""
+    from poseidon_caffe.backend.cpu import backend as cpu, native
+    monkeypatch.setattr(native, "lib", None)
     be = type(B)()
     be.split_threads = 2
     monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 1000)
-    monkeypatch.setattr(cpu, "COMPILED_RELU_SPLIT", 1000)
     parts = []
     real = cpu.over_parts
     monkeypatch.setattr(cpu, "over_parts", lambda fn, n, threads: parts.append(
@@ -1290,6 +1290,98 @@ def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
     be.relu_forward(inplace, inplace, 0.0)
     np.testing.assert_array_equal(inplace, np.maximum(x, 0))
     assert len(parts) == 5 and all(len(bounds) == 2 for bounds in parts)
+
+
+def test_copy_and_add_of_whole_blobs_run_a_part_per_thread(monkeypatch):
+    """The net's fold of split gradients copies and adds whole blobs: over thread parts where
+    large, the same values as numpy's one pass (a reshaping copy and strided arrays too)."""
+    from poseidon_caffe.backend.cpu import backend as cpu
+    be = type(B)()
+    be.split_threads = 2
+    monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 1000)
+    parts = []
+    real = cpu.over_parts
+    monkeypatch.setattr(cpu, "over_parts", lambda fn, n, threads: parts.append(
+        real(fn, n, threads)))
+    x, y = _rand((4, 9, 31), 70), _rand((4, 9, 31), 71)
+    out = np.empty((36, 31), np.float32)
+    assert be.copy(x, out) is out and out.tobytes() == x.reshape(36, 31).tobytes()
+    acc = y.copy()
+    assert be.axpby(1.0, x, 1.0, acc) is acc
+    assert acc.tobytes() == (y + x).tobytes()
+    assert len(parts) == 2 and all(len(bounds) == 2 for bounds in parts)
+    strided = np.empty((4, 9, 62), np.float32)[..., ::2]
+    be.copy(x, strided)                                    # not contiguous: one pass
+    np.testing.assert_array_equal(strided, x)
+    scaled = y.copy()
+    be.axpby(2.0, x, 0.5, scaled)
+    np.testing.assert_allclose(scaled, 2 * x + 0.5 * y, rtol=1e-6)
+    assert len(parts) == 2
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7, 64, 1000])
+def test_compiled_relu_in_parts_is_one_pass_bit_for_bit(parts):
+    """The compiled ReLU's parts on the library's own threads (kernels/parts.c) cover the
+    pass once: the same bytes as one part, at sizes off the 16-value blocks the parts are cut
+    on, with more parts than blocks, in place and leaky."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    for size in (5, 16, 33, 1000, 65537):
+        x = _rand((size,), size) - 0.5
+        dy = _rand((size,), size + 1) - 0.5
+        for slope in (0.0, 0.25):
+            one, many = np.empty_like(x), np.full_like(x, np.nan)
+            native.relu_forward(x, one, slope)
+            native.relu_forward(x, many, slope, parts)
+            assert one.tobytes() == many.tobytes()
+            inplace = x.copy()
+            native.relu_forward(inplace, inplace, slope, parts)
+            assert inplace.tobytes() == one.tobytes()
+            native.relu_backward(x, dy, one, slope)
+            native.relu_backward(x, dy, many, slope, parts)
+            assert one.tobytes() == many.tobytes()
+            inplace = dy.copy()
+            native.relu_backward(x, inplace, inplace, slope, parts)
+            assert inplace.tobytes() == one.tobytes()
+
+
+def test_compiled_parts_run_in_a_forked_child_and_beside_other_threads():
+    """A child forked after the library's threads started has none of them: its parted
+    passes start their own and finish (not wait forever on threads that did not come along);
+    calls from several Python threads at once each cover their pass."""
+    import multiprocessing
+    import threading
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    x = _rand((100003,), 60) - 0.5
+    want = np.maximum(x, 0)
+    native.relu_forward(x, np.empty_like(x), 0.0, 2)            # the threads exist now
+    child = multiprocessing.get_context("fork").Process(target=_relu_in_parts_or_fail,
+                                                        args=(x, want))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    outs = [np.empty_like(x) for _ in range(4)]
+    threads = [threading.Thread(target=lambda y=y: [native.relu_forward(x, y, 0.0, 2)
+                                                    for _ in range(50)]) for y in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(y.tobytes() == want.tobytes() for y in outs)
+
+
+def _relu_in_parts_or_fail(x, want):
+    from poseidon_caffe.backend.cpu import native
+    y = np.empty_like(x)
+    native.relu_forward(x, y, 0.0, 2)
+    if y.tobytes() != want.tobytes():
+        raise SystemExit(3)
 
 
 @pytest.mark.parametrize("way", ["compiled", "numpy"])

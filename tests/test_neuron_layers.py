@@ -183,23 +183,25 @@ def test_dropout_mask_follows_the_seed():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("parts", [1, 2, 3, 64])
 @pytest.mark.parametrize("ratio", [0.0, 0.3, 0.5, 0.95])
-def test_dropout_map_is_the_hash_references_by_every_path(ratio, threads, monkeypatch):
-    """The compiled map (over threads, in place too) and numpy's fallback keep exactly what
-    dropout_bits.kept keeps, and a NaN stays NaN where dropped (Caffe multiplies by 0)."""
+def test_dropout_map_is_the_hash_references_by_every_path(ratio, parts, monkeypatch):
+    """The compiled map (in parts on the library's threads, in place too) and numpy's
+    fallback keep exactly what dropout_bits.kept keeps, and a NaN stays NaN where dropped
+    (Caffe multiplies by 0)."""
     from poseidon_caffe.backend import dropout_bits
     from poseidon_caffe.backend.cpu import dropout, native
-    x = np.random.RandomState(3).randn(3, 700, 300).astype(np.float32)  # over SPLIT values
+    # parts of 64-value steps and a short tail, at an odd count
+    x = np.random.RandomState(3).randn(3, 701, 299).astype(np.float32)
     x[0, 0, :4] = np.nan
     key = (0xFFFFFFFF, 0x9E3779B9)
     want = x * dropout_bits.kept(key, x.size, ratio).reshape(x.shape) * np.float32(2.0)
     assert np.isnan(want[0, 0, :4]).all()
     if native.lib is not None:
-        y = dropout.apply(x, np.empty_like(x), key, ratio, 2.0, threads)
+        y = dropout.apply(x, np.empty_like(x), key, ratio, 2.0, parts)
         np.testing.assert_array_equal(y, want)
         inplace = x.copy()
-        assert dropout.apply(inplace, inplace, key, ratio, 2.0, threads) is inplace
+        assert dropout.apply(inplace, inplace, key, ratio, 2.0, parts) is inplace
         np.testing.assert_array_equal(inplace, want)
     monkeypatch.setattr(native, "lib", None)
     np.testing.assert_array_equal(dropout.apply(x, np.empty_like(x), key, ratio, 2.0), want)

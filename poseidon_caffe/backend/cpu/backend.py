@@ -94,9 +94,12 @@ SPLIT_GEMM_FLOPS = 4e6
 # elementwise passes (numpy's ReLU; Concat's copies) of at least this many values run a part
 # per thread
 ELEMENTWISE_SPLIT = 1 << 18
-# the same for the compiled ReLU, a pass at the memory's rate: below a million values its
-# parts' hand-off costs more than the second core saves
-COMPILED_RELU_SPLIT = 1 << 20
+# the compiled ReLU and Dropout hand their parts to the library's own threads
+# (kernels/parts.c) in about 10 us: from this many values the second core pays
+NATIVE_SPLIT = 1 << 16
+# but a ReLU's forward mostly follows a GEMM, whose BLAS threads keep spinning on the other
+# cores for a while after it: below this many values, waiting for one costs more than it saves
+RELU_FORWARD_SPLIT = 1 << 19
 # the product a GEMM adds into its output is made this many bytes of rows at a time
 ACCUMULATE_BLOCK_BYTES = 2 * 1024 * 1024
 # Caffe's FLT_MIN, the floor inside log(prob) of a softmax loss
@@ -245,6 +248,14 @@ def keep_freed_memory():
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and
                 mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
+def _assign(out, src):
+    out[...] = src
+
+
+def _add_into(y, x):
+    np.add(y, x, out=y)
 
 
 class HostStream:
@@ -512,12 +523,17 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         return out
 
     def copy(self, src, out):
-        """out <- src, values of the same count."""
-        out[...] = src if src.shape == out.shape else src.reshape(out.shape)
+        """out <- src, values of the same count (a part per thread where large: the net's
+        fold of split gradients copies whole blobs)."""
+        self._over_flat_parts(_assign, out, src if src.shape == out.shape
+                              else src.reshape(out.shape))
         return out
 
     def axpby(self, alpha, x, beta, y):
         """y = alpha x + beta y."""
+        if alpha == 1.0 and beta == 1.0:
+            self._over_flat_parts(_add_into, y, x)       # the fold of split gradients
+            return y
         if beta != 1.0:
             y *= beta
         y += x if alpha == 1.0 else alpha * x
@@ -564,11 +580,14 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         flat = [a.reshape(-1) for a in arrays]
         over_parts(lambda i, lo, hi: fn(*(a[lo:hi] for a in flat)), n, self.split_threads)
 
+    def _native_parts(self, x, split=None):
+        """How many parts a compiled elementwise pass over x runs in."""
+        return self.split_threads if x.size >= (split or NATIVE_SPLIT) else 1
+
     def relu_forward(self, x, y, slope):
         # the compiled pass where it can run: numpy's maximum goes a value at a time
         if native.lib is not None and native.takes(x, y):
-            self._over_flat_parts(lambda x, y: native.relu_forward(x, y, slope), x, y,
-                                  split=COMPILED_RELU_SPLIT)
+            native.relu_forward(x, y, slope, self._native_parts(x, RELU_FORWARD_SPLIT))
             return
 
         def run(x, y):
@@ -579,8 +598,7 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
 
     def relu_backward(self, x, dy, dx, slope):
         if native.lib is not None and native.takes(x, dy, dx):
-            self._over_flat_parts(lambda x, dy, dx: native.relu_backward(x, dy, dx, slope),
-                                  x, dy, dx, split=COMPILED_RELU_SPLIT)
+            native.relu_backward(x, dy, dx, slope, self._native_parts(x))
             return
 
         def run(x, dy, dx):
@@ -748,11 +766,11 @@ class CPUBackend(PReLUOps, LossOps, CommonOps, RecurrentOps, MVNOps, Backend):
         stat[...] = stat * fraction + (value if scale == 1.0 else scale * value)
 
     def dropout_forward(self, x, y, key, ratio, scale):
-        dropout.apply(x, y, key, ratio, scale, self.split_threads)
+        dropout.apply(x, y, key, ratio, scale, self._native_parts(x))
         return key
 
     def dropout_backward(self, key, dy, dx, ratio, scale):
-        dropout.apply(dy, dx, key, ratio, scale, self.split_threads)
+        dropout.apply(dy, dx, key, ratio, scale, self._native_parts(dy))
 
     def softmax_forward(self, x, y):
         """y = softmax of x (outer, channels, inner) along channels, shifted by the max."""

@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 13                 # kernels_version() of the kernels these calls are written for
+VERSION = 14                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -56,11 +56,11 @@ def _load():
     lib.gemm_images.restype = _I
     lib.gemm_images_filter.argtypes = [_P, _L, _I, _P, _L, _I, _L, _L, _L, _P, _L]
     lib.gemm_images_filter.restype = _I
-    lib.relu_forward.argtypes = [_P, _P, _L, ctypes.c_float]
+    lib.relu_forward.argtypes = [_P, _P, _L, ctypes.c_float, _I]
     lib.relu_forward.restype = _I
-    lib.relu_backward.argtypes = [_P, _P, _P, _L, ctypes.c_float]
+    lib.relu_backward.argtypes = [_P, _P, _P, _L, ctypes.c_float, _I]
     lib.relu_backward.restype = _I
-    lib.dropout_apply.argtypes = [_P, _P, _I, _I, _U, _U, _U, ctypes.c_float]
+    lib.dropout_apply.argtypes = [_P, _P, _I, _I, _U, _U, _U, ctypes.c_float, _I]
     lib.dropout_apply.restype = _I
     lib.softmax_forward.argtypes = [_P, _P, _L, _L, _L]
     lib.softmax_forward.restype = _I
@@ -214,10 +214,11 @@ def col2im_2d(col, dx, geom, by_image_rows=0):
     return dx
 
 
-def dropout_apply(x, y, start, count, key, threshold, scale):
-    """y[start:start+count] = Dropout's map of x there (kernels/dropout.c; flat indices)."""
+def dropout_apply(x, y, start, count, key, threshold, scale, parts=1):
+    """y[start:start+count] = Dropout's map of x there (kernels/dropout.c; flat indices), in
+    ``parts`` parts side by side."""
     lib.dropout_apply(_address(x), _address(y), start, count, key[0], key[1], threshold,
-                      scale)
+                      scale, parts)
     return y
 
 
@@ -255,15 +256,16 @@ def gemm_images_filter(dy, dy_offset, x, x_offset, dw, positions):
     return dw
 
 
-def relu_forward(x, y, slope):
-    """y = Caffe's CPU ReLU of x (kernels/relu.c); y may be x."""
-    lib.relu_forward(_address(x), _address(y), x.size, slope)
+def relu_forward(x, y, slope, parts=1):
+    """y = Caffe's CPU ReLU of x (kernels/relu.c) in ``parts`` parts side by side (the
+    library's own threads, kernels/parts.c); y may be x."""
+    lib.relu_forward(_address(x), _address(y), x.size, slope, parts)
     return y
 
 
-def relu_backward(x, dy, dx, slope):
-    """dx = dy times ReLU's slope at x (kernels/relu.c); dx may be dy."""
-    lib.relu_backward(_address(x), _address(dy), _address(dx), x.size, slope)
+def relu_backward(x, dy, dx, slope, parts=1):
+    """dx = dy times ReLU's slope at x (kernels/relu.c), in ``parts`` parts; dx may be dy."""
+    lib.relu_backward(_address(x), _address(dy), _address(dx), x.size, slope, parts)
     return dx
 
 

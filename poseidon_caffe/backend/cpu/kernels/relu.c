@@ -8,8 +8,10 @@
  * these loops are one pass at the memory's rate. Caffe's in-place ReLU (y is x, dx is dy) has
  * loops of its own: with restrict pointers that may alias, the compiler would guard the
  * vector loop with an overlap test that an in-place call fails. */
+#include <stddef.h>
 #include <stdint.h>
 
+#include "parts.h"
 #include "vector_loop.h"
 
 static inline float relu(float v, float slope)
@@ -52,22 +54,45 @@ static void backward_in_place(const float *restrict x, float *restrict d, int64_
         d[i] *= relu_slope(x[i], slope);
 }
 
-/* y may be x; otherwise the two do not overlap. */
-int relu_forward(const float *x, float *y, int64_t n, float slope)
+/* One call's arrays, for its parts (parts.c). */
+struct relu_pass {
+    const float *x, *dy;
+    float *y;               /* forward's output, or backward's dx */
+    float slope;
+};
+
+static void forward_part(void *ctx, int64_t lo, int64_t hi)
 {
-    if (x == y)
-        forward_in_place(y, n, slope);
+    const struct relu_pass *p = ctx;
+    if (p->x == p->y)
+        forward_in_place(p->y + lo, hi - lo, p->slope);
     else
-        forward(x, y, n, slope);
+        forward(p->x + lo, p->y + lo, hi - lo, p->slope);
+}
+
+static void backward_part(void *ctx, int64_t lo, int64_t hi)
+{
+    const struct relu_pass *p = ctx;
+    if (p->y == p->dy)
+        backward_in_place(p->x + lo, p->y + lo, hi - lo, p->slope);
+    else
+        backward(p->x + lo, p->dy + lo, p->y + lo, hi - lo, p->slope);
+}
+
+/* y may be x; otherwise the two do not overlap. In `parts` parts side by side, their bounds
+ * on 64-byte lines. */
+int relu_forward(const float *x, float *y, int64_t n, float slope, int parts)
+{
+    struct relu_pass pass = {x, NULL, y, slope};
+    run_in_parts(forward_part, &pass, n, parts, 16);
     return 0;
 }
 
 /* dx may be dy; otherwise none of the three overlap. */
-int relu_backward(const float *x, const float *dy, float *dx, int64_t n, float slope)
+int relu_backward(const float *x, const float *dy, float *dx, int64_t n, float slope,
+                  int parts)
 {
-    if (dx == dy)
-        backward_in_place(x, dx, n, slope);
-    else
-        backward(x, dy, dx, n, slope);
+    struct relu_pass pass = {x, dy, dx, slope};
+    run_in_parts(backward_part, &pass, n, parts, 16);
     return 0;
 }
