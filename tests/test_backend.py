@@ -668,13 +668,17 @@ def test_native_ave_pooling_is_caffes_float32_arithmetic(path):
 
 
 # the compiled passes lay a plane out by stride phase when it has 16 outputs or more, and
-# visit each window directly below that: both, with strides 1-3, padding and overhang
+# visit each window directly below that: both, with strides 1-3, padding and overhang; AVE's
+# backward makes rows of up to 4 vectors in registers (pool_ave_rows.c, AVX-512): rows of 1,
+# 2 and 5 vectors
 NATIVE_LAYOUT_GEOMS = [
     ((32, 32), (3, 3), (2, 2), (0, 0), (16, 16)),     # CIFAR-10 quick's pool1
     ((16, 16), (3, 3), (2, 2), (0, 0), (8, 8)),        # its pool2
     ((11, 10), (3, 3), (3, 2), (1, 1), (4, 6)),
     ((9, 9), (3, 3), (1, 1), (1, 1), (9, 9)),          # an inception branch's pooling
     ((7, 7), (7, 7), (1, 1), (0, 0), (1, 1)),          # a global pooling: one output
+    ((14, 14), (5, 5), (3, 3), (0, 0), (4, 4)),        # GoogLeNet's auxiliary heads
+    ((6, 70), (3, 3), (2, 2), (1, 1), (4, 36)),        # AVE backward's rows over 4 vectors
 ]
 
 
@@ -695,7 +699,9 @@ def test_native_pooling_equals_caffes_loops_bit_for_bit(spec, path):
     np.testing.assert_array_equal(plan.mask(), mask)
     x, dy = _rand((2, 2) + g.in_shape, 31), _rand((2, 2) + g.out_shape, 32)
     y = plan.ave_forward(x, np.empty(dy.shape, np.float32))
-    dx = plan.ave_backward(dy, np.full(x.shape, np.nan, np.float32))
+    room = np.full(x.size + 16, np.nan, np.float32)       # dx, then cells left alone
+    dx = plan.ave_backward(dy, room[:x.size].reshape(x.shape))
+    assert np.isnan(room[x.size:]).all()
     want_y, want_dx = np.empty_like(y), np.zeros_like(x)
     (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
     for a, b, i, j in itertools.product(range(2), range(2), *map(range, g.out_shape)):

@@ -44,6 +44,9 @@ int pool_lanes_ave_forward(const float *x, float *y, const float *size, int64_t 
 int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                             int ph, int pw);
+int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
+                              int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                              int ph, int pw);
 
 /* The version of the functions' signatures below and in lrn.c, direct.c, winograd.c,
  * columns.c and dropout.c (raise it with any change to one); native.py refuses a library built
@@ -628,7 +631,10 @@ int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t plan
     if (size == NULL)
         return -1;
     if (lanes) {
-        int status = pool_lanes_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
+        int status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
+                                               sw, ph, pw);
+        if (status == -2)
+            status = pool_lanes_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
                                              sw, ph, pw);
         if (status != -2) {
             free(size);

@@ -1,0 +1,172 @@
+/* AVE pooling's backward, 16 consecutive cells of a plane a vector.
+ *
+ * pool_lanes.c lays 16 planes side by side and transposes them back on the way out: for a
+ * backward, whose output dx is the large side, those transposes are most of its time
+ * (GoogLeNet's auxiliary heads, 14x14 -> 4x4 over 512 channels: 4.8 GB/s). Here dx is made
+ * in the order it is stored: for each vector of a plane's cells, a list made once a call says
+ * which windows cover which of its lanes, and each window adds its share (dy / Caffe's
+ * divisor) to those lanes, one masked add; the windows in Caffe's row-major order, so each
+ * cell gets Caffe's float32 sum in Caffe's order. dx is then written once, whole vectors in
+ * increasing order. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "avx512.h"
+
+/* planes of more cells take pool_lanes.c (whose planes are at most 16384 cells) */
+#define MAX_CELLS 16384
+/* and so do windows of more adds a vector than this, on average: pool_lanes.c's transposes
+ * then cost less (CIFAR-10 quick's pool2, 11.5 windows a vector: 528 -> 664 us; its pool3, 7:
+ * the same; GoogLeNet's auxiliary heads, 5.8: 1842 -> 1430) */
+#define MAX_SHARES 8
+
+int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
+                              int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                              int ph, int pw);
+
+#if HAVE_AVX512
+typedef struct {
+    int32_t output;           /* the window, i * ow + j */
+    __mmask16 lanes;          /* the vector's cells it covers */
+} share_of;
+
+typedef struct {
+    int first, last;          /* the outputs on one axis whose windows cover a cell */
+} covering;
+
+/* For each input position on one axis, the outputs whose clipped windows hold it (Caffe's
+ * start i * stride - pad, end clipped to extent + pad, then both to the input). */
+static void cover_axis(covering *at, int extent, int outputs, int stride, int pad, int kernel)
+{
+    for (int x = 0; x < extent; ++x) {
+        at[x].first = outputs;
+        at[x].last = -1;
+    }
+    for (int i = 0; i < outputs; ++i) {
+        int s = i * stride - pad, e = s + kernel;
+        if (e > extent + pad)
+            e = extent + pad;
+        for (int x = s < 0 ? 0 : s; x < e && x < extent; ++x) {
+            if (i < at[x].first)
+                at[x].first = i;
+            at[x].last = i;
+        }
+    }
+}
+
+/* The list of each vector: entries [start[t], start[t + 1]) for vector t, in output order.
+ * NULL out of memory. */
+static share_of *list_shares(int h, int w, int oh, int ow, const covering *rows,
+                             const covering *cols, int64_t *start)
+{
+    int cells = h * w, vectors = (cells + 15) / 16;
+    size_t room = 0;
+    for (int q = 0; q < cells; ++q) {
+        const covering *r = rows + q / w, *c = cols + q % w;
+        if (r->last >= r->first && c->last >= c->first)
+            room += (size_t)(r->last - r->first + 1) * (c->last - c->first + 1);
+    }
+    share_of *list = malloc(sizeof(share_of) * (room + 1));
+    __mmask16 *lanes = calloc((size_t)oh * ow, sizeof(__mmask16));
+    if (list == NULL || lanes == NULL) {
+        free(list);
+        free(lanes);
+        return NULL;
+    }
+    int64_t n = 0;
+    for (int t = 0; t < vectors; ++t) {
+        int low = oh * ow, high = -1;
+        start[t] = n;
+        for (int q = 16 * t; q < 16 * t + 16 && q < cells; ++q) {
+            const covering *r = rows + q / w, *c = cols + q % w;
+            for (int i = r->first; i <= r->last; ++i)
+                for (int j = c->first; j <= c->last; ++j) {
+                    int k = i * ow + j;
+                    lanes[k] |= (__mmask16)(1u << (q - 16 * t));
+                    low = k < low ? k : low;
+                    high = k > high ? k : high;
+                }
+        }
+        for (int k = low; k <= high; ++k)
+            if (lanes[k]) {
+                list[n].output = k;
+                list[n].lanes = lanes[k];
+                ++n;
+                lanes[k] = 0;
+            }
+    }
+    start[vectors] = n;
+    free(lanes);
+    return list;
+}
+
+/* One plane; `last`: the call's last plane, whose last vector must not pass dx's end. */
+AVX512 static void plane(const float *restrict dy, float *restrict dx, const float *size,
+                         float *share, const share_of *list, const int64_t *start, int cells,
+                         int outputs, int last)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int q = 0; q < outputs; q += 16) {
+        /* a whole-vector store: the scalar loads below are then forwarded from it (a masked
+         * store's cannot be, and each would wait for the store to reach the cache) */
+        __mmask16 m = first_lanes(outputs - q);
+        _mm512_storeu_ps(share + q, _mm512_div_ps(_mm512_maskz_loadu_ps(m, dy + q),
+                                                  _mm512_mask_loadu_ps(one, m, size + q)));
+    }
+    int vectors = (cells + 15) / 16;
+    for (int t = 0; t < vectors; ++t) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t e = start[t]; e < start[t + 1]; ++e)
+            sum = _mm512_mask_add_ps(sum, list[e].lanes, sum,
+                                     _mm512_set1_ps(share[list[e].output]));
+        /* a plane's last vector spills into the next plane's first cells, which the next
+         * stores then write: whole stores, in increasing order */
+        if (last && t == vectors - 1)
+            _mm512_mask_storeu_ps(dx + 16 * t, first_lanes(cells - 16 * t), sum);
+        else
+            _mm512_storeu_ps(dx + 16 * t, sum);
+    }
+}
+#endif
+
+/* dx (planes, h, w) = AVE's gradient of dy (planes, oh, ow), `size` Caffe's divisor of each
+ * output; -2 where this does not serve (no AVX-512, planes over MAX_CELLS, windows
+ * overlapping more than MAX_SHARES allows), -1 out of memory. */
+int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
+                              int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                              int ph, int pw)
+{
+#if HAVE_AVX512
+    if (!cpu_has_avx512() || (int64_t)h * w > MAX_CELLS)
+        return -2;
+    int cells = h * w, outputs = oh * ow, vectors = (cells + 15) / 16;
+    covering *rows = malloc(sizeof(covering) * (size_t)h);
+    covering *cols = malloc(sizeof(covering) * (size_t)w);
+    int64_t *start = malloc(sizeof(int64_t) * ((size_t)vectors + 1));
+    float *share = malloc(sizeof(float) * ((size_t)outputs + 16));
+    share_of *list = NULL;
+    if (rows != NULL && cols != NULL && start != NULL && share != NULL) {
+        cover_axis(rows, h, oh, sh, ph, kh);
+        cover_axis(cols, w, ow, sw, pw, kw);
+        list = list_shares(h, w, oh, ow, rows, cols, start);
+    }
+    int status = list != NULL ? 0 : -1;
+    if (list != NULL && start[vectors] > (int64_t)MAX_SHARES * vectors)
+        status = -2;
+    if (status == 0)
+        for (int64_t p = 0; p < planes; ++p)
+            plane(dy + p * outputs, dx + p * cells, size, share, list, start, cells, outputs,
+                  p == planes - 1);
+    free(rows);
+    free(cols);
+    free(start);
+    free(share);
+    free(list);
+    return status;
+#else
+    (void)dy, (void)dx, (void)size, (void)planes, (void)h, (void)w, (void)oh, (void)ow;
+    (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw;
+    return -2;
+#endif
+}
