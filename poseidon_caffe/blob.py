@@ -9,6 +9,16 @@ MAX_BLOB_AXES = 32
 MAX_BLOB_COUNT = 2 ** 63 - 1
 
 
+class _DiffOf:
+    """The "pool" of a blob whose diff is another blob's (Blob.borrow_diff_of)."""
+
+    def __init__(self, blob):
+        self.blob = blob
+
+    def take(self, slot, shape):
+        return self.blob.diff.reshape(shape)
+
+
 class Blob:
     """Storage is allocated on first use, not at reshape: a net can shape every blob, add up
     what they will need and refuse a net that cannot fit before any large array exists.
@@ -171,6 +181,13 @@ class Blob:
         """Let the diff be a view into ``pool``'s buffer ``slot``, shared with other blobs
         whose diffs are never needed at the same time (see net.diff_sharing)."""
         self._diff_pool = (pool, slot)
+        self._diff = None
+
+    def borrow_diff_of(self, other):
+        """Let the diff be ``other``'s, in this blob's shape (of the same count): a Split's
+        first consumer in backward writes its gradient straight into the Split's input (see
+        net.split_folding). Called again after ``other`` borrows a diff of its own."""
+        self._diff_pool = (_DiffOf(other), None)
         self._diff = None
 
     @property

@@ -140,6 +140,28 @@ def test_folded_outputs_share_buffers_and_the_estimate_counts_them_once():
     assert est_f["data"] == est_w["data"]
 
 
+def test_a_splits_last_consumer_writes_into_its_input_with_no_copy():
+    """The first consumer in backward (the net's last) has the Split input's diff for its
+    own, also after diffs are shared (which moves the input's); a consumer reading two
+    outputs of one Split does not (x's, side's and ip2's Splits have one; a's and cat's end in
+    a two-bottom Eltwise). The gradients stay the written Splits' sum."""
+    folded, written = _pair()
+    folding = folded._split_folding
+    assert sorted(folded.layer_names[s] for s in folding.direct) == [
+        "ip2_ip2_0_split", "side_ip_0_split", "x_in_0_split"]
+    _gradients(folded)                  # the diffs as they are before sharing, in use
+    folded.share_diffs()
+    for s, blob in folding.direct.items():
+        assert np.shares_memory(blob.diff, folding.split_input[s].diff)
+    for _ in range(2):
+        _, grads_f, dx_f = _gradients(folded)
+        _, grads_w, dx_w = _gradients(written)
+        for name in grads_f:
+            for gf, gw in zip(grads_f[name], grads_w[name]):
+                _close(gf, gw)
+        _close(dx_f, dx_w)
+
+
 USER_MODULE = '''
 from poseidon_caffe.layers import Layer
 

@@ -109,4 +109,6 @@ def share_diffs(net):
         free_after[slot] = last
         pool.reserve(slot, need)
         net._blobs[bid].borrow_diff(pool, slot)
+    if net._split_folding is not None:
+        net._split_folding.relink()           # Split inputs' diffs may have moved
     return pool
