@@ -129,6 +129,12 @@ def test_pool_plans(gpu, in_hw, k, s, p):
     cp.ave_backward(dy, dx)
     gp.ave_backward(dyd, dxd)
     close(gpu.to_host(dxd), dx)
+    start = rand(x.shape, 11)                        # add=True: dx plus the gradient
+    added, addedd = start.copy(), gpu.to_device(start)
+    cp.ave_backward(dy, added, add=True)
+    gp.ave_backward(dyd, addedd, add=True)
+    close(added, start + dx)
+    close(gpu.to_host(addedd), start + dx)
     if not any(p):
         uniform = rand(dy.shape, 10, 0.0, 1.0)
         cp.stochastic_forward_train(x, y, uniform)

@@ -147,11 +147,12 @@ def test_a_splits_last_consumer_writes_into_its_input_with_no_copy():
     a two-bottom Eltwise). The gradients stay the written Splits' sum."""
     folded, written = _pair()
     folding = folded._split_folding
-    assert sorted(folded.layer_names[s] for s in folding.direct) == [
+    assert sorted(folded.layer_names[s] for s in folding.into_input.values()) == [
         "ip2_ip2_0_split", "side_ip_0_split", "x_in_0_split"]
+    assert not folding.adding
     _gradients(folded)                  # the diffs as they are before sharing, in use
     folded.share_diffs()
-    for s, blob in folding.direct.items():
+    for blob, s in folding.into_input.items():
         assert np.shares_memory(blob.diff, folding.split_input[s].diff)
     for _ in range(2):
         _, grads_f, dx_f = _gradients(folded)
@@ -160,6 +161,70 @@ def test_a_splits_last_consumer_writes_into_its_input_with_no_copy():
             for gf, gw in zip(grads_f[name], grads_w[name]):
                 _close(gf, gw)
         _close(dx_f, dx_w)
+
+
+# x feeds a convolution, two AVE poolings (windows apart, which the compiled kernel adds into
+# a diff; windows overlapping on every cell, which it leaves to a gradient made apart) and a
+# last convolution, the first consumer in backward
+AVE_CONSUMERS = """
+name: "ave_adds"
+force_backward: true
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } shape { dim: 2 } } }
+layer { name: "a" type: "Convolution" bottom: "x" top: "a"
+        convolution_param { num_output: 2 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "p1" type: "Pooling" bottom: "x" top: "p1"
+        pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "p2" type: "Pooling" bottom: "x" top: "p2"
+        pooling_param { pool: AVE kernel_size: 3 stride: 1 pad: 1 } }
+layer { name: "b" type: "Convolution" bottom: "x" top: "b"
+        convolution_param { num_output: 2 kernel_size: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "fa" type: "InnerProduct" bottom: "a" top: "fa"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "f1" type: "InnerProduct" bottom: "p1" top: "f1"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "f2" type: "InnerProduct" bottom: "p2" top: "f2"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "fb" type: "InnerProduct" bottom: "b" top: "fb"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "sum" type: "Eltwise" bottom: "fa" bottom: "f1" bottom: "f2" bottom: "fb"
+        top: "sum" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "sum" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_ave_poolings_add_their_gradient_into_the_splits_input(compiled, monkeypatch):
+    """AVE pooling adds its gradient straight into the Split input's diff where another
+    consumer wrote before it (the compiled kernel adding to each cell's value, or a gradient
+    made apart and added), and writes it where none did this pass: the input's gradient is
+    the written Splits' sum, pass after pass, whole or from a middle layer down."""
+    from poseidon_caffe.backend.cpu import native
+    if not compiled:
+        monkeypatch.setattr(native, "PORTABLE_POOLING", True)    # the kernel declines
+    elif native.lib is None:
+        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+    folded, written = _pair(AVE_CONSUMERS)
+    folding = folded._split_folding
+    assert sorted(folded.layer_names[i] for i in folding.adding) == ["p1", "p2"]
+    for _ in range(2):
+        _, grads_f, dx_f = _gradients(folded)
+        _, grads_w, dx_w = _gradients(written)
+        for name in grads_f:
+            for gf, gw in zip(grads_f[name], grads_w[name]):
+                _close(gf, gw)
+        _close(dx_f, dx_w)
+    # a backward from p2 down: p2 is the first contributor of the pass and writes (Caffe's
+    # Split would also add b's gradient of the last pass, left out of this range: zeroed)
+    written.blobs["x_in_0_split_3"].diff[...] = 0
+    for net in (folded, written):
+        net.blobs["p2"].diff[...] = 1.0
+        net.blobs["p1"].diff[...] = 0.5
+        net.backward_from_to(net.layer_names.index("p2"), 0)
+    _close(folded.blobs["x"].diff, written.blobs["x"].diff)
+    assert np.abs(written.blobs["x"].diff).max() > 1e-3
 
 
 USER_MODULE = '''

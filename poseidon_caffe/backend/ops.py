@@ -465,7 +465,8 @@ class Backend(abc.ABC):
     @op
     def pool_plan(self, geom):
         """A plan for a ``PoolGeometry``: ``max_forward(x, y)``, ``mask()``,
-        ``routed_backward(dy, dx)``, ``ave_forward/ave_backward``,
+        ``routed_backward(dy, dx)``, ``ave_forward(x, y)``, ``ave_backward(dy, dx,
+        add=False)`` (with ``add``, dx += the gradient: net/split_folding.py),
         ``stochastic_forward_train(x, y, uniform)``, ``stochastic_forward_test(x, y)``,
         ``stochastic_backward_test(x, dy, dx)``; it keeps the winners of its last forward."""
 

@@ -104,6 +104,15 @@ class Layer:
     # none, so no split adds one and the producer reads Caffe's zeros
     gradient_free_bottoms = ()
 
+    # bottoms whose diff backward adds its gradient into instead of writing it, set by the
+    # net before each backward (net/split_folding.py) for the bottoms of ``adds_to_bottoms``
+    adding_bottoms = frozenset()
+
+    def adds_to_bottoms(self):
+        """The bottoms whose gradient backward can add into their diff when asked (through
+        ``adding_bottoms``) for less than making it apart and adding it: none here."""
+        return ()
+
     def has_backward(self):
         return type(self).backward is not Layer.backward
 

@@ -391,12 +391,16 @@ class PoolingLayer(Layer):
         else:
             plan.stochastic_forward_test(x, y)
 
+    def adds_to_bottoms(self):
+        # AVE's compiled backward adds a cell's shares to its value as cheaply as to zero
+        return (0,) if self.method == _POOL.AVE and not self.backend.on_device else ()
+
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         dy, dx = top[0].dev_diff, bottom[0].mutable_dev_diff
         if self.method == _POOL.AVE:
-            self.plan.ave_backward(dy, dx)
+            self.plan.ave_backward(dy, dx, add=0 in self.adding_bottoms)
         elif self.method == _POOL.STOCHASTIC and self.phase != caffe_pb2.TRAIN:
             self.plan.stochastic_backward_test(bottom[0].dev_data, dy, dx)
         else:

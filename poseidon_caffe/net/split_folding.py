@@ -13,7 +13,9 @@ one per bottom position of a consumer, since one layer may read several Split ou
 The first consumer in backward order (the last in the net) writes its gradient straight into
 the Split input's diff: its output's diff is the input's (``Blob.borrow_diff_of``), so the
 first contribution costs no copy (GoogLeNet: an inception output's 12.8 MB, nine times a
-pass). Each later one is added.
+pass). Each later one is added; a layer that can add its gradient into a bottom's diff as
+cheaply as write it (``Layer.adds_to_bottoms``: AVE pooling, GoogLeNet's auxiliary heads) is
+given the input's diff too and adds there, with no pass of its own.
 
 The sum is the same; its order is the consumers' backward order rather than the outputs'
 order, which changes the last bits only. A folded output's ``diff`` read after backward holds
@@ -36,7 +38,10 @@ class SplitFolding:
         self.split_input = {}       # folded split layer -> its bottom blob
         self.started = {}           # folded split layer -> a contribution arrived this pass
         self.zero_first = set()     # consumers that may leave a bottom diff unwritten
-        self.direct = {}            # split layer -> its output blob whose diff is the input's
+        # Split output blob -> its Split, where the output's diff is the Split input's: the
+        # first consumer in backward writes into it, and a layer that can adds into it
+        self.into_input = {}
+        self.adding = {}            # consumer layer -> [(bottom index, split layer)] it adds
         made_by = {}                # blob id -> layers that write it as a top
         for i, ids in enumerate(net.top_ids):
             for bid in ids:
@@ -61,22 +66,31 @@ class SplitFolding:
                     self.folds.setdefault(i, []).append((j, out_of[bid]))
             if i in self.folds and net.param.layer[i].type == "Python":
                 self.zero_first.add(i)      # a user's backward may leave a diff alone
+        self.layers = net.layers
         first = {}                  # split layer -> its last consumer, the first in backward
         for i in sorted(self.folds):
             for j, s in self.folds[i]:
                 first[s] = None if i in self.zero_first else (i, j)
-        for s, taker in first.items():
-            if taker is not None:
-                i, j = taker
-                if sum(1 for _, t in self.folds[i] if t == s) == 1:     # one bottom of s
-                    self.direct[s] = net._blobs[net.bottom_ids[i][j]]
+        for i in sorted(self.folds):
+            if i in self.zero_first:
+                continue
+            adds = self.layers[i].adds_to_bottoms()
+            for j, s in self.folds[i]:
+                if sum(1 for _, t in self.folds[i] if t == s) > 1:
+                    continue        # two bottoms of one Split: each needs its own diff
+                blob = net._blobs[net.bottom_ids[i][j]]
+                if first[s] == (i, j):
+                    self.into_input[blob] = s
+                elif j in adds:
+                    self.into_input[blob] = s
+                    self.adding.setdefault(i, []).append((j, s))
         for i, ids in enumerate(net.bottom_ids):
             slot = 0
             for bid in ids:
                 if bid not in out_of:
                     continue
                 blob = net._blobs[bid]
-                if self.direct.get(out_of[bid]) is blob:
+                if blob in self.into_input:
                     continue
                 blob.borrow_diff(self.pool, slot)
                 self.pool.reserve(slot, blob.count)
@@ -84,9 +98,9 @@ class SplitFolding:
         self.relink()
 
     def relink(self):
-        """(Again, once a Split input's diff has moved: net.diff_sharing) let each Split's
-        first consumer in backward write into the input's diff."""
-        for s, blob in self.direct.items():
+        """(Again, once a Split input's diff has moved: net.diff_sharing) let the consumers
+        that write or add into a Split's input have its diff for their bottom's."""
+        for blob, s in self.into_input.items():
             blob.borrow_diff_of(self.split_input[s])
 
     def __bool__(self):
@@ -94,10 +108,14 @@ class SplitFolding:
 
     def before_backward(self, i, bottoms):
         """A consumer that may skip writing a bottom's diff finds it zeroed (as Caffe's
-        untouched Split output would be)."""
+        untouched Split output would be); one that adds into a Split's input does where a
+        contribution came before it this pass, and writes it where none did."""
         if i in self.zero_first:
             for j, _ in self.folds[i]:
                 bottoms[j].diff[...] = 0
+        adding = self.adding.get(i)
+        if adding:
+            self.layers[i].adding_bottoms = frozenset(j for j, s in adding if self.started[s])
 
     def after_backward(self, i, bottoms):
         """Add the Split outputs this consumer's backward just wrote into their Splits' input."""
@@ -105,8 +123,8 @@ class SplitFolding:
             source = bottoms[j]
             target = self.split_input[s]
             be = source.backend
-            if self.direct.get(s) is source:
-                self.started[s] = True      # it wrote into the input's diff
+            if self.into_input.get(source) == s:
+                self.started[s] = True      # it wrote or added into the input's diff
             elif self.started[s]:
                 be.axpby(1.0, source.dev_diff, 1.0, target.mutable_dev_diff)
             else:

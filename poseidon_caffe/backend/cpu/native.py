@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 14                 # kernels_version() of the kernels these calls are written for
+VERSION = 15                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -41,6 +41,8 @@ def _load():
     lib.pool_ave_forward.restype = _I
     lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_backward.restype = _I
+    lib.pool_ave_backward_add.argtypes = [_P, _P, _L] + _WINDOW
+    lib.pool_ave_backward_add.restype = _I
     lib.conv_direct_forward.argtypes = [_P, _P, _P, _P, _L] + [_I] * 9
     lib.conv_direct_forward.restype = _I
     lib.conv_direct_filter.argtypes = [_P, _P, _P, _L] + [_I] * 8
@@ -148,6 +150,20 @@ def ave_pool_backward(dy, dx, geom):
                              int(not PORTABLE_POOLING)):
         raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return dx
+
+
+def ave_pool_backward_add(dy, dx, geom):
+    """dx += AVE pooling's gradient of dy, each cell's shares added to its value in Caffe's
+    order; False where the kernel does not serve (no AVX-512, the phased passes asked for,
+    windows overlapping much): nothing is written then."""
+    if PORTABLE_POOLING:
+        return False
+    planes = dy.shape[0] * dy.shape[1]
+    status = lib.pool_ave_backward_add(_address(dy), _address(dx), planes, *_pool_window(geom))
+    if status == -1:
+        raise MemoryError("AVE pooling: no memory for the lists of a %dx%d plane"
+                          % geom.in_shape)
+    return status == 0
 
 
 def winograd_in(x, v, mat, a, m, pad, tiles):

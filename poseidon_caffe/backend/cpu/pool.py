@@ -424,7 +424,13 @@ class PoolPlan:
         over_batch(run, x.shape[0], self._bytes_per_image(x.shape[1]))
         return y
 
-    def ave_backward(self, dy, dx):
+    def ave_backward(self, dy, dx, add=False):
+        if add:
+            # into dx's values by the kernel where it serves, else made apart and added
+            if not (self._native_takes(dy, dx) and native.ave_pool_backward_add(dy, dx,
+                                                                                self.geom)):
+                dx += self.ave_backward(dy, np.empty_like(dx))
+            return dx
         if self._native_takes(dy, dx):
             return native.ave_pool_backward(dy, dx, self.geom)
         inverse = self._inverse_sizes()

@@ -254,8 +254,10 @@ class SplitPoolPlan:
         self._each("ave_forward", x.shape[0], x, y)
         return y
 
-    def ave_backward(self, dy, dx):
-        self._each("ave_backward", dy.shape[0], dy, dx)
+    def ave_backward(self, dy, dx, add=False):
+        def run(i, lo, hi):
+            self._plan(i).ave_backward(dy[lo:hi], dx[lo:hi], add)
+        over_parts(run, dy.shape[0], self.threads)
         return dx
 
     def stochastic_forward_train(self, x, y, uniform):

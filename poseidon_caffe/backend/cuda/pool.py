@@ -45,9 +45,12 @@ class PoolPlan:
         self.backend.launcher.run(kernels.pooling.ave_pool_forward, y.size, x.ptr, *self._args(),
                                   *self.geom.pad, y.ptr)
 
-    def ave_backward(self, dy, dx):
+    def ave_backward(self, dy, dx, add=False):
+        out = self.backend.empty(dx.shape) if add else dx
         self.backend.launcher.run(kernels.pooling.ave_pool_backward, dx.size, dy.ptr,
-                                  *self._args(), *self.geom.pad, dx.ptr)
+                                  *self._args(), *self.geom.pad, out.ptr)
+        if add:
+            self.backend.axpby(1.0, out, 1.0, dx)
 
     def stochastic_forward_train(self, x, y, uniform):
         mask = self._winners(y.shape)

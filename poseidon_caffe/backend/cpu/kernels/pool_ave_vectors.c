@@ -7,7 +7,8 @@
  * which windows cover which of its lanes, and each window adds its share (dy / Caffe's
  * divisor) to those lanes, one masked add; the windows in Caffe's row-major order, so each
  * cell gets Caffe's float32 sum in Caffe's order. dx is then written once, whole vectors in
- * increasing order. */
+ * increasing order. Or added to: the sums then start from dx's values (a folded Split's
+ * input, net/split_folding.py, whose gradient other consumers began). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@
 
 int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
-                              int ph, int pw);
+                              int ph, int pw, int add);
 
 #if HAVE_AVX512
 typedef struct {
@@ -104,7 +105,7 @@ static share_of *list_shares(int h, int w, int oh, int ow, const covering *rows,
 /* One plane; `last`: the call's last plane, whose last vector must not pass dx's end. */
 AVX512 static void plane(const float *restrict dy, float *restrict dx, const float *size,
                          float *share, const share_of *list, const int64_t *start, int cells,
-                         int outputs, int last)
+                         int outputs, int last, int add)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int q = 0; q < outputs; q += 16) {
@@ -116,26 +117,32 @@ AVX512 static void plane(const float *restrict dy, float *restrict dx, const flo
     }
     int vectors = (cells + 15) / 16;
     for (int t = 0; t < vectors; ++t) {
-        __m512 sum = _mm512_setzero_ps();
+        int end = last && t == vectors - 1;      /* masked: dx ends inside this vector */
+        __mmask16 ours = end ? first_lanes(cells - 16 * t) : (__mmask16)0xFFFF;
+        /* with `add`, the lanes past the plane are the next one's cells, stored back as they
+         * were */
+        __m512 sum = !add ? _mm512_setzero_ps()
+                          : end ? _mm512_maskz_loadu_ps(ours, dx + 16 * t)
+                                : _mm512_loadu_ps(dx + 16 * t);
         for (int64_t e = start[t]; e < start[t + 1]; ++e)
             sum = _mm512_mask_add_ps(sum, list[e].lanes, sum,
                                      _mm512_set1_ps(share[list[e].output]));
         /* a plane's last vector spills into the next plane's first cells, which the next
          * stores then write: whole stores, in increasing order */
-        if (last && t == vectors - 1)
-            _mm512_mask_storeu_ps(dx + 16 * t, first_lanes(cells - 16 * t), sum);
+        if (end)
+            _mm512_mask_storeu_ps(dx + 16 * t, ours, sum);
         else
             _mm512_storeu_ps(dx + 16 * t, sum);
     }
 }
 #endif
 
-/* dx (planes, h, w) = AVE's gradient of dy (planes, oh, ow), `size` Caffe's divisor of each
- * output; -2 where this does not serve (no AVX-512, planes over MAX_CELLS, windows
+/* dx (planes, h, w) = AVE's gradient of dy (planes, oh, ow), or with `add` dx plus it, `size`
+ * Caffe's divisor of each output; -2 where this does not serve (no AVX-512, planes over MAX_CELLS, windows
  * overlapping more than MAX_SHARES allows), -1 out of memory. */
 int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
-                              int ph, int pw)
+                              int ph, int pw, int add)
 {
 #if HAVE_AVX512
     if (!cpu_has_avx512() || (int64_t)h * w > MAX_CELLS)
@@ -157,7 +164,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
     if (status == 0)
         for (int64_t p = 0; p < planes; ++p)
             plane(dy + p * outputs, dx + p * cells, size, share, list, start, cells, outputs,
-                  p == planes - 1);
+                  p == planes - 1, add);
     free(rows);
     free(cols);
     free(start);
@@ -166,7 +173,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
     return status;
 #else
     (void)dy, (void)dx, (void)size, (void)planes, (void)h, (void)w, (void)oh, (void)ow;
-    (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw;
+    (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw, (void)add;
     return -2;
 #endif
 }

@@ -46,14 +46,14 @@ int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64
                             int ph, int pw);
 int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
-                              int ph, int pw);
+                              int ph, int pw, int add);
 
 /* The version of the functions' signatures below and in lrn.c, direct.c, winograd.c,
  * columns.c and dropout.c (raise it with any change to one); native.py refuses a library built
  * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 14;
+    return 15;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -632,7 +632,7 @@ int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t plan
         return -1;
     if (lanes) {
         int status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
-                                               sw, ph, pw);
+                                               sw, ph, pw, 0);
         if (status == -2)
             status = pool_lanes_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
                                              sw, ph, pw);
@@ -681,6 +681,21 @@ int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t plan
     free(size);
     phased_free(&q);
     return 0;
+}
+
+/* dx += AVE's gradient of dy: each cell's shares added to its value in Caffe's order
+ * (pool_ave_vectors.c); -2 where that does not serve (the caller adds a gradient made apart),
+ * -1 out of memory. */
+int pool_ave_backward_add(const float *restrict dy, float *restrict dx, int64_t planes, int h,
+                          int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
+{
+    float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
+    if (size == NULL)
+        return -1;
+    int status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh, sw,
+                                           ph, pw, 1);
+    free(size);
+    return status;
 }
 
 /* An importable module, so that the import system finds the library (editable installs
