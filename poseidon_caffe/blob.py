@@ -184,8 +184,8 @@ class Blob:
         self._diff = None
 
     def borrow_diff_of(self, other):
-        """Let the diff be ``other``'s, in this blob's shape (of the same count): a Split's
-        first consumer in backward writes its gradient straight into the Split's input (see
+        """Let the diff be ``other``'s, in this blob's shape (of the same count): a consumer
+        of a folded Split writes or adds its gradient straight into the Split's input (see
         net.split_folding). Called again after ``other`` borrows a diff of its own."""
         self._diff_pool = (_DiffOf(other), None)
         self._diff = None
