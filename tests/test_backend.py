@@ -1272,11 +1272,10 @@ def test_gemm_cut_over_threads_matches_one_product(monkeypatch):
                                rtol=1e-5)
 
 
-def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
-    """Large ReLU passes by numpy run a flat part per thread: the same values as one pass,
-    leaky and in place included."""
-    from poseidon_caffe.backend.cpu import backend as cpu, native
-    monkeypatch.setattr(native, "lib", None)
+def _two_thread_backend(monkeypatch):
+    """A CPU backend of two threads whose elementwise passes split from 1000 values, and the
+    list of the part bounds each ``over_parts`` call used."""
+    from poseidon_caffe.backend.cpu import backend as cpu
     be = type(B)()
     be.split_threads = 2
     monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 1000)
@@ -1284,6 +1283,15 @@ def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
     real = cpu.over_parts
     monkeypatch.setattr(cpu, "over_parts", lambda fn, n, threads: parts.append(
         real(fn, n, threads)))
+    return be, parts
+
+
+def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
+    """Large ReLU passes by numpy run a flat part per thread: the same values as one pass,
+    leaky and in place included."""
+    from poseidon_caffe.backend.cpu import native
+    monkeypatch.setattr(native, "lib", None)
+    be, parts = _two_thread_backend(monkeypatch)
     x = _rand((3, 5, 17, 19), 40)
     dy = _rand(x.shape, 41)
     for slope in (0.0, 0.1):
@@ -1301,14 +1309,7 @@ def test_relu_over_thread_parts_equals_one_pass(monkeypatch):
 def test_copy_and_add_of_whole_blobs_run_a_part_per_thread(monkeypatch):
     """The net's fold of split gradients copies and adds whole blobs: over thread parts where
     large, the same values as numpy's one pass (a reshaping copy and strided arrays too)."""
-    from poseidon_caffe.backend.cpu import backend as cpu
-    be = type(B)()
-    be.split_threads = 2
-    monkeypatch.setattr(cpu, "ELEMENTWISE_SPLIT", 1000)
-    parts = []
-    real = cpu.over_parts
-    monkeypatch.setattr(cpu, "over_parts", lambda fn, n, threads: parts.append(
-        real(fn, n, threads)))
+    be, parts = _two_thread_backend(monkeypatch)
     x, y = _rand((4, 9, 31), 70), _rand((4, 9, 31), 71)
     out = np.empty((36, 31), np.float32)
     assert be.copy(x, out) is out and out.tobytes() == x.reshape(36, 31).tobytes()

@@ -87,6 +87,17 @@ def _close(folded, written):
     np.testing.assert_allclose(folded, written, rtol=1e-5, atol=1e-6 * scale)
 
 
+def _same_gradients(folded, written):
+    """One pass of each: the weights' and the input's gradients agree."""
+    _, grads_f, dx_f = _gradients(folded)
+    _, grads_w, dx_w = _gradients(written)
+    assert set(grads_f) == set(grads_w)
+    for name in grads_f:
+        for gf, gw in zip(grads_f[name], grads_w[name]):
+            _close(gf, gw)
+    _close(dx_f, dx_w)
+
+
 def _pair(body=BODY):
     folded = _net(body)
     written = _net(_written(body))
@@ -154,13 +165,8 @@ def test_a_splits_last_consumer_writes_into_its_input_with_no_copy():
     folded.share_diffs()
     for blob, s in folding.into_input.items():
         assert np.shares_memory(blob.diff, folding.split_input[s].diff)
-    for _ in range(2):
-        _, grads_f, dx_f = _gradients(folded)
-        _, grads_w, dx_w = _gradients(written)
-        for name in grads_f:
-            for gf, gw in zip(grads_f[name], grads_w[name]):
-                _close(gf, gw)
-        _close(dx_f, dx_w)
+    for _ in range(2):          # a second pass starts its folds afresh
+        _same_gradients(folded, written)
 
 
 # x feeds a convolution, two AVE poolings (windows apart, which the compiled kernel adds into
@@ -209,13 +215,8 @@ def test_ave_poolings_add_their_gradient_into_the_splits_input(compiled, monkeyp
     folded, written = _pair(AVE_CONSUMERS)
     folding = folded._split_folding
     assert sorted(folded.layer_names[i] for i in folding.adding) == ["p1", "p2"]
-    for _ in range(2):
-        _, grads_f, dx_f = _gradients(folded)
-        _, grads_w, dx_w = _gradients(written)
-        for name in grads_f:
-            for gf, gw in zip(grads_f[name], grads_w[name]):
-                _close(gf, gw)
-        _close(dx_f, dx_w)
+    for _ in range(2):          # a second pass starts its folds afresh
+        _same_gradients(folded, written)
     # a backward from p2 down: p2 is the first contributor of the pass and writes (Caffe's
     # Split would also add b's gradient of the last pass, left out of this range: zeroed)
     written.blobs["x_in_0_split_3"].diff[...] = 0
@@ -264,13 +265,8 @@ def test_a_user_layer_that_writes_no_bottom_diff_contributes_zero(user_module):
         'layer { name: "cat"')
     folded, written = _pair(body)
     assert folded._split_folding.zero_first
-    for _ in range(2):
-        _, grads_f, dx_f = _gradients(folded)
-        _, grads_w, dx_w = _gradients(written)
-        for name in grads_f:
-            for gf, gw in zip(grads_f[name], grads_w[name]):
-                _close(gf, gw)
-        _close(dx_f, dx_w)
+    for _ in range(2):          # a second pass starts its folds afresh
+        _same_gradients(folded, written)
 
 
 # Conv -> Crop(big, conv) and Eltwise(conv, crop) -> EuclideanLoss: the convolution's output
