@@ -894,8 +894,9 @@ def test_compiled_lrn_reciprocal_roots_are_within_three_ulp_of_the_square_roots(
 
 @pytest.mark.parametrize("across", [True, False], ids=["across", "within"])
 def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slices, monkeypatch):
-    """Slices of the batch (and, across channels, blocks of rows of one image) on 1 or 2
-    threads give the same numbers as one pass over the whole batch, into given buffers."""
+    """Slices of the batch (and, across channels, blocks of rows of one image; the compiled
+    pass: a part of the batch per thread) on 1 or 2 threads give the same numbers as one pass
+    over the whole batch, into given buffers."""
     from poseidon_caffe.backend.cpu import lrn, threads
     x = _rand((3, 6, 5, 4), 24) * 3
     dy = _rand(x.shape, 25)

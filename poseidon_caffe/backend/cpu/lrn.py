@@ -16,6 +16,7 @@ Where the compiled kernels are built (native.py, kernels/lrn.c), ACROSS_CHANNELS
 one pass over each image's planes in each direction, the window's planes read from cache
 (the same values up to the order of float rounding); the scale is not kept but remade in the
 backward, an image at a time, so a layer holds nothing the size of its input between the two.
+Those passes take a part of the batch per thread, not slices.
 """
 import ctypes
 
@@ -59,9 +60,10 @@ def _address(a):
 
 
 def _over_images(fn, x):
-    """fn(lo, hi) over slices of the images of x, side by side when threads are configured."""
-    per_image = int(np.prod(x.shape[1:])) * x.itemsize * 4
-    threads.over_batch(fn, x.shape[0], per_image)
+    """fn(lo, hi) over the images of x, a part per thread: the compiled passes keep an image
+    in the cache themselves, and each part handed to Python's pool costs about 40 us (AlexNet's
+    norm2 cut into 2 MB slices made 32 of them; two threads: forward 5.0-5.6 -> 4.1 ms)."""
+    threads.over_parts(lambda i, lo, hi: fn(lo, hi), x.shape[0])
 
 
 def window_sum(a, size, axes, out=None):
