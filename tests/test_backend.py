@@ -564,6 +564,16 @@ STRIDE2_GEOMS = [
     ((20, 40), (3, 4), (3, 2), (1, 2), (7, 21)),
     ((40, 60), (16, 17), (2, 2), (2, 3), (15, 26)),
 ]
+# rows of 5 to 8 outputs: MAX forward two planes a vector (pool_packed.c, AVX-512): AlexNet's
+# 13x13 pool5, GoogLeNet's 14x14 pool4 (an overhanging last window), VGG's 2x2 pool3 at
+# 64x64, padding with rows stepping by 3, stride 1 with a 4x5 window and padding
+PACKED_GEOMS = [
+    ((13, 13), (3, 3), (2, 2), (0, 0), (6, 6)),
+    ((14, 14), (3, 3), (2, 2), (0, 0), (7, 7)),
+    ((16, 16), (2, 2), (2, 2), (0, 0), (8, 8)),
+    ((11, 14), (3, 2), (3, 2), (1, 1), (4, 8)),
+    ((9, 7), (4, 5), (1, 1), (1, 2), (8, 7)),
+]
 # the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or shifted loads
 # (pool_same.c, AVX-512), or the phased layout
 NATIVE_POOL_PATHS = ["native", "native phased"]
@@ -593,7 +603,7 @@ def _take_pool_path(plan, path):
 
 @pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS + BIG_WINDOW_GEOMS +
-                         SAME_GEOMS + STRIDE2_GEOMS, ids=str)
+                         SAME_GEOMS + STRIDE2_GEOMS + PACKED_GEOMS, ids=str)
 def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)
@@ -721,7 +731,8 @@ def test_native_pooling_equals_caffes_loops_bit_for_bit(spec, path):
     np.testing.assert_array_equal(dx, want_dx)
 
 
-@pytest.mark.parametrize("spec", STRIDE2_GEOMS + NATIVE_LAYOUT_GEOMS[:1], ids=str)
+@pytest.mark.parametrize("spec", STRIDE2_GEOMS + PACKED_GEOMS + NATIVE_LAYOUT_GEOMS[:1],
+                         ids=str)
 def test_native_max_pool_backward_is_caffes_scatter_bit_for_bit(spec):
     """Caffe's MAX backward adds each dy at its winner in the outputs' row-major order, in
     float32: the same sums to the bit (a cell two windows share gets its two in that order),
@@ -782,6 +793,30 @@ def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, win
     want = np.zeros(x.size, np.float32)
     np.add.at(want, flat[mask >= 0], dy.reshape(6, -1)[mask >= 0])   # in order, in float32
     np.testing.assert_array_equal(dx.reshape(-1), want)
+
+
+@pytest.mark.parametrize("spec", PACKED_GEOMS[:1] + PACKED_GEOMS[3:4], ids=str)
+def test_native_max_pool_two_planes_a_vector_keeps_nans_rule_only_where_a_nan_is(spec):
+    """Two planes a vector look for a NaN in blocks of 32 planes and keep NaN's rule (the
+    maximum, the winner staying) in those that hold one: 69 planes (two whole blocks and an
+    odd last plane), a NaN in the second block only, a plane of -inf in the first; outputs
+    and winners equal the phased layout's to the bit."""
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    g = PoolGeometry(*spec)
+    x = np.round(_rand((3, 23) + g.in_shape, 38) * 3)          # ties: the first one wins
+    x[1, 20, 2, 3] = np.nan                                    # plane 43
+    x[0, 6] = -np.inf
+    results = []
+    for path in NATIVE_POOL_PATHS:
+        plan = PoolPlan(g)
+        _take_pool_path(plan, path)
+        y = plan.max_forward(x, np.empty((3, 23) + g.out_shape, np.float32))
+        results.append((y, plan.mask()))
+    (y, at), (want, want_at) = results
+    assert y.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(at, want_at)
+    assert np.isnan(y[1, 20]).any() and np.isnan(y).sum() == np.isnan(y[1, 20]).sum()
+    assert (y[0, 6] == -np.inf).all()
 
 
 @pytest.mark.parametrize("path", POOL_PATHS)

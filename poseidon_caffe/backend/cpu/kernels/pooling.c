@@ -34,6 +34,11 @@ int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, floa
 int pool_stride2_max_forward(const float *x, float *y, void *arg, int arg_bytes,
                              int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                              int sh, int sw, int ph, int pw);
+/* pool_packed.c: MAX pooling of rows of 8 outputs or fewer, 2 or 4 planes a vector, where
+ * the CPU has AVX-512 (-2 where it does not serve) */
+int pool_packed_max_forward(const float *x, float *y, void *arg, int arg_bytes,
+                            int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
+                            int sh, int sw, int ph, int pw);
 /* pool_lanes.c: 16 planes a vector, where the CPU has AVX-512 (-2 where it does not serve) */
 int pool_lanes_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
                            int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
@@ -366,6 +371,9 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
         if (status == -2)
             status = pool_stride2_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
                                               kw, sh, sw, ph, pw);
+        if (status == -2)
+            status = pool_packed_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
+                                             kw, sh, sw, ph, pw);
         if (status == -2)
             status = pool_lanes_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
                                             kw, sh, sw, ph, pw);
