@@ -1228,34 +1228,6 @@ def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
                                    err_msg=key)
 
 
-@pytest.mark.parametrize("spec", [PACKED_GEOMS[0], SAME_GEOMS[0], POOL_GEOMS[2],
-                                  NATIVE_LAYOUT_GEOMS[5]], ids=str)
-@pytest.mark.parametrize("planes", [1, 7])
-def test_native_pooling_in_parts_of_the_planes_equals_one_pass(spec, planes):
-    """Each compiled pooling pass cut into 2 or 3 parts of the planes on the library's threads
-    (fewer planes than parts included) writes what one pass writes, bit for bit: MAX's outputs,
-    winners and gradient, AVE's outputs, gradient and gradient added into a diff."""
-    from poseidon_caffe.backend.cpu import native
-    if native.lib is None:
-        pytest.skip("the compiled kernels are not built")
-    g = PoolGeometry(*spec)
-    x = np.round(_rand((1, planes) + g.in_shape, 43) * 3)          # ties
-    dy = _rand((1, planes) + g.out_shape, 44)
-    base = _rand(x.shape, 45)
-    results = []
-    for parts in (1, 2, 3):
-        y = np.empty(dy.shape, np.float32)
-        arg = np.empty(dy.shape, native.winner_type(g))
-        native.max_pool_forward(x, y, arg, g, parts)
-        dx = native.max_pool_backward(dy, arg, np.full(x.shape, np.nan, np.float32), g, parts)
-        ave = native.ave_pool_forward(x, np.empty(dy.shape, np.float32), g, parts)
-        ave_dx = native.ave_pool_backward(dy, np.full(x.shape, np.nan, np.float32), g, parts)
-        added = base.copy()
-        served = native.ave_pool_backward_add(dy, added, g, parts)
-        results.append([a.tobytes() for a in (y, arg, dx, ave, ave_dx, added)] + [served])
-    assert results[1] == results[0] and results[2] == results[0]
-
-
 def test_gemm_adds_into_its_output_a_block_of_rows_at_a_time(monkeypatch):
     """Without an accumulating BLAS call the product is made a few rows at a time (no
     temporary the size of the output); every row is still added once."""

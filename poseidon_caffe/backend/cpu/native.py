@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 16                 # kernels_version() of the kernels these calls are written for
+VERSION = 15                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -33,15 +33,15 @@ def _load():
     if version is None or version() != VERSION:
         # built from other sources (rebuild: python setup.py build_ext --inplace)
         return None
-    lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW + [_I, _I]
+    lib.pool_max_forward.argtypes = [_P, _P, _P, _I, _L] + _WINDOW + [_I]
     lib.pool_max_forward.restype = _I
-    lib.pool_max_backward.argtypes = [_P, _P, _I, _P, _L] + _WINDOW + [_I, _I]
+    lib.pool_max_backward.argtypes = [_P, _P, _I, _P, _L] + _WINDOW + [_I]
     lib.pool_max_backward.restype = _I
-    lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW + [_I, _I]
+    lib.pool_ave_forward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_forward.restype = _I
-    lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW + [_I, _I]
+    lib.pool_ave_backward.argtypes = [_P, _P, _L] + _WINDOW + [_I]
     lib.pool_ave_backward.restype = _I
-    lib.pool_ave_backward_add.argtypes = [_P, _P, _L] + _WINDOW + [_I]
+    lib.pool_ave_backward_add.argtypes = [_P, _P, _L] + _WINDOW
     lib.pool_ave_backward_add.restype = _I
     lib.conv_direct_forward.argtypes = [_P, _P, _P, _P, _L] + [_I] * 9
     lib.conv_direct_forward.restype = _I
@@ -116,52 +116,50 @@ def no_winner(dtype):
     return 255 if np.dtype(dtype) == np.uint8 else -1
 
 
-def max_pool_forward(x, y, arg, geom, parts=1):
+def max_pool_forward(x, y, arg, geom):
     """y = MAX pooling of x (N, C, H, W); arg (y's shape, winner_type) = each winner's place
     in its window, (row tap) * kernel_w + column tap from the window's corner in the padded
-    input, no_winner for an empty window. Each pooling pass here runs in ``parts`` parts of
-    the planes side by side (the library's own threads, kernels/parts.c)."""
+    input, no_winner for an empty window."""
     planes = x.shape[0] * x.shape[1]
     if lib.pool_max_forward(_address(x), _address(y), _address(arg), arg.itemsize, planes,
-                            *_pool_window(geom), int(not PORTABLE_POOLING), parts):
+                            *_pool_window(geom), int(not PORTABLE_POOLING)):
         raise MemoryError("MAX pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return y
 
 
-def max_pool_backward(dy, arg, dx, geom, parts=1):
+def max_pool_backward(dy, arg, dx, geom):
     """dx = zero, then each dy added at its winner (arg from max_pool_forward)."""
     planes = dy.shape[0] * dy.shape[1]
     if lib.pool_max_backward(_address(dy), _address(arg), arg.itemsize, _address(dx), planes,
-                             *_pool_window(geom), int(not PORTABLE_POOLING), parts):
+                             *_pool_window(geom), int(not PORTABLE_POOLING)):
         raise MemoryError("MAX pooling: no memory for a %dx%d window" % geom.kernel)
     return dx
 
 
-def ave_pool_forward(x, y, geom, parts=1):
+def ave_pool_forward(x, y, geom):
     planes = x.shape[0] * x.shape[1]
     if lib.pool_ave_forward(_address(x), _address(y), planes, *_pool_window(geom),
-                            int(not PORTABLE_POOLING), parts):
+                            int(not PORTABLE_POOLING)):
         raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return y
 
 
-def ave_pool_backward(dy, dx, geom, parts=1):
+def ave_pool_backward(dy, dx, geom):
     planes = dy.shape[0] * dy.shape[1]
     if lib.pool_ave_backward(_address(dy), _address(dx), planes, *_pool_window(geom),
-                             int(not PORTABLE_POOLING), parts):
+                             int(not PORTABLE_POOLING)):
         raise MemoryError("AVE pooling: no memory for a row of %d outputs" % geom.out_shape[1])
     return dx
 
 
-def ave_pool_backward_add(dy, dx, geom, parts=1):
+def ave_pool_backward_add(dy, dx, geom):
     """dx += AVE pooling's gradient of dy, each cell's shares added to its value in Caffe's
     order; False where the kernel does not serve (no AVX-512, the phased passes asked for,
     windows overlapping much): nothing is written then."""
     if PORTABLE_POOLING:
         return False
     planes = dy.shape[0] * dy.shape[1]
-    status = lib.pool_ave_backward_add(_address(dy), _address(dx), planes, *_pool_window(geom),
-                                       parts)
+    status = lib.pool_ave_backward_add(_address(dy), _address(dx), planes, *_pool_window(geom))
     if status == -1:
         raise MemoryError("AVE pooling: no memory for the lists of a %dx%d plane"
                           % geom.in_shape)

@@ -51,7 +51,6 @@ class PoolPlan:
         self._has_empty = geom.empty_windows() is not None
         # the compiled 2-D MAX and AVE passes, where built
         self.native = native.pools(geom)
-        self.parts = 1             # parts of the planes the compiled passes run side by side
         self._arg = None           # winners of the last compiled MAX forward: each one's
         #                            place in its window (native.max_pool_forward)
         self._inv_sizes = None
@@ -136,7 +135,7 @@ class PoolPlan:
         if self._native_takes(x, y):
             if self._arg is None or self._arg.shape != y.shape:
                 self._arg = np.empty(y.shape, dtype=native.winner_type(self.geom))
-            native.max_pool_forward(x, y, self._arg, self.geom, self.parts)
+            native.max_pool_forward(x, y, self._arg, self.geom)
             self._winners = "native"
             return y
         self._max_forward(x, y)
@@ -263,7 +262,7 @@ class PoolPlan:
     def routed_backward(self, dy, dx):
         """dx = dy sent to the input element each output took (MAX and STOCHASTIC train)."""
         if self._winners == "native" and native.takes(dy, dx):
-            return native.max_pool_backward(dy, self._arg, dx, self.geom, self.parts)
+            return native.max_pool_backward(dy, self._arg, dx, self.geom)
         if self._winners in ("taps", "native"):
             return self._routed_by_taps(dy, dx)
 
@@ -396,7 +395,7 @@ class PoolPlan:
 
     def ave_forward(self, x, y):
         if self._native_takes(x, y):
-            return native.ave_pool_forward(x, y, self.geom, self.parts)
+            return native.ave_pool_forward(x, y, self.geom)
         inverse = self._inverse_sizes()
         if not self._stages():
             read = self._reader(self._padded(x, 0.0))
@@ -428,12 +427,12 @@ class PoolPlan:
     def ave_backward(self, dy, dx, add=False):
         if add:
             # into dx's values by the kernel where it serves, else made apart and added
-            if not (self._native_takes(dy, dx) and
-                    native.ave_pool_backward_add(dy, dx, self.geom, self.parts)):
+            if not (self._native_takes(dy, dx) and native.ave_pool_backward_add(dy, dx,
+                                                                                self.geom)):
                 dx += self.ave_backward(dy, np.empty_like(dx))
             return dx
         if self._native_takes(dy, dx):
-            return native.ave_pool_backward(dy, dx, self.geom, self.parts)
+            return native.ave_pool_backward(dy, dx, self.geom)
         inverse = self._inverse_sizes()
         if not self._stages():
             share = dy * inverse

@@ -239,50 +239,22 @@ class SplitPoolPlan:
             getattr(self._plan(i), method)(*(a[lo:hi] for a in arrays))
         return over_parts(run, n, self.threads)
 
-    def _whole(self, *arrays):
-        """The first part's plan for the whole batch where the compiled kernels take these
-        arrays: they cut the planes into parts on their own threads (a hand-off there costs
-        ~10 us, here ~40); None otherwise."""
-        plan = self._plan(0)
-        if not plan._native_takes(*arrays):
-            return None
-        plan.parts = self.threads
-        return plan
-
     def max_forward(self, x, y):
-        plan = self._whole(x, y)
-        if plan is not None:
-            plan.max_forward(x, y)
-            self._bounds = [(0, x.shape[0])]
-        else:
-            self._bounds = self._each("max_forward", x.shape[0], x, y)
+        self._bounds = self._each("max_forward", x.shape[0], x, y)
         return y
 
     def mask(self):
         return np.concatenate([self._plan(i).mask() for i in range(len(self._bounds))])
 
     def routed_backward(self, dy, dx):
-        # each part's plan holds the winners of its part of the forward
-        if self._bounds is not None and len(self._bounds) == 1:
-            self._plan(0).routed_backward(dy, dx)
-        else:
-            self._each("routed_backward", dy.shape[0], dy, dx)
+        self._each("routed_backward", dy.shape[0], dy, dx)
         return dx
 
     def ave_forward(self, x, y):
-        plan = self._whole(x, y)
-        if plan is not None:
-            plan.ave_forward(x, y)
-        else:
-            self._each("ave_forward", x.shape[0], x, y)
+        self._each("ave_forward", x.shape[0], x, y)
         return y
 
     def ave_backward(self, dy, dx, add=False):
-        plan = self._whole(dy, dx)
-        if plan is not None:
-            plan.ave_backward(dy, dx, add)
-            return dx
-
         def run(i, lo, hi):
             self._plan(i).ave_backward(dy[lo:hi], dx[lo:hi], add)
         over_parts(run, dy.shape[0], self.threads)

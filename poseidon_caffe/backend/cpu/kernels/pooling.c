@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parts.h"
 #include "vector_loop.h"
 
 /* pool_same.c: stride-1 MAX pooling whose output is the input's size, where the CPU has
@@ -59,7 +58,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
  * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 16;
+    return 15;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -362,9 +361,9 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  * of the group, a stretch of outputs through all taps at a time. Each output starts at -inf
  * with its window's first input cell as winner, so a window of -inf keeps that cell, as
  * Caffe's loop keeps its first. -1: out of memory. */
-static int max_forward_planes(const float *restrict x, float *restrict y, void *restrict arg,
-                              int arg_bytes, int64_t planes, int h, int w, int oh, int ow,
-                              int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
+int pool_max_forward(const float *restrict x, float *restrict y, void *restrict arg,
+                     int arg_bytes, int64_t planes, int h, int w, int oh, int ow, int kh,
+                     int kw, int sh, int sw, int ph, int pw, int lanes)
 {
     if (lanes) {
         int status = pool_same_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
@@ -501,10 +500,9 @@ static inline void route_plane(const float *restrict dy, const void *restrict ar
  * size): the window's corner plus the offset of the winner's place in the input. With
  * `lanes`, pool_same.c's gather where it serves (AVX-512, stride 1, output the input's size).
  * -1: out of memory. */
-static int max_backward_planes(const float *restrict dy, const void *restrict arg,
-                               int arg_bytes, float *restrict dx, int64_t planes, int h, int w,
-                               int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                               int lanes)
+int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
+                      float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
+                      int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
 {
     if (lanes && pool_same_max_backward(dy, arg, arg_bytes, dx, planes, h, w, oh, ow, kh, kw,
                                         sh, sw, ph, pw) == 0)
@@ -571,9 +569,9 @@ static void divide(const float *restrict num, const float *restrict den, float *
  * serves). In the phased layout (padding 0) the taps are added in the window's row-major
  * order, each one contiguous loop over every output of the group: each output gets Caffe's
  * float32 sum in Caffe's order (adding 0 changes no sum). -1: out of memory. */
-static int ave_forward_planes(const float *restrict x, float *restrict y, int64_t planes,
-                              int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
-                              int ph, int pw, int lanes)
+int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes, int h,
+                     int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                     int lanes)
 {
     size_t outputs = (size_t)oh * ow;
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
@@ -632,9 +630,9 @@ static int ave_forward_planes(const float *restrict x, float *restrict y, int64_
  * pool_lanes.c where it serves). The shares go into the phased layout a tap at a time, taps
  * last to first: a cell then gets its windows' shares in the windows' row-major order, the
  * order of Caffe's loop over the outputs. -1: out of memory. */
-static int ave_backward_planes(const float *restrict dy, float *restrict dx, int64_t planes,
-                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
-                               int ph, int pw, int lanes)
+int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
+                      int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                      int lanes)
 {
     size_t outputs = (size_t)oh * ow;
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
@@ -696,9 +694,8 @@ static int ave_backward_planes(const float *restrict dy, float *restrict dx, int
 /* dx += AVE's gradient of dy: each cell's shares added to its value in Caffe's order
  * (pool_ave_vectors.c); -2 where that does not serve (the caller adds a gradient made apart),
  * -1 out of memory. */
-static int ave_backward_add_planes(const float *restrict dy, float *restrict dx, int64_t planes,
-                                   int h, int w, int oh, int ow, int kh, int kw, int sh,
-                                   int sw, int ph, int pw)
+int pool_ave_backward_add(const float *restrict dy, float *restrict dx, int64_t planes, int h,
+                          int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
 {
     float *size = ave_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw);
     if (size == NULL)
@@ -707,111 +704,6 @@ static int ave_backward_add_planes(const float *restrict dy, float *restrict dx,
                                            ph, pw, 1);
     free(size);
     return status;
-}
-
-/* -- the passes over parts of the planes side by side (parts.c) ------------------------- */
-enum pool_pass_kind { MAX_FORWARD, MAX_BACKWARD, AVE_FORWARD, AVE_BACKWARD, AVE_BACKWARD_ADD };
-
-typedef struct {
-    enum pool_pass_kind kind;
-    const float *in;            /* x forward, dy backward */
-    float *out;                 /* y forward, dx backward */
-    void *arg;                  /* MAX's winners */
-    int arg_bytes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, lanes;
-    int status;                 /* 0, or the first part's failure seen */
-} pool_pass;
-
-static void pool_part(void *ctx, int64_t lo, int64_t hi)
-{
-    pool_pass *c = ctx;
-    const int64_t cells = (int64_t)c->h * c->w, outputs = (int64_t)c->oh * c->ow;
-    const int64_t n = hi - lo;
-    int status = 0;
-    if (n <= 0)
-        return;
-    switch (c->kind) {
-    case MAX_FORWARD:
-        status = max_forward_planes(c->in + lo * cells, c->out + lo * outputs,
-                                    (char *)c->arg + lo * outputs * c->arg_bytes, c->arg_bytes,
-                                    n, c->h, c->w, c->oh, c->ow, c->kh, c->kw, c->sh, c->sw,
-                                    c->ph, c->pw, c->lanes);
-        break;
-    case MAX_BACKWARD:
-        status = max_backward_planes(c->in + lo * outputs,
-                                     (const char *)c->arg + lo * outputs * c->arg_bytes,
-                                     c->arg_bytes, c->out + lo * cells, n, c->h, c->w, c->oh,
-                                     c->ow, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw, c->lanes);
-        break;
-    case AVE_FORWARD:
-        status = ave_forward_planes(c->in + lo * cells, c->out + lo * outputs, n, c->h, c->w,
-                                    c->oh, c->ow, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw,
-                                    c->lanes);
-        break;
-    case AVE_BACKWARD:
-        status = ave_backward_planes(c->in + lo * outputs, c->out + lo * cells, n, c->h, c->w,
-                                     c->oh, c->ow, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw,
-                                     c->lanes);
-        break;
-    case AVE_BACKWARD_ADD:
-        status = ave_backward_add_planes(c->in + lo * outputs, c->out + lo * cells, n, c->h,
-                                         c->w, c->oh, c->ow, c->kh, c->kw, c->sh, c->sw, c->ph,
-                                         c->pw);
-        break;
-    }
-    if (status != 0)
-        __atomic_store_n(&c->status, status, __ATOMIC_RELAXED);
-}
-
-/* A pass over `planes` planes in `parts` parts side by side, each part whole planes. */
-static int pool_in_parts(pool_pass *c, int64_t planes, int parts)
-{
-    c->status = 0;
-    run_in_parts(pool_part, c, planes, parts, 1);
-    return c->status;
-}
-
-/* The entry points: each pass of the functions above over `parts` parts of the planes. */
-int pool_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
-                     int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
-                     int pw, int lanes, int parts)
-{
-    pool_pass c = {MAX_FORWARD, x, y, arg, arg_bytes, h, w, oh, ow, kh, kw, sh, sw, ph, pw,
-                   lanes, 0};
-    return pool_in_parts(&c, planes, parts);
-}
-
-int pool_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
-                      int64_t planes, int h, int w, int oh, int ow, int kh, int kw, int sh,
-                      int sw, int ph, int pw, int lanes, int parts)
-{
-    pool_pass c = {MAX_BACKWARD, dy, dx, (void *)arg, arg_bytes, h, w, oh, ow, kh, kw, sh, sw,
-                   ph, pw, lanes, 0};
-    return pool_in_parts(&c, planes, parts);
-}
-
-int pool_ave_forward(const float *x, float *y, int64_t planes, int h, int w, int oh, int ow,
-                     int kh, int kw, int sh, int sw, int ph, int pw, int lanes, int parts)
-{
-    pool_pass c = {AVE_FORWARD, x, y, NULL, 0, h, w, oh, ow, kh, kw, sh, sw, ph, pw, lanes,
-                   0};
-    return pool_in_parts(&c, planes, parts);
-}
-
-int pool_ave_backward(const float *dy, float *dx, int64_t planes, int h, int w, int oh, int ow,
-                      int kh, int kw, int sh, int sw, int ph, int pw, int lanes, int parts)
-{
-    pool_pass c = {AVE_BACKWARD, dy, dx, NULL, 0, h, w, oh, ow, kh, kw, sh, sw, ph, pw, lanes,
-                   0};
-    return pool_in_parts(&c, planes, parts);
-}
-
-/* -2 (nothing written) where the kernel does not serve: the same answer for every part. */
-int pool_ave_backward_add(const float *dy, float *dx, int64_t planes, int h, int w, int oh,
-                          int ow, int kh, int kw, int sh, int sw, int ph, int pw, int parts)
-{
-    pool_pass c = {AVE_BACKWARD_ADD, dy, dx, NULL, 0, h, w, oh, ow, kh, kw, sh, sw, ph, pw, 1,
-                   0};
-    return pool_in_parts(&c, planes, parts);
 }
 
 /* An importable module, so that the import system finds the library (editable installs
