@@ -34,8 +34,8 @@ int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, floa
 int pool_stride2_max_forward(const float *x, float *y, void *arg, int arg_bytes,
                              int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                              int sh, int sw, int ph, int pw);
-/* pool_packed.c: MAX pooling of rows of 8 outputs or fewer, 2 or 4 planes a vector, where
- * the CPU has AVX-512 (-2 where it does not serve) */
+/* pool_packed.c: MAX pooling of rows of 5 to 8 outputs, two planes a vector, where the CPU
+ * has AVX-512 (-2 where it does not serve) */
 int pool_packed_max_forward(const float *x, float *y, void *arg, int arg_bytes,
                             int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                             int sh, int sw, int ph, int pw);
