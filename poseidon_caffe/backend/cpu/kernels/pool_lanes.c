@@ -204,8 +204,8 @@ int pool_lanes_max_forward(const float *x, float *y, void *arg, int arg_bytes, i
     for (int64_t p = 0; p < planes; p += LANES) {
         int64_t count = planes - p < LANES ? planes - p : LANES;
         gather_planes(x + p * cells, cells, count, cells, t);
-        /* the next 16 planes on their way while these are compared (cold from memory in a
-         * net's pass: VGG's 8x8 pool4 at 64x64 0.99 -> 0.76 ms, one thread) */
+        /* the next 16 planes on their way while these are compared (from memory, one
+         * thread: VGG's 8x8 pool4 at 64x64 0.99 -> 0.76 ms) */
         if (p + 2 * LANES <= planes)
             for (int64_t c = 0; c < LANES * cells; c += LANES)
                 _mm_prefetch((const char *)(x + (p + LANES) * cells + c), _MM_HINT_T0);
