@@ -10,6 +10,8 @@ from poseidon_caffe.backend import get_backend
 from poseidon_caffe.backend.geometry import ConvGeometry, PoolGeometry
 
 B = get_backend()
+# the compiled kernels are optional: an install without a C compiler runs the numpy paths
+NOT_BUILT = "the compiled kernels are not built (no C compiler at install)"
 
 
 def _rand(shape, seed):
@@ -122,7 +124,7 @@ def _columns_by(way, monkeypatch):
     if way == "numpy":
         monkeypatch.setattr(native, "lib", None)
     elif native.lib is None:
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
 
 
 @pytest.mark.parametrize("way", ["compiled", "numpy"])
@@ -159,7 +161,7 @@ def test_compiled_col2im_adds_the_taps_in_numpys_order(geom, monkeypatch):
     in (row tap, column tap) order, starting from 0."""
     from poseidon_caffe.backend.cpu import native
     if native.lib is None:
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
     from poseidon_caffe.backend.cpu.conv import col2im
     col = _rand((geom.col_rows, 3 * geom.out_count), 36) * 7
     compiled = col2im(col, geom, 3)
@@ -256,7 +258,7 @@ def test_winograd_and_pointwise_plans_match_im2col_matrix_products(geom, chunk_b
     and the pointwise plan in both of its layouts."""
     from poseidon_caffe.backend.cpu import native, pointwise, winograd
     if transforms != "numpy" and not winograd.compiled():
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
     if transforms == "numpy":
         monkeypatch.setattr(native, "lib", None)
     monkeypatch.setattr(native, "PORTABLE_WINOGRAD", transforms == "compiled portable")
@@ -897,7 +899,7 @@ def test_compiled_lrn_reciprocal_roots_are_within_three_ulp_of_the_square_roots(
     scales outside their range (infinite, NaN) exactly as the exact forms give them."""
     from poseidon_caffe.backend.cpu import lrn
     if lrn._compiled() is None:
-        pytest.skip("the compiled kernels are not built")
+        pytest.skip(NOT_BUILT)
     rng = np.random.default_rng(40)
     x = (rng.uniform(0.5, 2.0, (2, 7, 8, 9)) * 10.0 ** rng.integers(-15, 15, (2, 7, 8, 9))
          ).astype(np.float32)
@@ -966,7 +968,7 @@ def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch
     included; a numpy backward after a compiled forward remakes the scale too."""
     from poseidon_caffe.backend.cpu import lrn
     if lrn._compiled() is None:
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
     x = _rand((3, channels, 5, 6), 28) * 3
     dy = _rand(x.shape, 29)
     got = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
@@ -1369,7 +1371,7 @@ def test_compiled_relu_in_parts_is_one_pass_bit_for_bit(parts):
     on, with more parts than blocks, in place and leaky."""
     from poseidon_caffe.backend.cpu import native
     if native.lib is None:
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
     for size in (5, 16, 33, 1000, 65537):
         x = _rand((size,), size) - 0.5
         dy = _rand((size,), size + 1) - 0.5
@@ -1397,7 +1399,7 @@ def test_compiled_parts_run_in_a_forked_child_and_beside_other_threads():
     import threading
     from poseidon_caffe.backend.cpu import native
     if native.lib is None:
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
     x = _rand((100003,), 60) - 0.5
     want = np.maximum(x, 0)
     native.relu_forward(x, np.empty_like(x), 0.0, 2)            # the threads exist now
@@ -1439,7 +1441,7 @@ def test_relu_is_caffes_cpu_arithmetic_at_nan_zeros_infinities_and_subnormals(sl
     if way == "numpy":
         monkeypatch.setattr(native, "lib", None)
     elif native.lib is None:
-        pytest.skip("the compiled kernels are not built (no C compiler at install)")
+        pytest.skip(NOT_BUILT)
     special = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-40, 3.0, -2.0],
                        np.float32)
     x = np.concatenate([special, _rand((1000,), 43) - 0.5]).astype(np.float32)
