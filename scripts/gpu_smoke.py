@@ -8,7 +8,8 @@ Steps, each printed as PASS or FAIL (a failure does not stop the others):
 2. build and load every kernel source, and one launch read back;
 3. cuBLAS sgemm and sdot against numpy;
 4. per net: one forward/backward on the GPU and on the CPU with the same weights and inputs
-   (loss, every blob, every parameter gradient), then 20 SGD steps each (the weights after).
+   (loss, every blob, every parameter gradient; the CPU's ReLU and MAX pooling layers take the
+   GPU's inputs, tests/cpu_reference.py), then 20 SGD steps each (the weights after).
 The exit status is 1 when a step failed; scripts/gpu_check.py runs it once per driver and
 also checks that the process ended cleanly (an abort at exit is a failure too).
 """
@@ -118,14 +119,15 @@ def _prototxt(name, folder):
 
 
 def forward_backward(name, folder):
-    from poseidon_caffe import backend
+    import cpu_reference
+    from poseidon_caffe import backend, rng
     from poseidon_caffe.net import TRAIN, Net
     _, blob_tol, diff_tol, _ = NETS[name]
     path = _prototxt(name, folder)
     backend.set_mode_cpu()
+    rng.set_random_seed(1)                       # the same weights each run
     cpu = Net(path, TRAIN)
     _inputs(cpu)
-    cpu_loss = cpu.forward_backward()
     backend.set_mode_gpu()
     gpu = Net(path, TRAIN)
     for layer, blobs in cpu.params.items():
@@ -133,6 +135,8 @@ def forward_backward(name, folder):
             mine.data[...] = theirs.data
     _inputs(gpu)
     gpu_loss = gpu.forward_backward()
+    backend.set_mode_cpu()
+    cpu_loss = cpu_reference.deciding_as(cpu, gpu)
     blobs = max(_rel(gpu.blobs[n].data, b.data) for n, b in cpu.blobs.items())
     diffs = max(_rel(m.diff, t.diff) for n, bs in cpu.params.items()
                 for m, t in zip(gpu.params[n], bs))

@@ -4,8 +4,9 @@ steps of LeNet ending where the CPU run ends."""
 import numpy as np
 import pytest
 
+import cpu_reference
 import nets
-from poseidon_caffe import backend
+from poseidon_caffe import backend, rng
 from poseidon_caffe import io as pio
 from poseidon_caffe.backend.cuda.synced import HEAD_AT_CPU, HEAD_AT_GPU, SYNCED
 from poseidon_caffe.blob import Blob, SyncedBlob
@@ -76,9 +77,9 @@ def test_example_net_forward_backward_matches_the_cpu(gpu_mode, which, batch, tm
     path = tmp_path / "net.prototxt"
     path.write_text(nets.ALL[which](batch=batch)[0])
     backend.set_mode_cpu()
+    rng.set_random_seed(1)
     cpu = Net(str(path), caffe_pb2.TRAIN)
     _inputs(cpu)
-    cpu_loss = cpu.forward_backward()
     backend.set_mode_gpu()
     gpu = Net(str(path), caffe_pb2.TRAIN)
     for name, blobs in cpu.params.items():
@@ -88,6 +89,8 @@ def test_example_net_forward_backward_matches_the_cpu(gpu_mode, which, batch, tm
     transfers = gpu_mode.driver.transfers.snapshot()
     gpu_loss = gpu.forward_backward()
     moved = gpu_mode.driver.transfers.since(transfers)
+    backend.set_mode_cpu()
+    cpu_loss = cpu_reference.deciding_as(cpu, gpu)
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-5)
     for name, blob in cpu.blobs.items():
         assert _rel(gpu.blobs[name].data, blob.data) <= 1e-5, name
@@ -100,6 +103,52 @@ def test_example_net_forward_backward_matches_the_cpu(gpu_mode, which, batch, tm
     batch = gpu.blobs["data"].count * 4
     assert moved.htod_bytes <= weights + batch + 4 * gpu.blobs["label"].count + 64
     assert moved.dtoh_bytes <= 64
+
+
+def _lenet_pair(tmp_path, text=None):
+    path = tmp_path / "net.prototxt"
+    path.write_text(text or nets.lenet(batch=2)[0])
+    pair = []
+    for _ in range(2):
+        rng.set_random_seed(1)
+        pair.append(Net(str(path), caffe_pb2.TRAIN))
+        _inputs(pair[-1])
+    return pair
+
+
+def test_the_cpu_reference_takes_the_other_sides_decisions_at_kinks(tmp_path):
+    mine, other = _lenet_pair(tmp_path)
+    other.forward_from_to()
+    # the other side's ReLU put unit k of the first image on 0 (its input just below 0) ...
+    k = int(np.argmax(other.blobs["ip1"].data[0]))
+    other.blobs["ip1"].data[0, k] = 0.0
+    # ... and its pool2 found the largest value of the first window at (1, 1)
+    window = other.blobs["conv2"].data[0, 0, :2, :2]
+    assert np.argmax(window) != 3
+    window[1, 1] = window.max() + 1.0
+    cpu_reference.deciding_as(mine, other)
+    assert mine.blobs["ip1"].data[0, k] == 0 and mine.blobs["ip1"].diff[0, k] == 0
+    assert mine.blobs["pool2"].data[0, 0, 0, 0] == window[1, 1]
+    routed = mine.blobs["conv2"].diff[0, 0, :2, :2]
+    assert routed[1, 1] != 0 and not routed.ravel()[:3].any()
+    # where the two sides' inputs agree, the same pass as the net's own
+    plain = _lenet_pair(tmp_path)[0]
+    mine, other = _lenet_pair(tmp_path)
+    other.forward_from_to()
+    loss = cpu_reference.deciding_as(mine, other)
+    assert loss == plain.forward_backward()
+    for name, blobs in plain.params.items():
+        for a, b in zip(mine.params[name], blobs):
+            np.testing.assert_array_equal(a.diff, b.diff)
+
+
+def test_the_cpu_reference_refuses_an_in_place_relu_with_a_slope(tmp_path):
+    text = nets.lenet(batch=2)[0].replace('top: "ip1"\n}', 'top: "ip1"\n  relu_param '
+                                          '{ negative_slope: 0.1 }\n}')
+    mine, other = _lenet_pair(tmp_path, text)
+    other.forward_from_to()
+    with pytest.raises(ValueError, match="relu1"):
+        cpu_reference.deciding_as(mine, other)
 
 
 SOLVER = """net_param { %s }
