@@ -19,9 +19,11 @@ static inline float relu(float v, float slope)
     return (v < 0.0f ? 0.0f : v) + slope * (0.0f < v ? 0.0f : v);
 }
 
-static inline float relu_slope(float v, float slope)
+/* (v > 0) + slope (v <= 0), the second term a choice of slope or slope 0 (``off``), which is
+ * the product either way: written as a product, AVX2's clone kept it a branch a value. */
+static inline float relu_slope(float v, float slope, float off)
 {
-    return (v > 0.0f ? 1.0f : 0.0f) + slope * (v <= 0.0f ? 1.0f : 0.0f);
+    return (v > 0.0f ? 1.0f : 0.0f) + (v <= 0.0f ? slope : off);
 }
 
 VECTOR_LOOP
@@ -42,16 +44,18 @@ VECTOR_LOOP
 static void backward(const float *restrict x, const float *restrict dy, float *restrict dx,
                      int64_t n, float slope)
 {
+    const float off = slope * 0.0f;
     for (int64_t i = 0; i < n; ++i)
-        dx[i] = dy[i] * relu_slope(x[i], slope);
+        dx[i] = dy[i] * relu_slope(x[i], slope, off);
 }
 
 VECTOR_LOOP
 static void backward_in_place(const float *restrict x, float *restrict d, int64_t n,
                               float slope)
 {
+    const float off = slope * 0.0f;
     for (int64_t i = 0; i < n; ++i)
-        d[i] *= relu_slope(x[i], slope);
+        d[i] *= relu_slope(x[i], slope, off);
 }
 
 /* One call's arrays, for its parts (parts.c). */
