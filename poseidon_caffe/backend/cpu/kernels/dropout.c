@@ -3,6 +3,7 @@
  * kernel dropout_apply in neuron.cu is the same function), so nothing is drawn into an
  * array and backward recomputes the mask from the key. */
 #include <stdint.h>
+#include <string.h>
 
 #include "avx512.h"
 #include "parts.h"
@@ -18,16 +19,43 @@ static inline uint32_t mix(uint32_t v)
     return v;
 }
 
+/* 1.0f where index i's draw keeps it, else 0.0f: the bits of 1.0f under a mask of the test,
+ * as a choice (between two floats, or two masks) is a branch a value to the compiler. */
+static inline float kept(uint32_t i, uint32_t key0, uint32_t key1, uint32_t threshold)
+{
+    const uint32_t bits = mix(mix(i ^ key0) ^ key1);
+    const uint32_t one = (uint32_t)-(int32_t)((bits >> 8) >= threshold) & 0x3f800000u;
+    float f;
+    memcpy(&f, &one, sizeof f);
+    return f;
+}
+
 /* Indices [start, start + n) of x and y (int32, as the CUDA kernel's); y may be x (Caffe's
- * in-place Dropout), so no restrict. */
+ * in-place Dropout), which has its loop: with restrict pointers that may alias, the compiler
+ * guards the vector loop with an overlap test that an in-place call fails. */
 VECTOR_LOOP
-static void apply(const float *x, float *y, int32_t start, int32_t n,
+static void apply(const float *restrict x, float *restrict y, int32_t start, int32_t n,
                   uint32_t key0, uint32_t key1, uint32_t threshold, float scale)
 {
-    for (int32_t i = 0; i < n; ++i) {
-        uint32_t bits = mix(mix((uint32_t)(start + i) ^ key0) ^ key1);
-        y[i] = x[i] * ((bits >> 8) >= threshold ? 1.0f : 0.0f) * scale;
-    }
+    for (int32_t i = 0; i < n; ++i)
+        y[i] = x[i] * kept((uint32_t)start + (uint32_t)i, key0, key1, threshold) * scale;
+}
+
+VECTOR_LOOP
+static void apply_in_place(float *y, int32_t start, int32_t n, uint32_t key0, uint32_t key1,
+                           uint32_t threshold, float scale)
+{
+    for (int32_t i = 0; i < n; ++i)
+        y[i] = y[i] * kept((uint32_t)start + (uint32_t)i, key0, key1, threshold) * scale;
+}
+
+static void apply_any(const float *x, float *y, int32_t start, int32_t n, uint32_t key0,
+                      uint32_t key1, uint32_t threshold, float scale)
+{
+    if (x == y)
+        apply_in_place(y, start, n, key0, key1, threshold, scale);
+    else
+        apply(x, y, start, n, key0, key1, threshold, scale);
 }
 
 #if HAVE_AVX512
@@ -72,7 +100,7 @@ AVX512 static void apply_avx512(const float *x, float *y, int32_t start, int32_t
             _mm512_storeu_ps(y + i + 16 * u, _mm512_mul_ps(kept, s));
         }
     }
-    apply(x + i, y + i, start + i, n - i, key0, key1, threshold, scale);
+    apply_any(x + i, y + i, start + i, n - i, key0, key1, threshold, scale);
 }
 #endif
 
@@ -94,8 +122,8 @@ static void apply_part(void *ctx, int64_t lo, int64_t hi)
         return;
     }
 #endif
-    apply(p->x + lo, p->y + lo, p->start + (int32_t)lo, (int32_t)(hi - lo), p->key0, p->key1,
-          p->threshold, p->scale);
+    apply_any(p->x + lo, p->y + lo, p->start + (int32_t)lo, (int32_t)(hi - lo), p->key0,
+              p->key1, p->threshold, p->scale);
 }
 
 /* Indices [start, start + n) of x and y, in `parts` parts side by side. */
