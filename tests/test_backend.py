@@ -577,8 +577,9 @@ PACKED_GEOMS = [
     ((9, 7), (4, 5), (1, 1), (1, 2), (8, 7)),
 ]
 # the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or shifted loads
-# (pool_same.c, AVX-512), or the phased layout
-NATIVE_POOL_PATHS = ["native", "native phased"]
+# (pool_same.c, AVX-512), or 8 planes a vector (pool_lanes8.c, AVX2; MAX forward) where there
+# is no AVX-512; the phased layout; MAX's forward by 8 planes a vector even on AVX-512
+NATIVE_POOL_PATHS = ["native", "native phased", "native avx2"]
 POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
 
 
@@ -588,16 +589,30 @@ def _lanes_pooling_back_on():
     yield
     from poseidon_caffe.backend.cpu import native
     native.PORTABLE_POOLING = False
+    if native.lib is not None:
+        native.avx2_pooling_first(False)
+
+
+def _native_paths_here():
+    """NATIVE_POOL_PATHS, less the AVX2 one on a CPU without AVX2."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    avx2 = native.avx2_pooling_first(True)
+    native.avx2_pooling_first(False)
+    return [path for path in NATIVE_POOL_PATHS if path != "native avx2" or avx2]
 
 
 def _take_pool_path(plan, path):
     """Set ``plan`` (a PoolPlan or SplitPoolPlan) on one of its paths: the numpy stages, the
-    numpy tap loop, or the compiled kernels, 16 planes a vector where the CPU has AVX-512 or
-    in the phased layout (skipped where they were not built)."""
+    numpy tap loop, or the compiled kernels, their widest vectors, the phased layout, or MAX's
+    forward by AVX2's 8 planes a vector (skipped where they were not built, or no AVX2)."""
     from poseidon_caffe.backend.cpu import native
     if path.startswith("native") and native.lib is None:
         pytest.skip("the compiled kernels are not built (no C compiler at install, or "
                     "POSEIDON_NATIVE=0)")
+    if path == "native avx2" and not native.avx2_pooling_first(True):
+        pytest.skip("this CPU has no AVX2")
     plan.native = path.startswith("native")
     plan.separable = path == "stages"
     native.PORTABLE_POOLING = path == "native phased"
@@ -747,15 +762,16 @@ def test_native_max_pool_backward_is_caffes_scatter_bit_for_bit(spec):
     x.reshape(-1)[5::41] = -np.inf
     dy = _rand((2, 3) + g.out_shape, 37) * 100 - 50
     results = []
-    for path in NATIVE_POOL_PATHS:
+    for path in _native_paths_here():
         plan = PoolPlan(g)
         _take_pool_path(plan, path)
         y = plan.max_forward(x, np.empty(dy.shape, np.float32))
         dx = plan.routed_backward(dy, np.full(x.shape, np.nan, np.float32))
         results.append((y, plan.mask(), dx))
-    (y, at, dx), other = results
-    assert y.tobytes() == other[0].tobytes() and dx.tobytes() == other[2].tobytes()
-    np.testing.assert_array_equal(at, other[1])
+    (y, at, dx) = results[0]
+    for other in results[1:]:
+        assert y.tobytes() == other[0].tobytes() and dx.tobytes() == other[2].tobytes()
+        np.testing.assert_array_equal(at, other[1])
     want, _, _ = _naive_max_pool(np.nan_to_num(x, nan=np.inf), g)
     assert np.isnan(y).any()
     np.testing.assert_array_equal(np.isnan(y), want == np.inf)
@@ -809,14 +825,15 @@ def test_native_max_pool_two_planes_a_vector_keeps_nans_rule_only_where_a_nan_is
     x[1, 20, 2, 3] = np.nan                                    # plane 43
     x[0, 6] = -np.inf
     results = []
-    for path in NATIVE_POOL_PATHS:
+    for path in _native_paths_here():
         plan = PoolPlan(g)
         _take_pool_path(plan, path)
         y = plan.max_forward(x, np.empty((3, 23) + g.out_shape, np.float32))
         results.append((y, plan.mask()))
-    (y, at), (want, want_at) = results
-    assert y.tobytes() == want.tobytes()
-    np.testing.assert_array_equal(at, want_at)
+    (y, at) = results[0]
+    for want, want_at in results[1:]:
+        assert y.tobytes() == want.tobytes()
+        np.testing.assert_array_equal(at, want_at)
     assert np.isnan(y[1, 20]).any() and np.isnan(y).sum() == np.isnan(y[1, 20]).sum()
     assert (y[0, 6] == -np.inf).all()
 

@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 15                 # kernels_version() of the kernels these calls are written for
+VERSION = 16                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -85,6 +85,14 @@ direct = lib is not None and lib.conv_direct_available() == 1
 image_gemm = direct
 # Softmax and SoftmaxWithLoss (kernels/softmax.c): AVX-512 only, numpy's passes elsewhere
 softmax = lib is not None and lib.softmax_available() == 1
+
+
+def avx2_pooling_first(on):
+    """MAX pooling's forward by 8 planes a vector (kernels/pool_lanes8.c, AVX2) before the
+    AVX-512 passes (True), or only where the CPU has no AVX-512 (False: the default); the
+    tests run both. Returns whether that pass then comes first on this CPU."""
+    ctypes.c_int.in_dll(lib, "pool_lanes8_after_avx512").value = int(not on)
+    return lib.pool_lanes8_first() == 1
 
 
 def takes(*arrays):

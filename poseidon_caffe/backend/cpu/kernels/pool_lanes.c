@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "avx512.h"
+#include "pool_window.h"
 #if HAVE_AVX512
 #include "transpose16.h"
 #endif
@@ -40,20 +41,6 @@ int pool_lanes_serve(int64_t cells)
 }
 
 #if HAVE_LANES
-typedef struct {
-    int h, w, oh, ow, kh, kw, sh, sw, ph, pw;
-} window2d;
-
-/* Output (i, j)'s window clipped to the input: rows [*hs, *he), columns [*ws, *we). */
-static void clip(const window2d *g, int i, int j, int *hs, int *he, int *ws, int *we)
-{
-    int r = i * g->sh - g->ph, c = j * g->sw - g->pw;
-    *hs = r < 0 ? 0 : r;
-    *he = r + g->kh > g->h ? g->h : r + g->kh;
-    *ws = c < 0 ? 0 : c;
-    *we = c + g->kw > g->w ? g->w : c + g->kw;
-}
-
 /* t[c][l] = x[l * pitch + c] for cells c < cells and lanes l < count (0 in the others): 16
  * cells of each plane loaded as one vector, transposed in registers. (A gather a cell reads
  * 16 planes' lines at once; planes of 4 KB share the L1 cache's sets and evict each other.) */

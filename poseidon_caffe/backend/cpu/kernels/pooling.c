@@ -49,6 +49,13 @@ int pool_lanes_ave_forward(const float *x, float *y, const float *size, int64_t 
 int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                             int ph, int pw);
+/* pool_lanes8.c: 8 planes a vector, where the CPU has AVX2 (-2 where it does not serve);
+ * pool_lanes8_first(): whether it comes before the AVX-512 passes (only without AVX-512, by
+ * default) */
+int pool_lanes8_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                            int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                            int ph, int pw);
+int pool_lanes8_first(void);
 int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                               int ph, int pw, int add);
@@ -58,7 +65,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
  * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 15;
+    return 16;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -354,7 +361,8 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  * output NaN, as numpy's maximum does.
  *
  * With `lanes`, pool_same.c's shifted loads (stride 1, the output the input's size) or
- * pool_lanes.c's pass run where they serve (AVX-512), 16 cells or 16 planes a vector.
+ * pool_lanes.c's pass run where they serve (AVX-512), 16 cells or 16 planes a vector, and
+ * pool_lanes8.c's 8 planes a vector where the CPU has AVX2 but not AVX-512.
  * Otherwise: which cell wins is data, which a branch predictor cannot learn, so the
  * comparisons are masks over whole planes: in the phased layout (above, padding -inf) the
  * taps are visited in the window's row-major order, each one contiguous loop over every output
@@ -366,7 +374,11 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
                      int kw, int sh, int sw, int ph, int pw, int lanes)
 {
     if (lanes) {
-        int status = pool_same_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
+        int status = pool_lanes8_first() ?
+            pool_lanes8_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw, sh, sw,
+                                    ph, pw) : -2;
+        if (status == -2)
+            status = pool_same_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
                                            sh, sw, ph, pw);
         if (status == -2)
             status = pool_stride2_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,

@@ -1,0 +1,264 @@
+/* 2-D MAX pooling, forward, with 8 planes side by side, one in each lane of an AVX2 vector:
+ * pool_lanes.c's way for CPUs that have AVX2 but not AVX-512 (an AMD EPYC's), where the
+ * phased layout ran at 7-23% of the memory's rate on AlexNet's and VGG's poolings and the
+ * 4x4 planes of VGG's pool5 at 3%. pooling.c calls it after the AVX-512 passes.
+ *
+ * 8 planes are laid out cell by cell, (cells, 8 lanes), so every window tap of every output is
+ * one vector of 8 planes, whatever the window, stride or padding; the copies in and out move
+ * 8 cells of 8 planes at a time, transposed in registers. Values are pool_lanes.c's: a
+ * window's input cells in row-major order, a cell taking over only when strictly greater, a
+ * NaN becoming the maximum without moving the winner, an empty window's output -FLT_MAX with
+ * no winner. Returns 0, -1 when out of memory, -2 where it does not serve (no AVX2, or planes
+ * of more than LANE_CELLS cells).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pool_window.h"
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#define AVX2 __attribute__((target("avx2")))
+#else
+#define HAVE_AVX2 0
+#endif
+
+#define LANES 8
+/* the most cells a plane may have: the 8 planes' copy (32 bytes a cell, 512 KB) then still
+ * fits the L2 cache of a core */
+#define LANE_CELLS 16384
+
+/* 1 (the default): where the CPU has AVX-512, pool_lanes.c's passes serve first; 0: this
+ * file's serve wherever the CPU has AVX2 (the tests take both) */
+int pool_lanes8_after_avx512 = 1;
+
+static int cpu_has(int avx512)
+{
+    static int known[2] = {-1, -1};
+    if (known[avx512] < 0) {
+        __builtin_cpu_init();
+        known[avx512] = avx512 ? __builtin_cpu_supports("avx512f") :
+            __builtin_cpu_supports("avx2");
+    }
+    return known[avx512];
+}
+
+/* Whether pooling.c should call pool_lanes8_max_forward first: AVX2, and either no AVX-512 or
+ * `pool_lanes8_after_avx512` off. */
+int pool_lanes8_first(void)
+{
+    return HAVE_AVX2 && cpu_has(0) && !(pool_lanes8_after_avx512 && cpu_has(1));
+}
+
+#if HAVE_AVX2
+/* r[k][l] = r[l][k] */
+AVX2 static inline void transpose8(__m256 r[8])
+{
+    __m256 t[8], s[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        s[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 4; ++k) {
+        r[k] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x20);
+        r[k + 4] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x31);
+    }
+}
+
+/* The first n of 8 lanes (all from 8 on), as a mask of maskload and maskstore */
+AVX2 static inline __m256i first_lanes8(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n >= 8 ? 8 : (int)n),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* t[c][l] = x[l * pitch + c] for cells c < cells and lanes l < count (0 in the others) */
+AVX2 static void gather_planes8(const float *x, int64_t pitch, int64_t count, int64_t cells,
+                                float *t)
+{
+    for (int64_t c = 0; c < cells; c += LANES) {
+        const __m256i keep = first_lanes8(cells - c);
+        __m256 r[LANES];
+        for (int l = 0; l < LANES; ++l)
+            r[l] = l < count ? _mm256_maskload_ps(x + l * pitch + c, keep)
+                             : _mm256_setzero_ps();
+        transpose8(r);
+        for (int k = 0; k < LANES && c + k < cells; ++k)
+            _mm256_store_ps(t + (c + k) * LANES, r[k]);
+    }
+}
+
+/* The other way: y[l * pitch + c] = t[c][l] for lanes l < count. */
+AVX2 static void spread_planes8(const float *t, int64_t cells, int64_t count, float *y,
+                                int64_t pitch)
+{
+    for (int64_t c = 0; c < cells; c += LANES) {
+        const __m256i keep = first_lanes8(cells - c);
+        __m256 r[LANES];
+        for (int k = 0; k < LANES; ++k)
+            r[k] = c + k < cells ? _mm256_load_ps(t + (c + k) * LANES) : _mm256_setzero_ps();
+        transpose8(r);
+        for (int l = 0; l < count; ++l)
+            _mm256_maskstore_ps(y + l * pitch + c, keep, r[l]);
+    }
+}
+
+/* The winners likewise, as int32 or as their low byte (arg_bytes 1 or 4; -1, no winner, is
+ * 255 as a byte). */
+AVX2 static void spread_winners8(const int32_t *t, int64_t cells, int64_t count, void *arg,
+                                 int arg_bytes, int64_t pitch)
+{
+    for (int64_t c = 0; c < cells; c += LANES) {
+        const int n = cells - c < LANES ? (int)(cells - c) : LANES;
+        __m256 r[LANES];
+        for (int k = 0; k < LANES; ++k)
+            r[k] = k < n ? _mm256_load_ps((const float *)t + (c + k) * LANES)
+                         : _mm256_setzero_ps();
+        transpose8(r);
+        for (int l = 0; l < count; ++l) {
+            if (arg_bytes == 4) {
+                _mm256_maskstore_ps((float *)((int32_t *)arg + l * pitch + c),
+                                    first_lanes8(n), r[l]);
+                continue;
+            }
+            int32_t places[LANES];
+            _mm256_storeu_ps((float *)places, r[l]);
+            uint8_t *to = (uint8_t *)arg + l * pitch + c;
+            for (int k = 0; k < n; ++k)
+                to[k] = (uint8_t)places[k];
+        }
+    }
+}
+
+/* One tap of MAX for one output's lanes: the value takes over where strictly greater (the
+ * winner, int32 bits in a float vector, moves) or NaN (the winner stays). */
+#define MAX_TAP8(best, at, value, tap)                                                   \
+    do {                                                                                 \
+        const __m256 greater_ = _mm256_cmp_ps(value, best, _CMP_GT_OQ);                  \
+        const __m256 nan_ = _mm256_cmp_ps(value, value, _CMP_UNORD_Q);                   \
+        best = _mm256_blendv_ps(best, value, _mm256_or_ps(greater_, nan_));              \
+        at = _mm256_blendv_ps(at, tap, greater_);                                        \
+    } while (0)
+
+AVX2 static inline __m256 place(int p)
+{
+    return _mm256_castsi256_ps(_mm256_set1_epi32(p));
+}
+
+/* Four outputs side by side in a row whose windows lie wholly inside the input (row r0,
+ * columns c0, c0 + sw, ...): four independent chains of compares, as pool_lanes.c's. */
+AVX2 static void max_lanes_four8(const float *t, const window2d *g, int r0, int c0,
+                                 float *best_out, int32_t *at_out)
+{
+    __m256 best[4], at[4];
+    for (int k = 0; k < 4; ++k) {
+        best[k] = _mm256_set1_ps(-INFINITY);
+        at[k] = place(0);
+    }
+    for (int u = 0; u < g->kh; ++u)
+        for (int v = 0; v < g->kw; ++v) {
+            const float *cell = t + ((size_t)(r0 + u) * g->w + c0 + v) * LANES;
+            const __m256 tap = place(u * g->kw + v);
+            for (int k = 0; k < 4; ++k) {
+                const __m256 value = _mm256_load_ps(cell + (size_t)k * g->sw * LANES);
+                MAX_TAP8(best[k], at[k], value, tap);
+            }
+        }
+    for (int k = 0; k < 4; ++k) {
+        _mm256_store_ps(best_out + k * LANES, best[k]);
+        _mm256_store_ps((float *)(at_out + k * LANES), at[k]);
+    }
+}
+
+/* Each output's maximum and winner (its place in the window, -1 for an empty window, whose
+ * output is -FLT_MAX), for the 8 planes of t. */
+AVX2 static void max_lanes8(const float *t, const window2d *g, float *best_out,
+                            int32_t *at_out)
+{
+    for (int i = 0; i < g->oh; ++i)
+        for (int j = 0; j < g->ow; ++j) {
+            const int r0 = i * g->sh - g->ph, c0 = j * g->sw - g->pw;
+            const size_t o = ((size_t)i * g->ow + j) * LANES;
+            if (r0 >= 0 && r0 + g->kh <= g->h && c0 >= 0 && j + 4 <= g->ow &&
+                c0 + 3 * g->sw + g->kw <= g->w) {
+                max_lanes_four8(t, g, r0, c0, best_out + o, at_out + o);
+                j += 3;
+                continue;
+            }
+            int hs, he, ws, we;
+            clip(g, i, j, &hs, &he, &ws, &we);
+            const int empty = hs >= he || ws >= we;
+            __m256 best = _mm256_set1_ps(-INFINITY);
+            __m256 at = place(empty ? -1 : (hs - r0) * g->kw + ws - c0);
+            for (int u = hs; u < he; ++u)
+                for (int v = ws; v < we; ++v) {
+                    const __m256 value = _mm256_load_ps(t + ((size_t)u * g->w + v) * LANES);
+                    MAX_TAP8(best, at, value, place((u - r0) * g->kw + v - c0));
+                }
+            _mm256_store_ps(best_out + o, empty ? _mm256_set1_ps(-FLT_MAX) : best);
+            _mm256_store_ps((float *)(at_out + o), at);
+        }
+}
+
+/* 8 lanes for each of `cells` cells, aligned for whole-vector loads (free: _mm_free). */
+static float *lane_buffer8(int64_t cells)
+{
+    return _mm_malloc(sizeof(float) * LANES * (size_t)(cells > 0 ? cells : 1), 32);
+}
+
+AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_bytes,
+                               int64_t planes, const window2d *g)
+{
+    const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
+    float *t = lane_buffer8(cells), *best = lane_buffer8(outputs);
+    int32_t *at = (int32_t *)lane_buffer8(outputs);
+    if (t == NULL || best == NULL || at == NULL) {
+        _mm_free(t);
+        _mm_free(best);
+        _mm_free(at);
+        return -1;
+    }
+    for (int64_t p = 0; p < planes; p += LANES) {
+        const int64_t count = planes - p < LANES ? planes - p : LANES;
+        gather_planes8(x + p * cells, cells, count, cells, t);
+        /* the next 8 planes on their way while these are compared */
+        if (p + 2 * LANES <= planes)
+            for (int64_t c = 0; c < LANES * cells; c += 16)
+                _mm_prefetch((const char *)(x + (p + LANES) * cells + c), _MM_HINT_T0);
+        max_lanes8(t, g, best, at);
+        spread_planes8(best, outputs, count, y + p * outputs, outputs);
+        spread_winners8(at, outputs, count, (char *)arg + p * outputs * arg_bytes, arg_bytes,
+                        outputs);
+    }
+    _mm_free(t);
+    _mm_free(best);
+    _mm_free(at);
+    return 0;
+}
+#endif
+
+/* MAX: y and arg (arg_bytes 1 or 4) as pool_max_forward's. */
+int pool_lanes8_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                            int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                            int ph, int pw)
+{
+#if HAVE_AVX2
+    if (!cpu_has(0) || (int64_t)h * w > LANE_CELLS || (arg_bytes != 1 && arg_bytes != 4))
+        return -2;
+    const window2d g = {h, w, oh, ow, kh, kw, sh, sw, ph, pw};
+    return lanes8_forward(x, y, arg, arg_bytes, planes, &g);
+#else
+    (void)x, (void)y, (void)arg, (void)arg_bytes, (void)planes, (void)h, (void)w, (void)oh;
+    (void)ow, (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw;
+    return -2;
+#endif
+}
