@@ -1,7 +1,8 @@
 /* 2-D MAX pooling, forward, with 8 planes side by side, one in each lane of an AVX2 vector:
- * pool_lanes.c's way for CPUs that have AVX2 but not AVX-512 (an AMD EPYC's), where the
- * phased layout ran at 7-23% of the memory's rate on AlexNet's and VGG's poolings and the
- * 4x4 planes of VGG's pool5 at 3%. pooling.c calls it after the AVX-512 passes.
+ * pool_lanes.c's way for CPUs that have AVX2 but not AVX-512 (an AMD EPYC's), on planes of up
+ * to LANE_CELLS cells, where the phased layout's copies and loops' starts cost the most
+ * (GoogLeNet's 14x14 inception pools ran at 4-7% of the memory's rate there, VGG's 4x4 pool5
+ * at 3%). pooling.c calls it before the AVX-512 passes, which then do not serve.
  *
  * 8 planes are laid out cell by cell, (cells, 8 lanes), so every window tap of every output is
  * one vector of 8 planes, whatever the window, stride or padding; the copies in and out move
@@ -9,7 +10,7 @@
  * window's input cells in row-major order, a cell taking over only when strictly greater, a
  * NaN becoming the maximum without moving the winner, an empty window's output -FLT_MAX with
  * no winner. Returns 0, -1 when out of memory, -2 where it does not serve (no AVX2, or planes
- * of more than LANE_CELLS cells).
+ * of more than LANE_CELLS cells, which the phased layout serves as well).
  */
 #include <float.h>
 #include <math.h>
@@ -27,9 +28,11 @@
 #endif
 
 #define LANES 8
-/* the most cells a plane may have: the 8 planes' copy (32 bytes a cell, 512 KB) then still
- * fits the L2 cache of a core */
-#define LANE_CELLS 16384
+/* the most cells a plane may have: on larger planes the phased layout ran as fast or faster
+ * (AlexNet's 55x55 pool1 7.7 ms against 7.8, VGG's 64x64 pool1 5.2 against 5.8, 32x32 and
+ * 27x27 planes alike), on smaller ones slower (GoogLeNet's 14x14 inception pools 16.0 against
+ * 9.9, VGG's 16x16 pool3 2.2 against 1.1, LeNet's 24x24 pool1 1.0 against 0.7) */
+#define LANE_CELLS 900
 
 /* 1 (the default): where the CPU has AVX-512, pool_lanes.c's passes serve first; 0: this
  * file's serve wherever the CPU has AVX2 (the tests take both) */
