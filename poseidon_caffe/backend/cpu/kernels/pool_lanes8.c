@@ -2,7 +2,7 @@
  * pool_lanes.c's way for CPUs that have AVX2 but not AVX-512 (an AMD EPYC's), on planes of up
  * to LANE_CELLS cells, where the phased layout's copies and loops' starts cost the most
  * (GoogLeNet's 14x14 inception pools ran at 4-7% of the memory's rate there, VGG's 4x4 pool5
- * at 3%). pooling.c calls it before the AVX-512 passes, which then do not serve.
+ * at 3%). pooling.c calls it first where the CPU has no AVX-512 (pool_lanes8_first).
  *
  * 8 planes are laid out cell by cell, (cells, 8 lanes), so every window tap of every output is
  * one vector of 8 planes, whatever the window, stride or padding; the copies in and out move
