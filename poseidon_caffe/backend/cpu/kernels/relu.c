@@ -19,8 +19,8 @@ static inline float relu(float v, float slope)
     return (v < 0.0f ? 0.0f : v) + slope * (0.0f < v ? 0.0f : v);
 }
 
-/* (v > 0) + slope (v <= 0), the second term a choice of slope or slope 0 (``off``), which is
- * the product either way: written as a product, AVX2's clone kept it a branch a value. */
+/* (v > 0) + slope (v <= 0), the second term a choice of slope or slope times 0 (``off``),
+ * what the product is either way: written as the product, AVX2's clone kept a branch a value. */
 static inline float relu_slope(float v, float slope, float off)
 {
     return (v > 0.0f ? 1.0f : 0.0f) + (v <= 0.0f ? slope : off);
