@@ -9,7 +9,8 @@ Steps, each printed as PASS or FAIL (a failure does not stop the others):
 3. cuBLAS sgemm and sdot against numpy;
 4. per net: one forward/backward on the GPU and on the CPU with the same weights and inputs
    (loss, every blob, every parameter gradient; the CPU's ReLU and MAX pooling layers take the
-   GPU's inputs, tests/cpu_reference.py), then 20 SGD steps each (the weights after).
+   GPU's inputs, tests/cpu_reference.py), then 20 SGD steps each, in turn, deciding alike
+   (the weights after).
 The exit status is 1 when a step failed; scripts/gpu_check.py runs it once per driver and
 also checks that the process ended cleanly (an abort at exit is a failure too).
 """
@@ -147,6 +148,7 @@ def forward_backward(name, folder):
 
 
 def sgd_steps(name, folder):
+    import cpu_reference
     from poseidon_caffe import backend, io as pio
     from poseidon_caffe.solver import get_solver
     _, _, _, weight_tol = NETS[name]
@@ -154,15 +156,14 @@ def sgd_steps(name, folder):
     text = ('net: "%s" base_lr: 0.01 momentum: 0.9 weight_decay: 0.001 lr_policy: "inv" '
             'gamma: 0.0001 power: 0.75 display: 0 max_iter: %d snapshot_after_train: false '
             'random_seed: 3 type: "SGD"' % (path, STEPS))
-    weights, seconds = {}, {}
+    solvers = {}
     for mode in ("cpu", "gpu"):
         getattr(backend, "set_mode_" + mode)()
-        solver = get_solver(pio.parse_solver_text(text, "%s solver" % name))
-        _inputs(solver.net)
-        start = time.time()
-        solver.step(STEPS)
-        seconds[mode] = time.time() - start
-        weights[mode] = {n: [b.data.copy() for b in bs] for n, bs in solver.net.params.items()}
+        solvers[mode] = get_solver(pio.parse_solver_text(text, "%s solver" % name))
+        _inputs(solvers[mode].net)
+    seconds = cpu_reference.steps_deciding_as(solvers["cpu"], solvers["gpu"], STEPS)
+    weights = {mode: {n: [b.data.copy() for b in bs] for n, bs in s.net.params.items()}
+               for mode, s in solvers.items()}
     worst = max(_rel(m, t) for n, bs in weights["cpu"].items()
                 for m, t in zip(weights["gpu"][n], bs))
     moved = sum(float(np.abs(b).sum()) for bs in weights["gpu"].values() for b in bs)

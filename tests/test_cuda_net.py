@@ -173,14 +173,15 @@ def test_fifty_solver_steps_end_where_the_cpu_ends(gpu_mode, which, batch, shape
     r = np.random.RandomState(4)
     x = r.uniform(0, 1, (4 * batch,) + shape).astype(np.float32)
     y = r.randint(0, 10, 4 * batch).astype(np.float32)
-    weights = {}
+    solvers = {}
     for mode in ("cpu", "gpu"):
         getattr(backend, "set_mode_" + mode)()
-        solver = get_solver(pio.parse_solver_text(SOLVER % (net, lr), which + " solver"))
-        solver.net.set_input_arrays(x, y)
-        solver.step(50)
-        weights[mode] = {name: [b.data.copy() for b in blobs]
-                         for name, blobs in solver.net.params.items()}
+        solvers[mode] = get_solver(pio.parse_solver_text(SOLVER % (net, lr), which + " solver"))
+        solvers[mode].net.set_input_arrays(x, y)
+    cpu_reference.steps_deciding_as(solvers["cpu"], solvers["gpu"], 50)
+    weights = {mode: {name: [b.data.copy() for b in blobs]
+                      for name, blobs in solver.net.params.items()}
+               for mode, solver in solvers.items()}
     moved = 0.0
     for name, blobs in weights["cpu"].items():
         for mine, theirs in zip(weights["gpu"][name], blobs):
