@@ -17,14 +17,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "avx512.h"
 #include "pool_window.h"
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define HAVE_AVX2 1
+/* avx512.h's test of the compiler (GCC on x86-64) is AVX2's too */
+#define HAVE_AVX2 HAVE_AVX512
+#if HAVE_AVX2
 #define AVX2 __attribute__((target("avx2")))
-#else
-#define HAVE_AVX2 0
 #endif
 
 #define LANES 8
@@ -38,22 +37,25 @@
  * file's serve wherever the CPU has AVX2 (the tests take both) */
 int pool_lanes8_after_avx512 = 1;
 
-static int cpu_has(int avx512)
+static int cpu_has_avx2(void)
 {
-    static int known[2] = {-1, -1};
-    if (known[avx512] < 0) {
+#if HAVE_AVX2
+    static int known = -1;
+    if (known < 0) {
         __builtin_cpu_init();
-        known[avx512] = avx512 ? __builtin_cpu_supports("avx512f") :
-            __builtin_cpu_supports("avx2");
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
     }
-    return known[avx512];
+    return known;
+#else
+    return 0;
+#endif
 }
 
 /* Whether pooling.c should call pool_lanes8_max_forward first: AVX2, and either no AVX-512 or
  * `pool_lanes8_after_avx512` off. */
 int pool_lanes8_first(void)
 {
-    return HAVE_AVX2 && cpu_has(0) && !(pool_lanes8_after_avx512 && cpu_has(1));
+    return HAVE_AVX2 && cpu_has_avx2() && !(pool_lanes8_after_avx512 && cpu_has_avx512());
 }
 
 #if HAVE_AVX2
@@ -255,7 +257,7 @@ int pool_lanes8_max_forward(const float *x, float *y, void *arg, int arg_bytes, 
                             int ph, int pw)
 {
 #if HAVE_AVX2
-    if (!cpu_has(0) || (int64_t)h * w > LANE_CELLS || (arg_bytes != 1 && arg_bytes != 4))
+    if (!cpu_has_avx2() || (int64_t)h * w > LANE_CELLS || (arg_bytes != 1 && arg_bytes != 4))
         return -2;
     const window2d g = {h, w, oh, ow, kh, kw, sh, sw, ph, pw};
     return lanes8_forward(x, y, arg, arg_bytes, planes, &g);
