@@ -577,10 +577,27 @@ PACKED_GEOMS = [
     ((9, 7), (4, 5), (1, 1), (1, 2), (8, 7)),
 ]
 # the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or shifted loads
-# (pool_same.c, AVX-512), or 8 planes a vector (pool_lanes8.c, AVX2; MAX forward) where there
-# is no AVX-512; the phased layout; MAX's forward by 8 planes a vector even on AVX-512
-NATIVE_POOL_PATHS = ["native", "native phased", "native avx2"]
+# (pool_same.c, AVX-512), or where there is no AVX-512 (MAX forward) a window's rows then its
+# columns (pool_rows.c, AVX2; column strides 1 and 2) or 8 planes a vector (pool_lanes8.c,
+# AVX2); the phased layout; MAX's forward by the AVX2 passes even on AVX-512, and by 8 planes
+# a vector alone
+NATIVE_POOL_PATHS = ["native", "native phased", "native avx2", "native avx2 planes"]
 POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
+
+
+# columns stepping by 2 over rows of one cell (the phased layout's pairs of columns, which
+# lost such a cell once); a window's rows then its columns (pool_rows.c, AVX2, rows of 7
+# outputs or more): rows stepping past the window (input rows no window reads), rows of 8 and
+# 9 outputs (a whole vector; one lane of a second), 7 and an overhanging last window with
+# padding on both axes
+ROWS_GEOMS = [
+    ((20, 1), (1, 2), (1, 2), (0, 0), (20, 1)),
+    ((21, 1), (3, 2), (1, 2), (0, 1), (19, 1)),
+    ((13, 10), (2, 3), (3, 1), (0, 1), (5, 10)),
+    ((6, 15), (3, 3), (1, 2), (1, 1), (6, 8)),
+    ((5, 16), (2, 3), (2, 2), (1, 1), (3, 9)),
+    ((10, 12), (4, 3), (3, 2), (2, 1), (4, 7)),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -594,24 +611,26 @@ def _lanes_pooling_back_on():
 
 
 def _native_paths_here():
-    """NATIVE_POOL_PATHS, less the AVX2 one on a CPU without AVX2."""
+    """NATIVE_POOL_PATHS, less the AVX2 ones on a CPU without AVX2."""
     from poseidon_caffe.backend.cpu import native
     if native.lib is None:
         pytest.skip(NOT_BUILT)
     avx2 = native.avx2_pooling_first(True)
     native.avx2_pooling_first(False)
-    return [path for path in NATIVE_POOL_PATHS if path != "native avx2" or avx2]
+    return [path for path in NATIVE_POOL_PATHS if not path.startswith("native avx2") or avx2]
 
 
 def _take_pool_path(plan, path):
     """Set ``plan`` (a PoolPlan or SplitPoolPlan) on one of its paths: the numpy stages, the
     numpy tap loop, or the compiled kernels, their widest vectors, the phased layout, or MAX's
-    forward by AVX2's 8 planes a vector (skipped where they were not built, or no AVX2)."""
+    forward by the AVX2 passes, or by their 8 planes a vector alone (skipped where they were
+    not built, or no AVX2)."""
     from poseidon_caffe.backend.cpu import native
     if path.startswith("native") and native.lib is None:
         pytest.skip("the compiled kernels are not built (no C compiler at install, or "
                     "POSEIDON_NATIVE=0)")
-    if path == "native avx2" and not native.avx2_pooling_first(True):
+    if (path.startswith("native avx2") and
+            not native.avx2_pooling_first(True, rows=path == "native avx2")):
         pytest.skip("this CPU has no AVX2")
     plan.native = path.startswith("native")
     plan.separable = path == "stages"
@@ -620,7 +639,7 @@ def _take_pool_path(plan, path):
 
 @pytest.mark.parametrize("path", POOL_PATHS)
 @pytest.mark.parametrize("spec", POOL_GEOMS + EMPTY_WINDOW_GEOMS + BIG_WINDOW_GEOMS +
-                         SAME_GEOMS + STRIDE2_GEOMS + PACKED_GEOMS, ids=str)
+                         SAME_GEOMS + STRIDE2_GEOMS + PACKED_GEOMS + ROWS_GEOMS, ids=str)
 def test_max_pool_paths_match_caffe_loops(spec, path, small_slices):
     g = PoolGeometry(*spec)
     plan = B.pool_plan(g)

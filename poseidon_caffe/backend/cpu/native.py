@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 16                 # kernels_version() of the kernels these calls are written for
+VERSION = 17                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -87,11 +87,13 @@ image_gemm = direct
 softmax = lib is not None and lib.softmax_available() == 1
 
 
-def avx2_pooling_first(on):
-    """MAX pooling's forward by 8 planes a vector (kernels/pool_lanes8.c, AVX2) before the
-    AVX-512 passes (True), or only where the CPU has no AVX-512 (False: the default); the
-    tests run both. Returns whether that pass then comes first on this CPU."""
+def avx2_pooling_first(on, rows=True):
+    """MAX pooling's forward by the AVX2 passes before the AVX-512 ones (True), or only where
+    the CPU has no AVX-512 (False: the default): a window's rows then its columns
+    (kernels/pool_rows.c; with `rows` False, not at all), then 8 planes a vector
+    (pool_lanes8.c). The tests run each. Returns whether they then come first on this CPU."""
     ctypes.c_int.in_dll(lib, "pool_lanes8_after_avx512").value = int(not on)
+    ctypes.c_int.in_dll(lib, "pool_rows_serve").value = int(rows)
     return lib.pool_lanes8_first() == 1
 
 

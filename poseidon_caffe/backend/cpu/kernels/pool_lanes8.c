@@ -17,14 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "avx512.h"
+#include "avx2.h"
 #include "pool_window.h"
-
-/* avx512.h's test of the compiler (GCC on x86-64) is AVX2's too */
-#define HAVE_AVX2 HAVE_AVX512
-#if HAVE_AVX2
-#define AVX2 __attribute__((target("avx2")))
-#endif
 
 #define LANES 8
 /* the most cells a plane may have: on larger planes the phased layout ran as fast or faster
@@ -36,20 +30,6 @@
 /* 1 (the default): where the CPU has AVX-512, pool_lanes.c's passes serve first; 0: this
  * file's serve wherever the CPU has AVX2 (the tests take both) */
 int pool_lanes8_after_avx512 = 1;
-
-static int cpu_has_avx2(void)
-{
-#if HAVE_AVX2
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return known;
-#else
-    return 0;
-#endif
-}
 
 /* Whether pooling.c should call pool_lanes8_max_forward first: AVX2, and either no AVX-512 or
  * `pool_lanes8_after_avx512` off. */

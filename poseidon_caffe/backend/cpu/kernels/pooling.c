@@ -56,6 +56,11 @@ int pool_lanes8_max_forward(const float *x, float *y, void *arg, int arg_bytes, 
                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                             int ph, int pw);
 int pool_lanes8_first(void);
+/* pool_rows.c: a window's rows, then its columns, where the CPU has AVX2 (-2 where it does not
+ * serve); called with pool_lanes8.c, before it */
+int pool_rows_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                          int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                          int pw);
 int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                               int ph, int pw, int add);
@@ -65,7 +70,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
  * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 16;
+    return 17;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -218,7 +223,7 @@ static void phased_fill(const phased *q, const float *restrict x, float *restric
                     to[k] = row[2 * k];
                     odd[k] = row[2 * k + 1];
                 }
-                if ((c1 & 1) && c1 - 1 > c0)
+                if ((c1 & 1) && c1 - 1 >= c0)     /* an even last column, c0 itself too */
                     to[(c1 - 1) / 2] = row[c1 - 1];
             } else {
                 for (int r = 0; r < sw; ++r)
@@ -260,7 +265,7 @@ static void phased_take(const phased *q, const float *restrict base, float *rest
                     at[2 * k] = from[k];
                     at[2 * k + 1] = odd[k];
                 }
-                if ((c1 & 1) && c1 - 1 > c0)
+                if ((c1 & 1) && c1 - 1 >= c0)     /* an even last column, c0 itself too */
                     at[c1 - 1] = from[(c1 - 1) / 2];
             } else if (covered > 0) {
                 for (int r = 0; r < sw; ++r)
@@ -362,7 +367,8 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  *
  * With `lanes`, pool_same.c's shifted loads (stride 1, the output the input's size) or
  * pool_lanes.c's pass run where they serve (AVX-512), 16 cells or 16 planes a vector, and
- * pool_lanes8.c's 8 planes a vector where the CPU has AVX2 but not AVX-512.
+ * where the CPU has AVX2 but not AVX-512, pool_rows.c's rows then columns (column strides 1
+ * and 2) or pool_lanes8.c's 8 planes a vector.
  * Otherwise: which cell wins is data, which a branch predictor cannot learn, so the
  * comparisons are masks over whole planes: in the phased layout (above, padding -inf) the
  * taps are visited in the window's row-major order, each one contiguous loop over every output
@@ -374,9 +380,14 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
                      int kw, int sh, int sw, int ph, int pw, int lanes)
 {
     if (lanes) {
-        int status = pool_lanes8_first() ?
-            pool_lanes8_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw, sh, sw,
-                                    ph, pw) : -2;
+        int status = -2;
+        if (pool_lanes8_first()) {
+            status = pool_rows_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
+                                           sh, sw, ph, pw);
+            if (status == -2)
+                status = pool_lanes8_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
+                                                 kw, sh, sw, ph, pw);
+        }
         if (status == -2)
             status = pool_same_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
                                            sh, sw, ph, pw);
