@@ -929,13 +929,18 @@ def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec, path):
                                atol=1e-7)
 
 @pytest.mark.parametrize("beta", [0.75, 0.5])
-def test_compiled_lrn_reciprocal_roots_are_within_three_ulp_of_the_square_roots(beta):
-    """Beta 0.75 and 0.5 by AVX-512's reciprocal-root estimates refined once (the default)
-    against square roots and a division: within 3 ulp over scales from 1e-30 to 1e30, and the
-    scales outside their range (infinite, NaN) exactly as the exact forms give them."""
+def test_compiled_lrn_reciprocal_roots_are_within_a_few_ulp_of_the_square_roots(beta):
+    """Beta 0.75 and 0.5 by reciprocal-root estimates refined once (the default) against square
+    roots and a division: within 3 ulp (AVX-512's 14-bit estimates) or 5 (AVX2's 12-bit ones)
+    over scales from 1e-30 to 1e30, and the scales outside their range (infinite, NaN) exactly
+    as the exact forms give them."""
     from poseidon_caffe.backend.cpu import lrn
     if lrn._compiled() is None:
         pytest.skip(NOT_BUILT)
+    lanes = lrn.fast_root_lanes()
+    if lanes == 0:
+        pytest.skip("this CPU has neither AVX-512 nor AVX2: the exact forms serve")
+    ulp = np.float32(2.0 ** -23)
     rng = np.random.default_rng(40)
     x = (rng.uniform(0.5, 2.0, (2, 7, 8, 9)) * 10.0 ** rng.integers(-15, 15, (2, 7, 8, 9))
          ).astype(np.float32)
@@ -953,7 +958,8 @@ def test_compiled_lrn_reciprocal_roots_are_within_three_ulp_of_the_square_roots(
     np.testing.assert_array_equal(np.isnan(fast_top), np.isnan(exact_top))
     finite = np.isfinite(exact_top) & (exact_top != 0)
     np.testing.assert_array_equal(fast_top[~finite], exact_top[~finite])
-    np.testing.assert_allclose(fast_top[finite], exact_top[finite], rtol=3.6e-7, atol=0)
+    np.testing.assert_allclose(fast_top[finite], exact_top[finite],
+                               rtol=(3 if lanes == 16 else 5) * ulp, atol=0)
     assert np.isnan(fast_top).any() and (fast_top == 0).any()
     # dx = dy p - (the window's term): the two nearly cancel in places, so the bound is
     # relative to the terms, p being the power the exact forward used

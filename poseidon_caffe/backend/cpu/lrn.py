@@ -43,9 +43,10 @@ def _compiled():
 
 
 def fast_roots(on=None):
-    """Whether the compiled kernels take beta 0.75's and 0.5's powers from AVX-512's
-    reciprocal-root estimates refined once (within 3 ulp; the default) rather than from square
-    roots and a division (the tests run both); ``on`` sets it. False without the kernels."""
+    """Whether the compiled kernels take beta 0.75's and 0.5's powers from reciprocal-root
+    estimates refined once (AVX-512's within 3 ulp, AVX2's within 5; the default) rather than
+    from square roots and a division (the tests run both); ``on`` sets it. False without the
+    kernels."""
     lib = _compiled()
     if lib is None:
         return False
@@ -53,6 +54,13 @@ def fast_roots(on=None):
     if on is not None:
         flag.value = int(bool(on))
     return bool(flag.value)
+
+
+def fast_root_lanes():
+    """The vector width of the estimates in use: 16 (AVX-512), 8 (AVX2), or 0 (none: no such
+    CPU, fast_roots off, or no kernels)."""
+    lib = _compiled()
+    return 0 if lib is None else lib.lrn_roots_lanes()
 
 
 def _address(a):

@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "avx512.h"
+#include "avx2.h"
 #include "vector_loop.h"
 
 /* scale^-beta, with the square-root forms of Caffe's usual betas */
@@ -78,19 +78,86 @@ AVX512 static void negative_power_roots(const float *s, float *out, int64_t coun
 }
 #endif
 
+#if HAVE_AVX2
+/* r refined by a Newton step towards 1/sqrt(v) */
+AVX2 static inline __m256 newton_root8(__m256 v, __m256 r)
+{
+    const __m256 half_v_r = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.5f)), r);
+    return _mm256_mul_ps(r, _mm256_sub_ps(_mm256_set1_ps(1.5f), _mm256_mul_ps(half_v_r, r)));
+}
+
+/* 1/sqrt(v) for v in (2^-100, 2^100): the 12-bit estimate and one Newton step (relative
+ * error near 2^-22; a square root and a division take some 20 cycles a vector on an EPYC,
+ * and a second step cost all the gain) */
+AVX2 static inline __m256 reciprocal_root8(__m256 v)
+{
+    return newton_root8(v, _mm256_rsqrt_ps(v));
+}
+
+/* negative_power16's for 8 cells, on AVX2: within 5 ulp of the exact forms (the 12-bit
+ * estimate's step leaves more than the 14-bit one's) */
+AVX2 static inline __m256 negative_power8(__m256 scale, int three_quarters)
+{
+    const __m256 inside = _mm256_and_ps(
+        _mm256_cmp_ps(scale, _mm256_set1_ps(0x1p-100f), _CMP_GT_OQ),
+        _mm256_cmp_ps(scale, _mm256_set1_ps(0x1p100f), _CMP_LT_OQ));
+    if (_mm256_movemask_ps(inside) != 0xFF) {
+        float cells[8], powers[8];
+        _mm256_storeu_ps(cells, scale);
+        negative_power_exact(cells, powers, 8, three_quarters ? 0.75f : 0.5f);
+        return _mm256_loadu_ps(powers);
+    }
+    const __m256 r = reciprocal_root8(scale);
+    return three_quarters ? _mm256_mul_ps(_mm256_mul_ps(r, r), reciprocal_root8(r)) : r;
+}
+
+/* negative_power8 over the cells, the last few (under 8) the exact way. */
+AVX2 static void negative_power_roots8(const float *s, float *out, int64_t count,
+                                       int three_quarters)
+{
+    int64_t p = 0;
+    for (; p + 8 <= count; p += 8)
+        _mm256_storeu_ps(out + p, negative_power8(_mm256_loadu_ps(s + p), three_quarters));
+    negative_power_exact(s + p, out + p, count - p, three_quarters ? 0.75f : 0.5f);
+}
+#endif
+
 /* 1 (the default): beta 0.75 and 0.5 by reciprocal-root estimates refined once, where the
- * CPU has AVX-512; 0: by square roots and a division everywhere (the tests run both) */
+ * CPU has AVX-512 or AVX2; 0: by square roots and a division everywhere (the tests run
+ * both) */
 int lrn_fast_roots = 1;
+
+/* Which of the roots' passes serve: 16 cells a vector (AVX-512), 8 (AVX2), or none (0). */
+static int roots_lanes(float beta)
+{
+    if (!lrn_fast_roots || (beta != 0.75f && beta != 0.5f))
+        return 0;
+    return cpu_has_avx512() ? 16 : cpu_has_avx2() ? 8 : 0;
+}
+
+/* roots_lanes for Caffe's usual beta: the tests' bound on the roots' error follows it */
+int lrn_roots_lanes(void)
+{
+    return roots_lanes(0.75f);
+}
 
 static void negative_power(const float *restrict s, float *restrict out, int64_t count,
                            float beta)
 {
+    const int lanes = roots_lanes(beta);
 #if HAVE_AVX512
-    if (lrn_fast_roots && (beta == 0.75f || beta == 0.5f) && cpu_has_avx512()) {
+    if (lanes == 16) {
         negative_power_roots(s, out, count, beta == 0.75f);
         return;
     }
 #endif
+#if HAVE_AVX2
+    if (lanes == 8) {
+        negative_power_roots8(s, out, count, beta == 0.75f);
+        return;
+    }
+#endif
+    (void)lanes;
     negative_power_exact(s, out, count, beta);
 }
 
@@ -289,6 +356,65 @@ AVX512 static void five_backward_roots(const float *w[5], const float *restrict 
 }
 #endif
 
+#if HAVE_AVX2
+/* five_forward_roots on AVX2, 8 cells a vector: the same operations in the same order */
+AVX2 static void five_forward_roots8(const float *w[5], const float *restrict xc, float coef,
+                                     float k, float *restrict sc, float *restrict top,
+                                     int64_t n, int three_quarters)
+{
+    const __m256 cv = _mm256_set1_ps(coef), kv = _mm256_set1_ps(k);
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m256 v = _mm256_loadu_ps(w[0] + p), sum = _mm256_mul_ps(v, v);
+        for (int q = 1; q < 5; ++q) {
+            v = _mm256_loadu_ps(w[q] + p);
+            sum = _mm256_add_ps(sum, _mm256_mul_ps(v, v));
+        }
+        const __m256 scale = _mm256_add_ps(_mm256_mul_ps(sum, cv), kv);
+        if (sc != NULL)
+            _mm256_storeu_ps(sc + p, scale);
+        const __m256 power = negative_power8(scale, three_quarters);
+        _mm256_storeu_ps(top + p, _mm256_mul_ps(_mm256_loadu_ps(xc + p), power));
+    }
+    for (; p < n; ++p) {         /* the last few as negative_power_roots8: the exact forms */
+        float sum = w[0][p] * w[0][p];
+        for (int q = 1; q < 5; ++q)
+            sum = sum + w[q][p] * w[q][p];
+        float scale = sum * coef + k, power;
+        if (sc != NULL)
+            sc[p] = scale;
+        negative_power_exact(&scale, &power, 1, three_quarters ? 0.75f : 0.5f);
+        top[p] = xc[p] * power;
+    }
+}
+
+/* five_backward_roots on AVX2, 8 cells a vector: the same operations in the same order */
+AVX2 static void five_backward_roots8(const float *w[5], const float *restrict sc,
+                                      const float *restrict dy, const float *restrict x,
+                                      float coef, float *restrict dx, int64_t n,
+                                      int three_quarters)
+{
+    const __m256 cv = _mm256_set1_ps(coef);
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m256 acc = _mm256_loadu_ps(w[0] + p);
+        for (int q = 1; q < 5; ++q)
+            acc = _mm256_add_ps(acc, _mm256_loadu_ps(w[q] + p));
+        const __m256 power = negative_power8(_mm256_loadu_ps(sc + p), three_quarters);
+        const __m256 kept = _mm256_mul_ps(_mm256_loadu_ps(dy + p), power);
+        const __m256 spread = _mm256_mul_ps(_mm256_mul_ps(cv, _mm256_loadu_ps(x + p)), acc);
+        _mm256_storeu_ps(dx + p, _mm256_sub_ps(kept, spread));
+    }
+    for (; p < n; ++p) {         /* the last few as negative_power_roots8: the exact forms */
+        float acc = w[0][p], power;
+        for (int q = 1; q < 5; ++q)
+            acc = acc + w[q][p];
+        negative_power_exact(sc + p, &power, 1, three_quarters ? 0.75f : 0.5f);
+        dx[p] = dy[p] * power - coef * x[p] * acc;
+    }
+}
+#endif
+
 /* top of images [0, n), and their scale when ``scale`` is not NULL (else the backward
  * remakes it from x). Returns -1 when out of memory. */
 int lrn_across_forward(const float *restrict x, float *restrict top, float *restrict scale,
@@ -305,21 +431,27 @@ int lrn_across_forward(const float *restrict x, float *restrict top, float *rest
         free(zeros);
         return -1;
     }
+    const int lanes = roots_lanes(beta);
     for (int64_t i = 0; i < n; ++i) {
         const float *xi = x + i * channels * positions;
         for (int c = 0; c < channels; ++c) {
             float *sc = scale ? scale + (i * channels + c) * positions : own;
-#if HAVE_AVX512
-            if (size == 5 && lrn_fast_roots && (beta == 0.75f || beta == 0.5f) &&
-                cpu_has_avx512()) {
+            if (size == 5 && lanes) {
                 const float *w[5];
                 window_of_five(xi, zeros, c, channels, positions, w);
-                five_forward_roots(w, xi + (int64_t)c * positions, coef, k,
-                                   scale ? sc : NULL, top + (i * channels + c) * positions,
-                                   positions, beta == 0.75f);
+#if HAVE_AVX512
+                if (lanes == 16)
+                    five_forward_roots(w, xi + (int64_t)c * positions, coef, k,
+                                       scale ? sc : NULL, top + (i * channels + c) * positions,
+                                       positions, beta == 0.75f);
+                else
+                    five_forward_roots8(w, xi + (int64_t)c * positions, coef, k,
+                                        scale ? sc : NULL,
+                                        top + (i * channels + c) * positions, positions,
+                                        beta == 0.75f);
                 continue;
-            }
 #endif
+            }
             window_scale(xi, sc, c, channels, positions, size, coef, k, zeros);
             negative_power(sc, power, positions, beta);
             multiply(xi + (int64_t)c * positions, power, top + (i * channels + c) * positions,
@@ -344,6 +476,7 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
     const int half = (size - 1) / 2;
     const float coef = 2.0f * alpha * beta / size;
     const int64_t count = (int64_t)channels * positions;
+    const int lanes = roots_lanes(beta);
     float *scales = scale ? NULL : malloc(sizeof(float) * (size_t)(size * positions));
     float *ratio = malloc(sizeof(float) * (size_t)(size * positions));
     float *power = malloc(sizeof(float) * (size_t)positions);
@@ -385,9 +518,14 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
                 }
                 zeros_first(w, zeros);
 #if HAVE_AVX512
-                if (lrn_fast_roots && (beta == 0.75f || beta == 0.5f) && cpu_has_avx512()) {
+                if (lanes == 16) {
                     five_backward_roots(w, sc, dy + base + at, x + base + at, coef,
                                         dx + base + at, positions, beta == 0.75f);
+                    continue;
+                }
+                if (lanes == 8) {
+                    five_backward_roots8(w, sc, dy + base + at, x + base + at, coef,
+                                         dx + base + at, positions, beta == 0.75f);
                     continue;
                 }
 #endif
