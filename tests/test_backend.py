@@ -713,6 +713,40 @@ def test_native_ave_pooling_is_caffes_float32_arithmetic(path):
     np.testing.assert_array_equal(dx, want_dx)
 
 
+@pytest.mark.parametrize("spec", [((14, 14), (5, 5), (3, 3), (0, 0), (4, 4)),
+                                  EMPTY_WINDOW_GEOMS[0]], ids=str)
+def test_native_ave_backward_adds_in_caffes_order_and_keeps_uncovered_cells_bit_for_bit(spec):
+    """Adding into dx (a folded Split's input), the compiled AVE backward adds each cell's
+    shares to its value in the order of Caffe's loop over the outputs, and the cells no window
+    covers (stride 2 over a 1x1 window), -0.0 among them, keep their bits."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    g = PoolGeometry(*spec)
+    dy = _rand((2, 3) + g.out_shape, 44)
+    start = _rand((2, 3) + g.in_shape, 45)
+    start[..., 1::3] = -0.0
+    dx = start.copy()
+    if not native.ave_pool_backward_add(dy, dx, g):
+        pytest.skip("the compiled pass does not serve on this CPU (neither AVX-512 nor AVX2)")
+    want, covered = start.copy(), np.zeros(start.shape, bool)
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
+    for a, b, i, j in itertools.product(range(2), range(3), *map(range, g.out_shape)):
+        hs, ws = i * sh - ph, j * sw - pw
+        cells = list(itertools.product(range(max(hs, 0), min(hs + kh, h)),
+                                       range(max(ws, 0), min(ws + kw, w))))
+        if not cells:                   # a window wholly past the input
+            continue
+        size = (min(hs + kh, h + ph) - hs) * (min(ws + kw, w + pw) - ws)
+        share = dy[a, b, i, j] / np.float32(size)
+        for u, v in cells:
+            want[a, b, u, v] = np.float32(want[a, b, u, v] + share)
+            covered[a, b, u, v] = True
+    assert dx.tobytes() == want.tobytes()
+    if not covered.all():
+        assert (np.signbit(dx) & (dx == 0) & ~covered).any()
+
+
 # the compiled passes lay a plane out by stride phase when it has 16 outputs or more, and
 # visit each window directly below that: both, with strides 1-3, padding and overhang; AVE's
 # backward makes rows of up to 4 vectors in registers (pool_ave_rows.c, AVX-512): rows of 1,

@@ -164,8 +164,9 @@ def ave_pool_backward(dy, dx, geom):
 
 def ave_pool_backward_add(dy, dx, geom):
     """dx += AVE pooling's gradient of dy, each cell's shares added to its value in Caffe's
-    order; False where the kernel does not serve (no AVX-512, the phased passes asked for,
-    windows overlapping much): nothing is written then."""
+    order; False where the kernel does not serve (neither AVX-512 nor AVX2, the phased passes
+    asked for, windows overlapping much, AVX2's planes of few outputs): nothing is written
+    then."""
     if PORTABLE_POOLING:
         return False
     planes = dy.shape[0] * dy.shape[1]
