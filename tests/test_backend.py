@@ -577,10 +577,10 @@ PACKED_GEOMS = [
     ((9, 7), (4, 5), (1, 1), (1, 2), (8, 7)),
 ]
 # the compiled passes: 16 planes a vector (pool_lanes.c, AVX-512) or shifted loads
-# (pool_same.c, AVX-512), or where there is no AVX-512 (MAX forward) a window's rows then its
-# columns (pool_rows.c, AVX2; column strides 1 and 2) or 8 planes a vector (pool_lanes8.c,
-# AVX2); the phased layout; MAX's forward by the AVX2 passes even on AVX-512, and by 8 planes
-# a vector alone
+# (pool_same.c, AVX-512), or where there is no AVX-512 a window's rows then its columns (MAX
+# forward, pool_rows.c, AVX2; column strides 1 and 2), 8 planes a vector (MAX and AVE
+# forward, pool_lanes8.c, AVX2) and 8 cells a vector (AVE backward, pool_ave_vectors.c); the
+# phased layout; the AVX2 passes even on AVX-512, and MAX's forward by 8 planes a vector alone
 NATIVE_POOL_PATHS = ["native", "native phased", "native avx2", "native avx2 planes"]
 POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
 

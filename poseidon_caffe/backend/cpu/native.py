@@ -88,10 +88,11 @@ softmax = lib is not None and lib.softmax_available() == 1
 
 
 def avx2_pooling_first(on, rows=True):
-    """MAX pooling's forward by the AVX2 passes before the AVX-512 ones (True), or only where
-    the CPU has no AVX-512 (False: the default): a window's rows then its columns
+    """Pooling by the AVX2 passes before the AVX-512 ones (True), or only where the CPU has no
+    AVX-512 (False: the default): MAX's forward by a window's rows then its columns
     (kernels/pool_rows.c; with `rows` False, not at all), then 8 planes a vector
-    (pool_lanes8.c). The tests run each. Returns whether they then come first on this CPU."""
+    (pool_lanes8.c), as AVE's forward; AVE's backward 8 cells a vector (pool_ave_vectors.c).
+    The tests run each. Returns whether they then come first on this CPU."""
     ctypes.c_int.in_dll(lib, "pool_lanes8_after_avx512").value = int(not on)
     ctypes.c_int.in_dll(lib, "pool_rows_serve").value = int(rows)
     return lib.pool_lanes8_first() == 1

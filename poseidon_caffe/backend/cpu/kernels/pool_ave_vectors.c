@@ -32,6 +32,9 @@
 int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
                               int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                               int ph, int pw, int add);
+/* pool_lanes8.c: whether the AVX2 passes come first (no AVX-512, or the tests asked): then 8
+ * lanes here too */
+int pool_lanes8_first(void);
 
 #if HAVE_AVX512
 typedef struct {
@@ -201,7 +204,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
                               int ph, int pw, int add)
 {
 #if HAVE_AVX512
-    const int width = cpu_has_avx512() ? 16 : cpu_has_avx2() ? 8 : 0;
+    const int width = pool_lanes8_first() ? 8 : cpu_has_avx512() ? 16 : 0;
     if (width == 0 || (int64_t)h * w > MAX_CELLS || (width == 8 && oh * ow < FEW_OUTPUTS8))
         return -2;
     int cells = h * w, outputs = oh * ow, vectors = (cells + width - 1) / width;

@@ -55,6 +55,9 @@ int pool_lanes_ave_backward(const float *dy, float *dx, const float *size, int64
 int pool_lanes8_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                             int ph, int pw);
+int pool_lanes8_ave_forward(const float *x, float *y, const float *size, int64_t planes, int h,
+                            int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                            int pw);
 int pool_lanes8_first(void);
 /* pool_rows.c: a window's rows, then its columns, where the CPU has AVX2 (-2 where it does not
  * serve); called with pool_lanes8.c, before it */
@@ -601,7 +604,11 @@ int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes,
     if (size == NULL)
         return -1;
     if (lanes) {
-        int status = pool_lanes_ave_forward(x, y, size, planes, h, w, oh, ow, kh, kw, sh, sw,
+        int status = pool_lanes8_first() ?
+            pool_lanes8_ave_forward(x, y, size, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw) :
+            -2;
+        if (status == -2)
+            status = pool_lanes_ave_forward(x, y, size, planes, h, w, oh, ow, kh, kw, sh, sw,
                                             ph, pw);
         if (status != -2) {
             free(size);
