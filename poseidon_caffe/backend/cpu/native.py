@@ -83,7 +83,8 @@ PORTABLE_POOLING = False
 # only where the CPU has AVX-512
 direct = lib is not None and lib.conv_direct_available() == 1
 image_gemm = direct
-# Softmax and SoftmaxWithLoss (kernels/softmax.c): AVX-512 only, numpy's passes elsewhere
+# Softmax and SoftmaxWithLoss (kernels/softmax.c): AVX-512, or AVX2 with FMA; numpy's passes
+# elsewhere
 softmax = lib is not None and lib.softmax_available() == 1
 
 

@@ -6,20 +6,40 @@
  *     dx = scale (p - onehot(label)), zero where the label is ignored
  *
  * numpy made these of a dozen passes and temporaries each (a 32 x 1000 loss took 0.4 ms, a
- * tenth of the memory's rate); here each is one or two passes. AVX-512 only (the callers take
- * numpy's path elsewhere): exp is a vector of its own, within 2 ulp of the exact value (numpy's
- * is within 1-2 ulp as well, and Caffe's expf within 1). */
+ * tenth of the memory's rate); here each is one or two passes. AVX-512, or AVX2 with FMA (an
+ * AMD EPYC's: the same exp, 8 lanes a vector), only (the callers take numpy's path elsewhere):
+ * exp is a vector of its own, within 2 ulp of the exact value (numpy's is within 1-2 ulp as
+ * well, and Caffe's expf within 1). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "avx512.h"
+#include "avx2.h"
 #include "vector_loop.h"
+
+#if HAVE_AVX2
+#define AVX2_FMA __attribute__((target("avx2,fma")))
+#endif
+
+/* Whether the CPU has AVX2 and FMA, the 8-lane passes' (asked once). */
+static int cpu_has_avx2_fma(void)
+{
+#if HAVE_AVX2
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = cpu_has_avx2() && __builtin_cpu_supports("fma") ? 1 : 0;
+    }
+    return known;
+#else
+    return 0;
+#endif
+}
 
 int softmax_available(void)
 {
-    return cpu_has_avx512();
+    return cpu_has_avx512() || cpu_has_avx2_fma();
 }
 
 #if HAVE_AVX512
@@ -111,23 +131,150 @@ AVX512 static void softmax_plane(const float *x, float *y, int64_t channels, int
 }
 #endif
 
-/* y (may be x) = softmax of x along channels. Returns 0, or -1 without AVX-512 or memory. */
+#if HAVE_AVX2
+/* exp16 on AVX2 with FMA, 8 lanes: the same reduction and series; 2^n (n in [-150, 0]) as
+ * two exact powers of two, 2^(n >> 1) then 2^(n - (n >> 1)), each at least 2^-75, so the
+ * product rounds once, at the second, into the denormals as scalef's does. */
+AVX2_FMA static inline __m256 exp8(__m256 t)
+{
+    t = _mm256_max_ps(_mm256_set1_ps(-104.0f), t);      /* returns t where t is NaN */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), t);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i whole = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(whole, 1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+    const __m256 second = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, first), second);
+}
+
+/* The first n of 8 lanes (all from 8 on), as a mask of maskload and maskstore */
+AVX2_FMA static inline __m256i first_lanes8(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n >= 8 ? 8 : (int)n),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AVX2_FMA static inline float lanes_max8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+AVX2_FMA static inline float lanes_sum8(__m256 v)
+{
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+/* softmax_row on AVX2: a row's last, short vector loaded masked and stored masked (once a
+ * row: an AMD's masked store takes tens of cycles) */
+AVX2_FMA static void softmax_row8(const float *x, float *y, int64_t channels)
+{
+    const __m256 lowest = _mm256_set1_ps(-INFINITY);
+    __m256 top = lowest, nan = _mm256_setzero_ps();
+    for (int64_t c = 0; c < channels; c += 8) {
+        const __m256i m = first_lanes8(channels - c);
+        const __m256 v = _mm256_blendv_ps(lowest, _mm256_maskload_ps(x + c, m),
+                                          _mm256_castsi256_ps(m));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        top = _mm256_max_ps(top, v);
+    }
+    const float most = _mm256_movemask_ps(nan) ? NAN : lanes_max8(top);
+    const __m256 shift = _mm256_set1_ps(most);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t c = 0; c < channels; c += 8) {
+        const __m256i m = first_lanes8(channels - c);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + c, m), shift));
+        sum = _mm256_add_ps(sum, _mm256_and_ps(_mm256_castsi256_ps(m), e));
+        if (c + 8 <= channels)
+            _mm256_storeu_ps(y + c, e);
+        else
+            _mm256_maskstore_ps(y + c, m, e);
+    }
+    const __m256 total = _mm256_set1_ps(lanes_sum8(sum));
+    for (int64_t c = 0; c < channels; c += 8) {
+        if (c + 8 <= channels) {
+            _mm256_storeu_ps(y + c, _mm256_div_ps(_mm256_loadu_ps(y + c), total));
+        } else {
+            const __m256i m = first_lanes8(channels - c);
+            _mm256_maskstore_ps(y + c, m, _mm256_div_ps(_mm256_maskload_ps(y + c, m), total));
+        }
+    }
+}
+
+/* softmax_plane on AVX2, 8 positions a vector (most and sum padded to whole vectors) */
+AVX2_FMA static void softmax_plane8(const float *x, float *y, int64_t channels, int64_t inner,
+                                    float *most, float *sum)
+{
+    const __m256 lowest = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < inner; i += 8) {
+        const __m256i m = first_lanes8(inner - i);
+        __m256 top = lowest, nan = _mm256_setzero_ps();
+        for (int64_t c = 0; c < channels; ++c) {
+            const __m256 v = _mm256_maskload_ps(x + c * inner + i, m);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            top = _mm256_max_ps(top, v);
+        }
+        _mm256_storeu_ps(most + i, _mm256_blendv_ps(top, _mm256_set1_ps(NAN), nan));
+        _mm256_storeu_ps(sum + i, _mm256_setzero_ps());
+    }
+    for (int64_t c = 0; c < channels; ++c)
+        for (int64_t i = 0; i < inner; i += 8) {
+            const __m256i m = first_lanes8(inner - i);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + c * inner + i, m),
+                                                _mm256_loadu_ps(most + i)));
+            _mm256_maskstore_ps(y + c * inner + i, m, e);
+            _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(sum + i), e));
+        }
+    for (int64_t c = 0; c < channels; ++c)
+        for (int64_t i = 0; i < inner; i += 8) {
+            const __m256i m = first_lanes8(inner - i);
+            float *row = y + c * inner + i;
+            _mm256_maskstore_ps(row, m, _mm256_div_ps(_mm256_maskload_ps(row, m),
+                                                      _mm256_loadu_ps(sum + i)));
+        }
+}
+#endif
+
+/* y (may be x) = softmax of x along channels. Returns 0, or -1 without AVX-512 or AVX2 with
+ * FMA, or memory. */
 int softmax_forward(const float *x, float *y, int64_t outer, int64_t channels, int64_t inner)
 {
 #if HAVE_AVX512
-    if (!cpu_has_avx512())
+    const int wide = cpu_has_avx512();
+    if (!wide && !cpu_has_avx2_fma())
         return -1;
     if (inner == 1) {
         for (int64_t o = 0; o < outer; ++o)
-            softmax_row(x + o * channels, y + o * channels, channels);
+            if (wide)
+                softmax_row(x + o * channels, y + o * channels, channels);
+            else
+                softmax_row8(x + o * channels, y + o * channels, channels);
         return 0;
     }
-    float *scratch = malloc(2 * (size_t)inner * sizeof(float));
+    float *scratch = malloc(2 * ((size_t)inner + 8) * sizeof(float));
     if (scratch == NULL)
         return -1;
     for (int64_t o = 0; o < outer; ++o)
-        softmax_plane(x + o * channels * inner, y + o * channels * inner, channels, inner,
-                      scratch, scratch + inner);
+        if (wide)
+            softmax_plane(x + o * channels * inner, y + o * channels * inner, channels, inner,
+                          scratch, scratch + inner + 8);
+        else
+            softmax_plane8(x + o * channels * inner, y + o * channels * inner, channels, inner,
+                           scratch, scratch + inner + 8);
     free(scratch);
     return 0;
 #else
