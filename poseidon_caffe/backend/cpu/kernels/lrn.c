@@ -477,6 +477,7 @@ int lrn_across_backward(const float *restrict x, const float *restrict top,
     const float coef = 2.0f * alpha * beta / size;
     const int64_t count = (int64_t)channels * positions;
     const int lanes = roots_lanes(beta);
+    (void)lanes;                        /* 0 where the compiler has no vector passes */
     float *scales = scale ? NULL : malloc(sizeof(float) * (size_t)(size * positions));
     float *ratio = malloc(sizeof(float) * (size_t)(size * positions));
     float *power = malloc(sizeof(float) * (size_t)positions);
