@@ -9,10 +9,10 @@
  * first maxima (a row taking over only when strictly greater). So each input row's windows
  * are taken once, 8 outputs a vector, each tap one load (for column stride 2, the even lanes
  * of two) from a copy of the plane padded with -inf; each output row then takes its kh rows'
- * results. A 3x3 window costs 2 + 2 comparisons, not 8.
- * The copy of the next plane is made before this one's windows are taken, so that its stores
- * have reached the cache when the loads, straddling them, come (a load that straddles stores
- * still in flight waits for them, on every x86).
+ * results. A 3x3 window costs 2 + 2 comparisons, not 8. The copy of the next plane is made
+ * before this one's windows are taken, so that its stores have reached the cache when the
+ * loads, straddling them, come (a load that straddles stores still in flight waits for them;
+ * copying a row and reading it at once ran a third slower).
  *
  * Values are pooling.c's: a window's first input cell its winner until one is strictly
  * greater (-inf never is), the winner's place (row tap) * kw + column tap in a byte. A NaN
@@ -31,8 +31,9 @@
 
 #define LANES 8
 /* Rows of fewer outputs go to pool_lanes8.c: a vector mostly empty, the passes' starts cost
- * more than their work (AlexNet's 13x13 pool5, rows of 6, 2.1 ms against 1.7; VGG's 8x8 pool4,
- * rows of 4, 1.8 against 0.8; GoogLeNet's 7x7 inception pools, rows of 7, 3.1 against 3.4) */
+ * more than their work (AlexNet's 13x13 pool5, rows of 6: 2.1 ms here against 1.7 there;
+ * VGG's 8x8 pool4, rows of 4: 1.8 against 0.8); rows of 7 still gain (GoogLeNet's 7x7
+ * inception pools: 3.1 against 3.4) */
 #define FEW_COLUMNS 7
 
 /* 1 (the default): this pass serves wherever it can; 0: pooling.c goes on to pool_lanes8.c
@@ -49,7 +50,7 @@ typedef struct {
     float *value;           /* each input row's maxima (rows result_row apart), */
     int32_t *tap;           /* and their places u * kw + column tap */
     int32_t *places;        /* a plane's winners, and a vector of room past them */
-    size_t result_row;        /* elements a row of value and tap: vectors * 8 */
+    size_t result_row;      /* elements a row of value and tap: vectors * 8 */
 } rows_pass;
 
 /* The first n of 8 lanes (all from 8 on), as a mask of maskload */
