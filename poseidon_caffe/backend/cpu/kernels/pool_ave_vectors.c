@@ -146,13 +146,6 @@ AVX512 static void plane16(const float *restrict dy, float *restrict dx, const f
     }
 }
 
-/* The first n of 8 lanes (all from 8 on), as a mask of maskload and maskstore */
-AVX2 static inline __m256i first_lanes8(int n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n >= 8 ? 8 : n),
-                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* masks[b]: the lanes of bits b, a bit each, as a mask of blendv (all 256 of 8 bits) */
 AVX2 static void lane_masks8(__m256 *masks)
 {

@@ -61,13 +61,6 @@ AVX2 static inline void transpose8(__m256 r[8])
     }
 }
 
-/* The first n of 8 lanes (all from 8 on), as a mask of maskload and maskstore */
-AVX2 static inline __m256i first_lanes8(int64_t n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n >= 8 ? 8 : (int)n),
-                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* t[c][l] = x[l * pitch + c] for cells c < cells and lanes l < count (0 in the others) */
 AVX2 static void gather_planes8(const float *x, int64_t pitch, int64_t count, int64_t cells,
                                 float *t)

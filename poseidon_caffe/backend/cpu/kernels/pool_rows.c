@@ -53,13 +53,6 @@ typedef struct {
     size_t result_row;      /* elements a row of value and tap: vectors * 8 */
 } rows_pass;
 
-/* The first n of 8 lanes (all from 8 on), as a mask of maskload */
-AVX2 static inline __m256i first_lanes8(int n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n >= 8 ? 8 : n),
-                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* Plane x into `to`'s rows; whether it holds a NaN. The tail of a row is stored whole, -inf
  * past the row (the pitch has room), not by a masked store: AMD's take tens of cycles. */
 AVX2 static int pad_plane(const rows_pass *q, const float *x, float *to)

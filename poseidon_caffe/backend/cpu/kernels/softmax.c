@@ -158,13 +158,6 @@ AVX2_FMA static inline __m256 exp8(__m256 t)
     return _mm256_mul_ps(_mm256_mul_ps(p, first), second);
 }
 
-/* The first n of 8 lanes (all from 8 on), as a mask of maskload and maskstore */
-AVX2_FMA static inline __m256i first_lanes8(int64_t n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n >= 8 ? 8 : (int)n),
-                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 AVX2_FMA static inline float lanes_max8(__m256 v)
 {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
