@@ -976,9 +976,10 @@ def test_compiled_lrn_reciprocal_roots_are_within_a_few_ulp_of_the_square_roots(
         pytest.skip("this CPU has neither AVX-512 nor AVX2: the exact forms serve")
     ulp = np.float32(2.0 ** -23)
     rng = np.random.default_rng(40)
-    x = (rng.uniform(0.5, 2.0, (2, 7, 8, 9)) * 10.0 ** rng.integers(-15, 15, (2, 7, 8, 9))
-         ).astype(np.float32)
+    shape = (2, 7, 13, 21)           # 273 positions: AVX2's pieces of 128, and a last few
+    x = (rng.uniform(0.5, 2.0, shape) * 10.0 ** rng.integers(-15, 15, shape)).astype(np.float32)
     x[0, 3, 2, :4] = [1e25, -1e25, np.nan, 0.0]     # an infinite scale, a NaN, a zero cell
+    x[1, 4, 10, 5:9] = [1e25, -1e25, np.nan, 0.0]   # the same in a later piece
     dy = _rand(x.shape, 41)
     runs = []
     try:
@@ -1036,16 +1037,17 @@ def test_lrn_in_slices_and_row_blocks_matches_one_whole_pass(across, small_slice
     np.testing.assert_allclose(top, x * scale ** -0.75, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("size,beta,channels", [(5, 0.75, 7), (3, 0.5, 4), (5, 1.0, 2),
-                                               (7, 0.75, 9)])
-def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, monkeypatch):
+@pytest.mark.parametrize("size,beta,channels,plane", [
+    (5, 0.75, 7, (5, 6)), (3, 0.5, 4, (5, 6)), (5, 1.0, 2, (5, 6)), (7, 0.75, 9, (5, 6)),
+    (5, 0.5, 3, (5, 6)), (5, 0.75, 9, (13, 21))])   # AVX2's pieces of 128 positions and more
+def test_compiled_lrn_matches_the_numpy_passes(size, beta, channels, plane, monkeypatch):
     """The compiled across-channels kernels (lrn.c) give the numpy path's top and bottom
     gradient (remaking the scale the numpy path keeps), window wider than the channels
     included; a numpy backward after a compiled forward remakes the scale too."""
     from poseidon_caffe.backend.cpu import lrn
     if lrn._compiled() is None:
         pytest.skip(NOT_BUILT)
-    x = _rand((3, channels, 5, 6), 28) * 3
+    x = _rand((3, channels) + plane, 28) * 3
     dy = _rand(x.shape, 29)
     got = lrn.lrn_forward(x, size, 0.5, beta, 2.0, True)
     got_dx = lrn.lrn_backward(x, got[0], got[1], dy, size, 0.5, beta, True)
