@@ -552,6 +552,7 @@ int lrn_across_forward(const float *restrict x, float *restrict top, float *rest
         return -1;
     }
     const int lanes = roots_lanes(beta);
+    (void)lanes;                        /* 0 where the compiler has no vector passes */
 #if HAVE_AVX2
     if (size == 5 && lanes == 8) {
         float *ring = malloc(sizeof(float) * (size_t)(5 * positions));
