@@ -219,6 +219,15 @@ AVX2 static void prefetch_planes8(const float *x, int64_t cells)
         _mm_prefetch((const char *)(x + c), _MM_HINT_T0);
 }
 
+/* Planes p .. p + count - 1 of x into t (gather_planes8), the next 8 on their way */
+AVX2 static void take_planes8(const float *x, int64_t p, int64_t planes, int64_t cells,
+                              int64_t count, float *t)
+{
+    gather_planes8(x + p * cells, cells, count, cells, t);
+    if (p + 2 * LANES <= planes)
+        prefetch_planes8(x + (p + LANES) * cells, cells);
+}
+
 /* 8 lanes for each of `cells` cells, aligned for whole-vector loads (free: _mm_free). */
 static float *lane_buffer8(int64_t cells)
 {
@@ -239,9 +248,7 @@ AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_byte
     }
     for (int64_t p = 0; p < planes; p += LANES) {
         const int64_t count = planes - p < LANES ? planes - p : LANES;
-        gather_planes8(x + p * cells, cells, count, cells, t);
-        if (p + 2 * LANES <= planes)
-            prefetch_planes8(x + (p + LANES) * cells, cells);
+        take_planes8(x, p, planes, cells, count, t);
         max_lanes8(t, g, best, at);
         spread_planes8(best, outputs, count, y + p * outputs, outputs);
         spread_winners8(at, outputs, count, (char *)arg + p * outputs * arg_bytes, arg_bytes,
@@ -265,9 +272,7 @@ AVX2 static int lanes8_ave_forward(const float *x, float *y, const float *size, 
     }
     for (int64_t p = 0; p < planes; p += LANES) {
         const int64_t count = planes - p < LANES ? planes - p : LANES;
-        gather_planes8(x + p * cells, cells, count, cells, t);
-        if (p + 2 * LANES <= planes)
-            prefetch_planes8(x + (p + LANES) * cells, cells);
+        take_planes8(x, p, planes, cells, count, t);
         ave_lanes8(t, g, size, sum);
         spread_planes8(sum, outputs, count, y + p * outputs, outputs);
     }
