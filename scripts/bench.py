@@ -704,7 +704,8 @@ def main(argv=None):
     if args.roofline:
         import roofline
         return roofline.main(["--nets", args.nets, "--threads", args.threads] +
-                             (["--iters", str(args.iters)] if args.iters else []))
+                             (["--iters", str(args.iters)] if args.iters else []) +
+                             (["--torch", args.torch] if args.torch else []))
     torch_python = _torch_python(args.torch)
     if args.check:
         for net in nets:

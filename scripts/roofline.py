@@ -1,7 +1,7 @@
 """Each layer of bench.py's nets against this machine's own limits.
 
     python scripts/roofline.py [--nets alexnet,vgg16,googlenet] [--threads 1,2] [--iters N]
-                               [--json FILE]
+                               [--json FILE] [--torch PYTHON]
     (also: python scripts/bench.py --roofline ...)
 
 For each thread count, in a fresh process with OPENBLAS_NUM_THREADS (and the OMP / MKL
@@ -27,6 +27,12 @@ MAX pooling's winners, LRN's input and output, Softmax's output; Dropout needs n
 draws being made again from a key).
 Goals: convolutions overall at >= 70% of the sgemm rate, each memory-bound layer at >= 50% of
 the bandwidth; the layers below are marked with '<'.
+
+--torch PYTHON (a python that can import torch) adds a peer: each memory-bound layer's
+PyTorch counterpart on the same shapes, timed alone, the best of a few calls in a row
+(scripts/peer_layers.py), and ours timed the same way; their shares of the same bandwidth in
+the last two columns ("alone", "PyTorch"), and the layers where PyTorch's took less time
+named. Timed alone a small layer's data stays in the cache, as it does not in the flow.
 """
 import argparse
 import json
@@ -46,6 +52,8 @@ FLOP_LAYERS = ("Convolution", "InnerProduct")
 MEMORY_LAYERS = ("Pooling", "LRN", "ReLU", "Dropout", "Eltwise", "Concat", "Softmax",
                  "SoftmaxWithLoss")
 DEFAULT_NETS = ("alexnet", "vgg16", "googlenet")
+PEER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_layers.py")
+PEER_CALLS = 5              # PyTorch's layers: best of at least this many calls
 
 
 # -- the machine's limits ------------------------------------------------------------------
@@ -131,6 +139,34 @@ def layer_work(net, i):
     return None, 0.0, 0.0
 
 
+def peer_operation(net, i):
+    """Memory-bound layer ``i`` as peer_layers.py builds it in PyTorch: its type, its inputs'
+    shapes, its parameters, and whether the net runs its backward."""
+    layer = net.layers[i]
+    bottoms, _ = net.layer_blobs(i)
+    op = {"type": layer.type, "bottoms": [list(b.shape) for b in bottoms],
+          "backward": bool(net.layer_need_backward[i]
+                           and any(net.bottom_need_backward[i]))}
+    if layer.type == "SoftmaxWithLoss":
+        op["bottoms"] = op["bottoms"][:1]                # the labels are drawn there
+        op["axis"] = layer.axis
+    elif layer.type == "ReLU":
+        op["slope"] = layer.slope
+    elif layer.type == "Dropout":
+        op["ratio"] = layer.param.dropout_param.dropout_ratio
+    elif layer.type == "Pooling":
+        op.update(method=layer.method, kernel=list(layer.kernel), stride=list(layer.stride),
+                  pad=list(layer.pad))
+    elif layer.type == "LRN":
+        op.update(size=layer.size, alpha=layer.alpha, beta=layer.beta, k=layer.k,
+                  across_channels=layer.across)
+    elif layer.type in ("Concat", "Softmax"):
+        op["axis"] = layer.axis
+    elif layer.type == "Eltwise":
+        op.update(operation=layer.op, coeffs=list(layer.coeffs))
+    return op
+
+
 def time_layers(net, iters):
     """[(forward s, backward s)] per layer, best of ``iters`` iterations."""
     best = [[float("inf"), float("inf")] for _ in net.layers]
@@ -143,9 +179,12 @@ def time_layers(net, iters):
     return best
 
 
-def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES):
+def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES,
+            alone_calls=0):
     """The limits and each layer's times and work, as a JSON-able dict (run in a worker
-    whose thread environment is already set)."""
+    whose thread environment is already set). With ``alone_calls``, each memory-bound layer
+    is also timed alone, the best of that many calls in a row (as peer_layers.py times
+    PyTorch's), after the net's flow was timed."""
     limits = {"sgemm_gflops": sgemm_rate(threads, gemm_size),
               "copy_gbs": copy_bandwidth(threads, copy_bytes)}
     net = bench._ours(net_name)                  # the backend sets BLAS threads as it runs
@@ -166,8 +205,22 @@ def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES
                        "forward": forward, "backward": backward,
                        "forward_s": times[i][0], "backward_s": times[i][1],
                        "plan": _plan_name(plans[0]) if plans else ""})
+        if kind == "bytes":
+            layers[-1]["peer_op"] = peer_operation(net, i)
+            if alone_calls:
+                layers[-1]["alone_s"] = _alone(net, i, alone_calls, backward)
     return {"net": net_name, "threads": threads, "limits": limits, "layers": layers,
             "load": os.getloadavg()[0]}
+
+
+def _alone(net, i, calls, backward):
+    """[forward s, backward s] of layer ``i`` called again and again, its data warm (an
+    in-place layer's repeated forward changes its blob's values: run after the flow)."""
+    def best(fn):
+        fn()
+        return min(_seconds(fn) for _ in range(calls))
+    return [best(lambda: net.forward_from_to(i, i)),
+            best(lambda: net.backward_from_to(i, i)) if backward else 0.0]
 
 
 def _plan_name(plan):
@@ -194,10 +247,12 @@ def report(result, out=sys.stdout):
     out.write("%s, %d thread%s: sgemm %.1f GFLOP/s, copy %.1f GB/s, load %.2f\n" % (
         result["net"], result["threads"], "s" if result["threads"] > 1 else "", gemm, copy,
         result["load"]))
-    out.write("  %-24s %-16s %-10s %9s %9s %16s %16s\n" % (
-        "layer", "type", "plan", "fwd ms", "bwd ms", "fwd rate/share", "bwd rate/share"))
+    peers = any("peer_s" in layer for layer in result["layers"])
+    out.write("  %-24s %-16s %-10s %9s %9s %16s %16s%s\n" % (
+        "layer", "type", "plan", "fwd ms", "bwd ms", "fwd rate/share", "bwd rate/share",
+        "   %11s   %11s" % ("alone f/b", "PyTorch f/b") if peers else ""))
     totals = {"flops": [0.0, 0.0], "conv": [0.0, 0.0]}
-    below = []
+    below, peer_faster = [], []
     for layer in result["layers"]:
         limit, unit = (gemm, "GF/s") if layer["kind"] == "flops" else (copy, "GB/s")
         cells = []
@@ -216,9 +271,10 @@ def report(result, out=sys.stdout):
             totals["conv"][0] += layer["forward"] + layer["backward"]
             totals["conv"][1] += layer["forward_s"] + (layer["backward_s"]
                                                        if layer["backward"] else 0.0)
-        out.write("  %-24s %-16s %-10s %9.2f %9.2f %16s %16s\n" % (
+        peer = _peer_cells(layer, copy, peer_faster) if peers else ""
+        out.write("  %-24s %-16s %-10s %9.2f %9.2f %16s %16s%s\n" % (
             layer["name"][:24], layer["type"][:16], layer["plan"][:10],
-            1000 * layer["forward_s"], 1000 * layer["backward_s"], cells[0], cells[1]))
+            1000 * layer["forward_s"], 1000 * layer["backward_s"], cells[0], cells[1], peer))
     flops, seconds = totals["conv"]
     if seconds:
         share = flops / seconds / 1e9 / gemm
@@ -228,12 +284,66 @@ def report(result, out=sys.stdout):
     if below:
         out.write("  memory-bound below %.0f%% of the bandwidth: %s\n" % (
             100 * MEMORY_GOAL, ", ".join(sorted(set(below), key=below.index))))
+    if peers:
+        out.write("  memory-bound where PyTorch's same operation alone is faster than ours "
+                  "alone: %s\n" % (
+            ", ".join(sorted(set(peer_faster), key=peer_faster.index)) or "none"))
+
+
+def _peer_cells(layer, copy, faster):
+    """The report's last columns: ours alone and PyTorch's shares of the bandwidth, forward
+    and backward; the layer's name goes into ``faster`` where PyTorch took less time than
+    ours alone in a direction."""
+    peer, alone = layer.get("peer_s"), layer.get("alone_s")
+    if not peer or not alone:
+        return "   %11s   %11s" % ("-", "-")
+    cells = {"alone": [], "peer": []}
+    for amount, ours, theirs in ((layer["forward"], alone[0], peer[0]),
+                                 (layer["backward"], alone[1], peer[1])):
+        if not amount or not ours or not theirs:
+            cells["alone"].append("  -")
+            cells["peer"].append("  -")
+            continue
+        cells["alone"].append("%3.0f" % (100 * amount / ours / 1e9 / copy))
+        cells["peer"].append("%3.0f" % (100 * amount / theirs / 1e9 / copy))
+        if theirs < ours:
+            faster.append(layer["name"])
+    return "   %11s   %11s" % ("/".join(cells["alone"]) + "%", "/".join(cells["peer"]) + "%")
 
 
 def _worker(args):
     print("RESULT " + json.dumps(measure(args.worker, int(os.environ["OMP_NUM_THREADS"]),
                                          args.iters, args.gemm_size,
-                                         args.copy_mb * 1024 * 1024)))
+                                         args.copy_mb * 1024 * 1024, args.alone)))
+
+
+def add_peer_times(result, python, threads, calls):
+    """Each memory-bound layer of ``result`` gains ``peer_s`` (PyTorch's forward and backward
+    seconds, or None where it has no counterpart), from peer_layers.py run by ``python``; a
+    python that cannot run it leaves the result as it was and says so in one line."""
+    import tempfile
+    layers = [layer for layer in result["layers"] if "peer_op" in layer]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([layer["peer_op"] for layer in layers], f)
+    try:
+        proc = subprocess.run([python, PEER_SCRIPT, "--worker", f.name, str(calls),
+                               str(threads)], env=bench._thread_env(threads),
+                              capture_output=True, text=True)
+    except OSError as e:
+        proc = None
+        why = str(e)
+    finally:
+        os.unlink(f.name)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")] if proc else []
+    if not lines:
+        if proc is not None:
+            tail = proc.stderr.strip().splitlines()
+            why = tail[-1] if tail else "exit status %d" % proc.returncode
+        sys.stderr.write("roofline: PyTorch's layers not timed with %s (%s, %d threads): %s\n"
+                         % (python, result["net"], threads, why))
+        return
+    for layer, seconds in zip(layers, json.loads(lines[-1][7:])):
+        layer["peer_s"] = seconds
 
 
 def main(argv=None):
@@ -247,7 +357,11 @@ def main(argv=None):
                         help="the sgemm's side (default %(default)s)")
     parser.add_argument("--copy-mb", type=int, default=COPY_BYTES // (1024 * 1024),
                         help="MiB copied to measure the bandwidth (default %(default)s)")
+    parser.add_argument("--torch", metavar="PYTHON",
+                        help="a python that can import torch: each memory-bound layer's "
+                             "PyTorch counterpart timed beside ours (scripts/peer_layers.py)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--alone", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)
@@ -259,9 +373,11 @@ def main(argv=None):
     for net in nets:
         for threads in (int(t) for t in args.threads.split(",")):
             iters = args.iters or bench.ITERS[net]
+            calls = max(PEER_CALLS, iters)
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", net,
                                    "--iters", str(iters), "--gemm-size", str(args.gemm_size),
-                                   "--copy-mb", str(args.copy_mb)],
+                                   "--copy-mb", str(args.copy_mb),
+                                   "--alone", str(calls if args.torch else 0)],
                                   env=bench._thread_env(threads),
                                   capture_output=True, text=True)
             lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -270,6 +386,8 @@ def main(argv=None):
                     net, threads, "\n".join(proc.stderr.splitlines()[-15:])))
                 continue
             result = json.loads(lines[-1][7:])
+            if args.torch:
+                add_peer_times(result, args.torch, threads, calls)
             results.append(result)
             report(result)
             sys.stdout.flush()

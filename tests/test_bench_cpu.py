@@ -160,3 +160,102 @@ def test_roofline_counts_what_relu_and_dropout_backward_must_read():
     blob = 4.0 * 4 * 10
     assert work["relu"] == ("bytes", 2 * blob, 3 * blob)
     assert work["drop"] == ("bytes", 2 * blob, 2 * blob)
+
+
+def _roofline_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("roofline_script", ROOFLINE)
+    roofline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roofline)
+    return roofline
+
+
+def test_roofline_describes_each_memory_bound_layer_for_the_peer():
+    """What peer_layers.py builds PyTorch's counterpart from: the inputs' shapes and the
+    parameters as the layer reads them (kernel_h/w, a leaky slope, global pooling's window
+    of the whole map, Eltwise's coefficients), and whether the net runs its backward."""
+    from google.protobuf import text_format
+    from poseidon_caffe.net import Net
+    from poseidon_caffe.proto import caffe_pb2
+    roofline = _roofline_module()
+    net = Net(text_format.Parse('''
+        layer { name: "d" type: "DummyData" top: "x" top: "label" dummy_data_param {
+          shape { dim: 2 dim: 3 dim: 9 dim: 7 } shape { dim: 2 } } }
+        layer { name: "conv" type: "Convolution" bottom: "x" top: "c"
+          convolution_param { num_output: 4 kernel_size: 1 weight_filler { type: "xavier" } } }
+        layer { name: "relu" type: "ReLU" bottom: "c" top: "c" relu_param { negative_slope: 0.25 } }
+        layer { name: "pool" type: "Pooling" bottom: "c" top: "p"
+          pooling_param { pool: MAX kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1 pad_h: 1
+          pad_w: 0 } }
+        layer { name: "norm" type: "LRN" bottom: "p" top: "n"
+          lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 k: 2 } }
+        layer { name: "sum" type: "Eltwise" bottom: "n" bottom: "p" top: "s"
+          eltwise_param { operation: SUM coeff: 2 coeff: -1 } }
+        layer { name: "g" type: "Pooling" bottom: "s" top: "g"
+          pooling_param { pool: AVE global_pooling: true } }
+        layer { name: "cat" type: "Concat" bottom: "g" bottom: "g" top: "cat" }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "cat" bottom: "label" top: "l" }
+        ''', caffe_pb2.NetParameter()), caffe_pb2.TRAIN)
+    ops = {name: roofline.peer_operation(net, i) for i, name in enumerate(net.layer_names)
+           if roofline.layer_work(net, i)[0] == "bytes"}
+    assert set(ops) == {"relu", "pool", "norm", "sum", "g", "cat", "loss"}
+    assert ops["relu"] == {"type": "ReLU", "bottoms": [[2, 4, 9, 7]], "backward": True,
+                           "slope": 0.25}
+    assert ops["pool"] == {"type": "Pooling", "bottoms": [[2, 4, 9, 7]], "backward": True,
+                           "method": caffe_pb2.PoolingParameter.MAX, "kernel": [3, 2],
+                           "stride": [2, 1], "pad": [1, 0]}
+    pooled = [2, 4, 5, 6]                                 # (9 + 2 - 3) / 2 + 1, 7 - 2 + 1
+    assert ops["norm"] == {"type": "LRN", "bottoms": [pooled], "backward": True, "size": 3,
+                           "alpha": 0.5, "beta": 0.75, "k": 2.0, "across_channels": True}
+    assert ops["sum"]["bottoms"] == [pooled, pooled]
+    assert ops["sum"]["operation"] == caffe_pb2.EltwiseParameter.SUM
+    assert ops["sum"]["coeffs"] == [2.0, -1.0]
+    assert ops["g"]["kernel"] == [5, 6] and ops["g"]["stride"] == [1, 1]
+    assert ops["g"]["method"] == caffe_pb2.PoolingParameter.AVE
+    assert ops["cat"] == {"type": "Concat", "bottoms": [[2, 4, 1, 1]] * 2, "backward": True,
+                          "axis": 1}
+    # the labels are left out: the peer draws its own
+    assert ops["loss"] == {"type": "SoftmaxWithLoss", "bottoms": [[2, 8, 1, 1]],
+                           "backward": True, "axis": 1}
+
+
+def test_roofline_reports_the_peer_beside_ours_alone():
+    """The last two columns: each direction's bytes over its seconds as a share of the
+    copy bandwidth, for ours alone and PyTorch's; a layer is named where PyTorch's took
+    less time than ours alone, and one without a counterpart shows dashes."""
+    import io
+    roofline = _roofline_module()
+    layer = {"name": "pool1", "type": "Pooling", "kind": "bytes", "plan": "",
+             "forward": 4e6, "backward": 6e6, "forward_s": 4e-4, "backward_s": 5e-4}
+    result = {"net": "lenet", "threads": 1, "load": 0.5,
+              "limits": {"sgemm_gflops": 100.0, "copy_gbs": 20.0},
+              "layers": [dict(layer, alone_s=[2e-4, 1e-3], peer_s=[4e-4, 6e-4]),
+                         dict(layer, name="norm1", type="LRN", alone_s=[2e-4, 1e-3],
+                              peer_s=None)]}
+    out = io.StringIO()
+    roofline.report(result, out)
+    text = out.getvalue()
+    assert "alone f/b" in text and "PyTorch f/b" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    # 4 MB in 0.2 ms: 20 GB/s, 100%; 6 MB in 1 ms: 30%; PyTorch's 50% and 50%
+    assert rows["pool1"].endswith("     100/ 30%       50/ 50%")
+    assert rows["norm1"].split()[-2:] == ["-", "-"]
+    # PyTorch's backward (0.6 ms) beat ours alone (1 ms); its forward did not
+    assert text.splitlines()[-1] == ("  memory-bound where PyTorch's same operation alone "
+                                     "is faster than ours alone: pool1")
+
+
+def test_roofline_says_in_one_line_when_the_peer_python_has_no_torch(tmp_path):
+    out = tmp_path / "roofline.json"
+    proc = _run(ROOFLINE, "--nets", "lenet", "--threads", "1", "--iters", "1",
+                "--gemm-size", "256", "--copy-mb", "8", "--json", str(out),
+                "--torch", sys.executable)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("roofline:")]
+    assert "PyTorch's layers not timed with %s (lenet, 1 threads)" % sys.executable in line
+    assert "torch" in line.split(": ", 2)[-1]             # the worker's own last line
+    (result,) = json.loads(out.read_text())
+    memory = [layer for layer in result["layers"] if layer["kind"] == "bytes"]
+    assert memory and all(len(layer["alone_s"]) == 2 and layer["alone_s"][0] > 0 and
+                          "peer_s" not in layer for layer in memory)
+    assert "PyTorch f/b" not in proc.stdout
