@@ -1453,7 +1453,7 @@ def test_compiled_relu_in_parts_is_one_pass_bit_for_bit(parts):
     for size in (5, 16, 33, 1000, 65537):
         x = _rand((size,), size) - 0.5
         dy = _rand((size,), size + 1) - 0.5
-        for slope in (0.0, 0.25):
+        for slope in (0.0, 0.25, -0.5):
             one, many = np.empty_like(x), np.full_like(x, np.nan)
             native.relu_forward(x, one, slope)
             native.relu_forward(x, many, slope, parts)
@@ -1508,7 +1508,7 @@ def _relu_in_parts_or_fail(x, want):
 
 
 @pytest.mark.parametrize("way", ["compiled", "numpy"])
-@pytest.mark.parametrize("slope", [0.0, 0.25])
+@pytest.mark.parametrize("slope", [0.0, 0.25, -0.5])
 def test_relu_is_caffes_cpu_arithmetic_at_nan_zeros_infinities_and_subnormals(slope, way,
                                                                               monkeypatch):
     """relu_layer.cpp: y = max(x, 0) + slope min(x, 0) with std::max / std::min (a NaN x
