@@ -1100,6 +1100,62 @@ def test_over_parts_runs_each_part_on_the_same_thread_every_call():
     assert len([s for s in stores.values() if "test_part" in s]) == 2
 
 
+# In a fresh process: the threads of a parted pass (Python's part threads, or the compiled
+# kernels' own), and the caller's CPU just before and after the call; "same" where it did
+# not move, which it rarely does in a call of a few ms
+_KEPT_OFF = r"""
+import ctypes, json, os, sys, threading
+import numpy as np
+from poseidon_caffe.backend.cpu import native, threads
+getcpu = ctypes.CDLL(None).sched_getcpu
+if sys.argv[1] == "one":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+before = {int(t) for t in os.listdir("/proc/self/task")}
+x = np.arange(-500000, 500000, dtype=np.float32)
+y = np.empty_like(x)
+seen = []
+for _ in range(20):
+    cpu = getcpu()
+    if sys.argv[2] == "native":
+        native.relu_forward(x, y, 0.0, 2)
+    else:
+        threads.over_parts(lambda i, lo, hi: np.maximum(x[lo:hi], 0, out=y[lo:hi]), x.size, 2)
+    if getcpu() == cpu:
+        break
+new = sorted({int(t) for t in os.listdir("/proc/self/task")} - before)
+print(json.dumps({"cpu": cpu, "same": getcpu() == cpu, "right": bool((y == np.maximum(x, 0)).all()),
+                  "allowed": sorted(os.sched_getaffinity(0)),
+                  "workers": [sorted(os.sched_getaffinity(t)) for t in new]}))
+"""
+
+
+@pytest.mark.parametrize("way", ["native", "python"])
+def test_a_parted_pass_keeps_its_other_threads_off_the_callers_cpu(way):
+    """Woken after a pause, a part thread is put on the CPU of the thread that woke it, which
+    then runs its own part first: the parts ran one after the other. Each part thread is now
+    kept off the caller's CPU (sched_setaffinity: the CPUs the process may use, less the
+    caller's); in a process allowed one CPU, nothing changes and the pass is whole."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from poseidon_caffe.backend.cpu import native
+    if way == "native" and native.lib is None:
+        pytest.skip(NOT_BUILT)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this process may use one CPU only")
+    for cpus in ("all", "one"):
+        out = subprocess.run([sys.executable, "-c", _KEPT_OFF, cpus, way], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.splitlines()[-1])
+        assert got["right"] and got["same"] and len(got["workers"]) == 1
+        if cpus == "one":
+            assert got["workers"] == [got["allowed"]]
+        else:
+            assert got["workers"] == [[c for c in got["allowed"] if c != got["cpu"]]]
+
+
 SPLIT_CONV = [   # (geometry, algorithm)
     (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "im2col"),   # groups
     (ConvGeometry(4, 6, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 2), "fft"),      # groups

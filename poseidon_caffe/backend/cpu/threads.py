@@ -5,7 +5,8 @@ convolution have none. ``over_batch`` cuts such work into slices of the batch th
 cache (so a chain of passes over one slice reads memory once, not once per pass) and, when
 more than one thread is configured, runs the slices on a small persistent pool: numpy releases
 the GIL inside ufuncs and copies, so the slices really run side by side. ``over_parts`` cuts
-a batch into one part per thread for the batch-split convolution and pooling plans.
+a batch into one part per thread for the batch-split convolution and pooling plans, its part
+threads kept off the caller's CPU (``_keep_parts_off_caller``).
 """
 import os
 import threading
@@ -29,6 +30,9 @@ _pool = {"executor": None, "size": 0}
 _pool_lock = threading.Lock()
 _local = threading.local()
 _part_threads = {}          # part index (from 1) -> its own one-thread executor
+_part_ids = {}              # part index (from 1) -> its thread's id in the kernel
+_kept_off = {"cpu": None}   # the CPU the part threads were last kept off
+_getcpu = []                # libc's sched_getcpu, once looked up (None where there is none)
 
 
 def _executor(size):
@@ -49,7 +53,42 @@ def _part_executor(i):
         if executor is None:
             executor = ThreadPoolExecutor(1, thread_name_prefix="Part-%d" % i)
             _part_threads[i] = executor
+            _part_ids[i] = executor.submit(threading.get_native_id).result()
+            _kept_off["cpu"] = None
         return executor
+
+
+def _caller_cpu():
+    """The CPU the calling thread runs on, or None where it cannot be asked."""
+    if not _getcpu:
+        try:
+            import ctypes
+            fn = ctypes.CDLL(None).sched_getcpu
+            fn.argtypes, fn.restype = [], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _getcpu.append(fn)
+    cpu = _getcpu[0]() if _getcpu[0] is not None else -1
+    return cpu if cpu >= 0 else None
+
+
+def _keep_parts_off_caller(count):
+    """Keeps part threads 1..count-1 off the caller's CPU. Woken after a pause, a thread is
+    put on the CPU of the thread that woke it (the other core being idle), where it waits
+    for the caller's own part to end: the parts then run one after the other. Asked again
+    only when the caller has moved."""
+    cpu = _caller_cpu()
+    if cpu is None or cpu == _kept_off["cpu"] or not hasattr(os, "sched_setaffinity"):
+        return
+    allowed = os.sched_getaffinity(0) - {cpu}
+    if not allowed:
+        return
+    for i in range(1, count):
+        try:
+            os.sched_setaffinity(_part_ids[i], allowed)
+        except OSError:             # the thread is gone, or affinity is not ours to set
+            return
+    _kept_off["cpu"] = cpu
 
 
 def near_equal(n, count):
@@ -162,7 +201,9 @@ def over_parts(fn, n, threads=None):
 
     # the calling thread takes the first part itself: one hand-off fewer to wait for; part i
     # always goes to the same thread, which keeps the only copy of that part's scratch
-    futures = [_part_executor(i).submit(run, i) for i in range(1, count)]
+    executors = [_part_executor(i) for i in range(1, count)]
+    _keep_parts_off_caller(count)
+    futures = [executor.submit(run, i) for i, executor in enumerate(executors, 1)]
     try:
         run(0)
     finally:

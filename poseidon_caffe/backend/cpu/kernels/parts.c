@@ -7,9 +7,10 @@
  *
  * One call at a time uses the threads: a call made while they are busy (from another Python
  * thread, or from inside a part) runs all its parts itself. A child of fork() has none of
- * them: it starts its own. */
+ * them: it starts its own. They are kept off the caller's CPU (keep_off_caller). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 
 #include "parts.h"
 
@@ -27,8 +28,11 @@ static struct {
     part_task task;
     void *ctx;
     int64_t n, align;
+    int kept_off;                /* the CPU the workers may not run on (the caller's), or -1 */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0, 0};
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0, 0, -1};
+
+static pthread_t threads[MAX_PARTS];  /* worker i's */
 
 static uint64_t born_at[MAX_PARTS];   /* the pass count when worker i started */
 static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
@@ -81,6 +85,7 @@ static void forget_workers(void)
     pthread_cond_init(&pool.finished, NULL);
     pool.workers = 0;
     pool.pending = 0;
+    pool.kept_off = -1;
 }
 
 static void register_fork_handler(void)
@@ -103,9 +108,33 @@ static int start_workers(int count)
         pthread_attr_destroy(&attr);
         if (failed)
             break;
+        threads[index] = thread;
         pool.workers = index;
+        pool.kept_off = -1;
     }
     return pool.workers + 1;
+}
+
+/* Keeps the workers off the caller's CPU. Woken after a pause, a worker is put on the CPU of
+ * the thread that woke it (the other core being idle) and waits there for the caller's part
+ * to end: the parts ran one after the other (two of 375 us each: 470 us back to back, 790
+ * after a pause of 2 ms). Asked again only when the caller has moved. */
+static void keep_off_caller(void)
+{
+#ifdef CPU_SET                       /* Linux's (glibc's, musl's); elsewhere left as it is */
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || cpu == pool.kept_off || cpu >= CPU_SETSIZE)
+        return;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return;
+    CPU_CLR(cpu, &allowed);
+    if (CPU_COUNT(&allowed) == 0)
+        return;
+    for (int i = 1; i <= pool.workers; ++i)
+        pthread_setaffinity_np(threads[i], sizeof allowed, &allowed);
+    pool.kept_off = cpu;
+#endif
 }
 
 void run_in_parts(part_task task, void *ctx, int64_t n, int parts, int64_t align)
@@ -122,6 +151,7 @@ void run_in_parts(part_task task, void *ctx, int64_t n, int parts, int64_t align
     int ready = start_workers(parts);
     if (parts > ready)
         parts = ready;
+    keep_off_caller();
     pthread_mutex_lock(&pool.lock);
     pool.task = task;
     pool.ctx = ctx;
