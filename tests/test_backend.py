@@ -1071,9 +1071,14 @@ def test_over_parts_covers_the_range_once_on_two_threads():
     import threading
     from poseidon_caffe.backend.cpu.threads import over_parts
     seen = {}
+    second = threading.Event()
 
     def work(i, lo, hi):
         seen[i] = (lo, hi, threading.current_thread().name)
+        if i == 1:
+            second.set()
+        else:               # the first waits for the second to start, or the caller takes it
+            second.wait(60)
     bounds = over_parts(work, 7, threads=2)
     assert bounds == [(0, 4), (4, 7)]
     assert [seen[i][:2] for i in range(2)] == bounds
@@ -1089,15 +1094,39 @@ def test_over_parts_runs_each_part_on_the_same_thread_every_call():
     from poseidon_caffe.backend.cpu import threads
     names, stores = set(), {}
 
-    def work(i, lo, hi):
+    def work(i, lo, hi, second):
         names.add((i, threading.current_thread().name))
         threads.scratch("test_part", (hi - lo, 1000))
         stores[threading.current_thread().name] = threads._local.__dict__["scratch"]
+        if i == 1:
+            second.set()
+        else:               # the first waits for the second to start, or the caller takes it
+            second.wait(60)
     for _ in range(20):
-        threads.over_parts(work, 6, threads=2)
+        second = threading.Event()
+        threads.over_parts(lambda i, lo, hi: work(i, lo, hi, second), 6, threads=2)
         threads.over_batch(lambda lo, hi: time.sleep(0.001), 8, 10 ** 9, threads=2)
     assert len(names) == 2 and {i for i, _ in names} == {0, 1}
     assert len([s for s in stores.values() if "test_part" in s]) == 2
+
+
+def test_over_parts_caller_takes_a_part_its_thread_has_not_started():
+    """A part thread busy (or not yet awake) when the caller is done with its own part: the
+    caller does that part itself, not waiting for the thread; the thread then skips it."""
+    import threading
+    from poseidon_caffe.backend.cpu import threads
+    threads.over_parts(lambda i, lo, hi: None, 2, threads=2)         # Part-1 exists
+    release = threading.Event()
+    busy = threads._part_executor(1).submit(release.wait, 60)
+    done = []
+    try:
+        threads.over_parts(lambda i, lo, hi: done.append(
+            (i, lo, hi, threading.current_thread().name)), 10, threads=2)
+    finally:
+        release.set()
+    busy.result()
+    caller = threading.current_thread().name
+    assert sorted(done) == [(0, 0, 5, caller), (1, 5, 10, caller)]
 
 
 # In a fresh process: the threads of a parted pass (Python's part threads, or the compiled
@@ -1127,6 +1156,33 @@ print(json.dumps({"cpu": cpu, "same": getcpu() == cpu, "right": bool((y == np.ma
                   "allowed": sorted(os.sched_getaffinity(0)),
                   "workers": [sorted(os.sched_getaffinity(t)) for t in new]}))
 """
+
+
+def test_a_compiled_pass_never_waits_for_a_worker_that_takes_no_piece():
+    """The compiled passes' pieces (kernels/parts.c) are taken by whichever thread comes
+    first: with the workers taking none (as when woken too late), the caller does every
+    piece and returns, the values those of one pass."""
+    import ctypes
+    import subprocess
+    import sys
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    code = """
+import ctypes, numpy as np
+from poseidon_caffe.backend.cpu import native
+ctypes.c_int.in_dll(native.lib, "parts_workers_take").value = 0
+x = np.arange(-300007, 300000, dtype=np.float32)
+for parts in (2, 3, 8):
+    y = np.full_like(x, np.nan)
+    native.relu_forward(x, y, 0.0, parts)
+    assert y.tobytes() == np.maximum(x, 0).tobytes(), parts
+print("whole")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["whole"], out.stderr
+    assert ctypes.c_int.in_dll(native.lib, "parts_workers_take").value == 1
 
 
 @pytest.mark.parametrize("way", ["native", "python"])

@@ -200,13 +200,19 @@ def over_parts(fn, n, threads=None):
             _local.inside = False
 
     # the calling thread takes the first part itself: one hand-off fewer to wait for; part i
-    # always goes to the same thread, which keeps the only copy of that part's scratch
+    # goes to its own thread, which keeps that part's scratch, unless that thread has not
+    # started it when the caller is done with its own (woken late: tens of us, a hundred and
+    # more where its core was idle): then the caller does it, with its own scratch
     executors = [_part_executor(i) for i in range(1, count)]
     _keep_parts_off_caller(count)
     futures = [executor.submit(run, i) for i, executor in enumerate(executors, 1)]
     try:
         run(0)
+        for i, future in enumerate(futures, 1):
+            if future.cancel():
+                run(i)
     finally:
         for future in futures:
-            future.result()
+            if not future.cancelled():
+                future.result()
     return bounds

@@ -7,7 +7,13 @@
  *
  * One call at a time uses the threads: a call made while they are busy (from another Python
  * thread, or from inside a part) runs all its parts itself. A child of fork() has none of
- * them: it starts its own. They are kept off the caller's CPU (keep_off_caller). */
+ * them: it starts its own. They are kept off the caller's CPU (keep_off_caller).
+ *
+ * A pass is cut into pieces, PIECES_A_PART for each thread, which the caller and the workers
+ * take in turn: a worker woken late (30 us, and 100 or more where its core was idle on a
+ * virtual machine) finds the pieces it came for already taken by the caller, which never
+ * waits for a part nobody has started. Each piece is the same pass over its range, whoever
+ * takes it: the same values. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -15,6 +21,7 @@
 #include "parts.h"
 
 #define MAX_PARTS 64
+#define PIECES_A_PART 4
 
 static struct {
     pthread_mutex_t call;        /* held by the call using the threads */
@@ -23,21 +30,26 @@ static struct {
     pthread_cond_t finished;     /* the last worker's part is done */
     int workers;                 /* threads started: parts 1 .. workers */
     uint64_t pass;               /* counts the passes handed out */
-    int pending;                 /* workers' parts of this pass not yet done */
-    int parts;
+    uint64_t claim;              /* (atomic) the pass's count, low 32 bits, << 32 | next piece */
+    int left;                    /* (atomic) this pass's pieces not yet done */
+    int parts, pieces;
     part_task task;
     void *ctx;
     int64_t n, align;
     int kept_off;                /* the CPU the workers may not run on (the caller's), or -1 */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0, 0, -1};
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1};
+
+/* 0: the workers wake and take no piece, the caller takes them all (the tests' check that a
+ * pass never waits on a worker) */
+int parts_workers_take = 1;
 
 static pthread_t threads[MAX_PARTS];  /* worker i's */
 
 static uint64_t born_at[MAX_PARTS];   /* the pass count when worker i started */
 static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
 
-/* Part i's bounds: near-equal counts of `align`-sized blocks, the last block short. */
+/* Piece i's bounds: near-equal counts of `align`-sized blocks, the last block short. */
 static void part_bounds(int64_t n, int parts, int64_t align, int i, int64_t *lo, int64_t *hi)
 {
     int64_t blocks = (n + align - 1) / align;
@@ -46,6 +58,31 @@ static void part_bounds(int64_t n, int parts, int64_t align, int i, int64_t *lo,
     int64_t count = step + (i < extra ? 1 : 0);
     *lo = first * align < n ? first * align : n;
     *hi = (first + count) * align < n ? (first + count) * align : n;
+}
+
+/* Takes pieces of pass `tag` (its fields as read with it) and does them, until none is left
+ * or another pass has begun: a claim names its pass, so a worker late for one pass cannot take
+ * a piece of the next with the first's task. */
+static void take_pieces(uint32_t tag, part_task task, void *ctx, int64_t n, int pieces,
+                        int64_t align)
+{
+    for (;;) {
+        uint64_t claim = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
+        const int piece = (int)(uint32_t)claim;
+        if ((uint32_t)(claim >> 32) != tag || piece >= pieces)
+            return;
+        if (!__atomic_compare_exchange_n(&pool.claim, &claim, claim + 1, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue;
+        int64_t lo, hi;
+        part_bounds(n, pieces, align, piece, &lo, &hi);
+        task(ctx, lo, hi);
+        if (__atomic_sub_fetch(&pool.left, 1, __ATOMIC_ACQ_REL) == 0) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.finished);
+            pthread_mutex_unlock(&pool.lock);
+        }
+    }
 }
 
 static void *worker(void *arg)
@@ -57,20 +94,13 @@ static void *worker(void *arg)
         while (pool.pass == seen)
             pthread_cond_wait(&pool.start, &pool.lock);
         seen = pool.pass;
-        int parts = pool.parts;
+        const int parts = pool.parts, pieces = pool.pieces;
         part_task task = pool.task;
         void *ctx = pool.ctx;
         int64_t n = pool.n, align = pool.align;
         pthread_mutex_unlock(&pool.lock);
-        if (index >= parts)
-            continue;
-        int64_t lo, hi;
-        part_bounds(n, parts, align, index, &lo, &hi);
-        task(ctx, lo, hi);
-        pthread_mutex_lock(&pool.lock);
-        if (--pool.pending == 0)
-            pthread_cond_signal(&pool.finished);
-        pthread_mutex_unlock(&pool.lock);
+        if (index < parts && parts_workers_take)
+            take_pieces((uint32_t)seen, task, ctx, n, pieces, align);
     }
     return NULL;
 }
@@ -84,7 +114,7 @@ static void forget_workers(void)
     pthread_cond_init(&pool.start, NULL);
     pthread_cond_init(&pool.finished, NULL);
     pool.workers = 0;
-    pool.pending = 0;
+    pool.left = 0;
     pool.kept_off = -1;
 }
 
@@ -152,21 +182,24 @@ void run_in_parts(part_task task, void *ctx, int64_t n, int parts, int64_t align
     if (parts > ready)
         parts = ready;
     keep_off_caller();
+    const int pieces = blocks < (int64_t)parts * PIECES_A_PART ? (int)blocks
+                                                               : parts * PIECES_A_PART;
     pthread_mutex_lock(&pool.lock);
     pool.task = task;
     pool.ctx = ctx;
     pool.n = n;
     pool.align = align;
     pool.parts = parts;
-    pool.pending = parts - 1;
+    pool.pieces = pieces;
     pool.pass++;
+    __atomic_store_n(&pool.left, pieces, __ATOMIC_RELEASE);
+    __atomic_store_n(&pool.claim, (uint64_t)(uint32_t)pool.pass << 32, __ATOMIC_RELEASE);
+    const uint32_t tag = (uint32_t)pool.pass;
     pthread_cond_broadcast(&pool.start);
     pthread_mutex_unlock(&pool.lock);
-    int64_t lo, hi;
-    part_bounds(n, parts, align, 0, &lo, &hi);
-    task(ctx, lo, hi);
+    take_pieces(tag, task, ctx, n, pieces, align);
     pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0)
+    while (__atomic_load_n(&pool.left, __ATOMIC_ACQUIRE) > 0)
         pthread_cond_wait(&pool.finished, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.call);

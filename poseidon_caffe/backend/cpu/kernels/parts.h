@@ -7,8 +7,8 @@
 /* Does [lo, hi) of the pass described by ctx. */
 typedef void (*part_task)(void *ctx, int64_t lo, int64_t hi);
 
-/* task over `parts` near-equal parts of range(n), their bounds multiples of `align`, part 0 in
- * the calling thread; returns when every part is done. */
+/* task over range(n) on up to `parts` threads, the calling thread one of them, in pieces
+ * whose bounds are multiples of `align`; returns when every piece is done. */
 void run_in_parts(part_task task, void *ctx, int64_t n, int parts, int64_t align);
 
 #endif
