@@ -285,9 +285,9 @@ def report(result, out=sys.stdout):
         out.write("  memory-bound below %.0f%% of the bandwidth: %s\n" % (
             100 * MEMORY_GOAL, ", ".join(sorted(set(below), key=below.index))))
     if peers:
+        named = ", ".join(sorted(set(peer_faster), key=peer_faster.index)) or "none"
         out.write("  memory-bound where PyTorch's same operation alone is faster than ours "
-                  "alone: %s\n" % (
-            ", ".join(sorted(set(peer_faster), key=peer_faster.index)) or "none"))
+                  "alone: %s\n" % named)
 
 
 def _peer_cells(layer, copy, faster):

@@ -1129,35 +1129,6 @@ def test_over_parts_caller_takes_a_part_its_thread_has_not_started():
     assert sorted(done) == [(0, 0, 5, caller), (1, 5, 10, caller)]
 
 
-# In a fresh process: the threads of a parted pass (Python's part threads, or the compiled
-# kernels' own), and the caller's CPU just before and after the call; "same" where it did
-# not move, which it rarely does in a call of a few ms
-_KEPT_OFF = r"""
-import ctypes, json, os, sys, threading
-import numpy as np
-from poseidon_caffe.backend.cpu import native, threads
-getcpu = ctypes.CDLL(None).sched_getcpu
-if sys.argv[1] == "one":
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-before = {int(t) for t in os.listdir("/proc/self/task")}
-x = np.arange(-500000, 500000, dtype=np.float32)
-y = np.empty_like(x)
-seen = []
-for _ in range(20):
-    cpu = getcpu()
-    if sys.argv[2] == "native":
-        native.relu_forward(x, y, 0.0, 2)
-    else:
-        threads.over_parts(lambda i, lo, hi: np.maximum(x[lo:hi], 0, out=y[lo:hi]), x.size, 2)
-    if getcpu() == cpu:
-        break
-new = sorted({int(t) for t in os.listdir("/proc/self/task")} - before)
-print(json.dumps({"cpu": cpu, "same": getcpu() == cpu, "right": bool((y == np.maximum(x, 0)).all()),
-                  "allowed": sorted(os.sched_getaffinity(0)),
-                  "workers": [sorted(os.sched_getaffinity(t)) for t in new]}))
-"""
-
-
 def test_a_compiled_pass_never_waits_for_a_worker_that_takes_no_piece():
     """The compiled passes' pieces (kernels/parts.c) are taken by whichever thread comes
     first: with the workers taking none (as when woken too late), the caller does every
@@ -1183,6 +1154,35 @@ print("whole")
                          timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["whole"], out.stderr
     assert ctypes.c_int.in_dll(native.lib, "parts_workers_take").value == 1
+
+
+# In a fresh process: the threads of a parted pass (Python's part threads, or the compiled
+# kernels' own), and the caller's CPU just before and after the call; "same" where it did
+# not move, which it rarely does in a call of a few ms
+_KEPT_OFF = r"""
+import ctypes, json, os, sys
+import numpy as np
+from poseidon_caffe.backend.cpu import native, threads
+getcpu = ctypes.CDLL(None).sched_getcpu
+if sys.argv[1] == "one":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+before = {int(t) for t in os.listdir("/proc/self/task")}
+x = np.arange(-500000, 500000, dtype=np.float32)
+y = np.empty_like(x)
+for _ in range(20):
+    cpu = getcpu()
+    if sys.argv[2] == "native":
+        native.relu_forward(x, y, 0.0, 2)
+    else:
+        threads.over_parts(lambda i, lo, hi: np.maximum(x[lo:hi], 0, out=y[lo:hi]), x.size, 2)
+    if getcpu() == cpu:
+        break
+new = sorted({int(t) for t in os.listdir("/proc/self/task")} - before)
+print(json.dumps({"cpu": cpu, "same": getcpu() == cpu,
+                  "right": bool((y == np.maximum(x, 0)).all()),
+                  "allowed": sorted(os.sched_getaffinity(0)),
+                  "workers": [sorted(os.sched_getaffinity(t)) for t in new]}))
+"""
 
 
 @pytest.mark.parametrize("way", ["native", "python"])

@@ -65,7 +65,7 @@ def _caller_cpu():
             import ctypes
             fn = ctypes.CDLL(None).sched_getcpu
             fn.argtypes, fn.restype = [], ctypes.c_int
-        except (OSError, AttributeError):
+        except (OSError, AttributeError, TypeError):     # no C library to load by name
             fn = None
         _getcpu.append(fn)
     cpu = _getcpu[0]() if _getcpu[0] is not None else -1

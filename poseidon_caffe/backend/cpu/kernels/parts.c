@@ -27,7 +27,7 @@ static struct {
     pthread_mutex_t call;        /* held by the call using the threads */
     pthread_mutex_t lock;        /* guards the fields below */
     pthread_cond_t start;        /* a new pass for the workers */
-    pthread_cond_t finished;     /* the last worker's part is done */
+    pthread_cond_t finished;     /* the pass's last piece is done */
     int workers;                 /* threads started: parts 1 .. workers */
     uint64_t pass;               /* counts the passes handed out */
     uint64_t claim;              /* (atomic) the pass's count, low 32 bits, << 32 | next piece */
