@@ -806,14 +806,16 @@ def test_native_pooling_equals_caffes_loops_bit_for_bit(spec, path):
 def test_native_max_pool_backward_is_caffes_scatter_bit_for_bit(spec):
     """Caffe's MAX backward adds each dy at its winner in the outputs' row-major order, in
     float32: the same sums to the bit (a cell two windows share gets its two in that order),
-    with ties, NaN inputs (the maximum, the winner staying) and -inf; the compiled paths (16
-    outputs a vector where they serve, the phased layout) find the same winners."""
+    with ties, NaN inputs (the maximum, the winner staying), -inf, and -0.0 in dy; the
+    compiled paths (16 outputs a vector where they serve, the phased layout; where 2x2
+    windows tile the plane, a dense pass: (24, 50) and (16, 16) here) find the same winners."""
     from poseidon_caffe.backend.cpu.pool import PoolPlan
     g = PoolGeometry(*spec)
     x = np.round(_rand((2, 3) + g.in_shape, 36) * 3)          # ties: the first one wins
     x.reshape(-1)[::37] = np.nan
     x.reshape(-1)[5::41] = -np.inf
     dy = _rand((2, 3) + g.out_shape, 37) * 100 - 50
+    dy.reshape(-1)[3::7] = -0.0                 # Caffe's dx: 0 + -0, which is +0
     results = []
     for path in _native_paths_here():
         plan = PoolPlan(g)

@@ -26,6 +26,9 @@
 int pool_same_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
                           int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                           int ph, int pw);
+int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
+                            int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
+                            int sh, int sw, int ph, int pw);
 int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
                            int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                            int sh, int sw, int ph, int pw);
@@ -524,12 +527,15 @@ static inline void route_plane(const float *restrict dy, const void *restrict ar
 
 /* dx = each dy added at its window's winner (arg from pool_max_forward, arg_bytes its element
  * size): the window's corner plus the offset of the winner's place in the input. With
- * `lanes`, pool_same.c's gather where it serves (AVX-512, stride 1, output the input's size).
- * -1: out of memory. */
+ * `lanes`, pool_tiles.c's dense pass where 2x2 windows tile the plane (AVX2), pool_same.c's
+ * gather where it serves (AVX-512, stride 1, output the input's size). -1: out of memory. */
 int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
                       float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
                       int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
 {
+    if (lanes && pool_tiles_max_backward(dy, arg, arg_bytes, dx, planes, h, w, oh, ow, kh, kw,
+                                         sh, sw, ph, pw) == 0)
+        return 0;
     if (lanes && pool_same_max_backward(dy, arg, arg_bytes, dx, planes, h, w, oh, ow, kh, kw,
                                         sh, sw, ph, pw) == 0)
         return 0;
