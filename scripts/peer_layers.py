@@ -84,7 +84,9 @@ def _operation(op, torch):
     return None
 
 
-def _best(fn, calls):
+def best_of(fn, calls):
+    """Seconds of ``fn``'s fastest call of ``calls``, after one untimed call (roofline.py times
+    ours alone with it too)."""
     fn()
     best = float("inf")
     for _ in range(calls):
@@ -106,13 +108,13 @@ def time_operations(ops, calls, threads):
             times.append(None)
             continue
         inputs, forward = made
-        forward_s = _best(forward, calls)
+        forward_s = best_of(forward, calls)
         backward_s = 0.0
         if op["backward"]:
             out = forward()
             grad = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
-            backward_s = _best(lambda: torch.autograd.grad(out, inputs, grad,
-                                                           retain_graph=True), calls)
+            backward_s = best_of(lambda: torch.autograd.grad(out, inputs, grad,
+                                                             retain_graph=True), calls)
         times.append([forward_s, backward_s])
         del made, inputs, forward
     return times

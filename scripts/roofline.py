@@ -43,6 +43,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (the nets, and the environment a worker runs in)
+import peer_layers  # noqa: E402  (ours alone is timed as PyTorch's is)
 
 GEMM_SIZE = 2048
 COPY_BYTES = 256 * 1024 * 1024
@@ -182,9 +183,9 @@ def time_layers(net, iters):
 def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES,
             alone_calls=0):
     """The limits and each layer's times and work, as a JSON-able dict (run in a worker
-    whose thread environment is already set). With ``alone_calls``, each memory-bound layer
-    is also timed alone, the best of that many calls in a row (as peer_layers.py times
-    PyTorch's), after the net's flow was timed."""
+    whose thread environment is already set). With ``alone_calls`` (the peer asked for),
+    each memory-bound layer is also described for peer_layers.py and timed alone, the best
+    of that many calls in a row (as PyTorch's is), after the net's flow was timed."""
     limits = {"sgemm_gflops": sgemm_rate(threads, gemm_size),
               "copy_gbs": copy_bandwidth(threads, copy_bytes)}
     net = bench._ours(net_name)                  # the backend sets BLAS threads as it runs
@@ -205,10 +206,9 @@ def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES
                        "forward": forward, "backward": backward,
                        "forward_s": times[i][0], "backward_s": times[i][1],
                        "plan": _plan_name(plans[0]) if plans else ""})
-        if kind == "bytes":
+        if kind == "bytes" and alone_calls:
             layers[-1]["peer_op"] = peer_operation(net, i)
-            if alone_calls:
-                layers[-1]["alone_s"] = _alone(net, i, alone_calls, backward)
+            layers[-1]["alone_s"] = _alone(net, i, alone_calls, backward)
     return {"net": net_name, "threads": threads, "limits": limits, "layers": layers,
             "load": os.getloadavg()[0]}
 
@@ -216,11 +216,9 @@ def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES
 def _alone(net, i, calls, backward):
     """[forward s, backward s] of layer ``i`` called again and again, its data warm (an
     in-place layer's repeated forward changes its blob's values: run after the flow)."""
-    def best(fn):
-        fn()
-        return min(_seconds(fn) for _ in range(calls))
-    return [best(lambda: net.forward_from_to(i, i)),
-            best(lambda: net.backward_from_to(i, i)) if backward else 0.0]
+    return [peer_layers.best_of(lambda: net.forward_from_to(i, i), calls),
+            peer_layers.best_of(lambda: net.backward_from_to(i, i), calls) if backward
+            else 0.0]
 
 
 def _plan_name(plan):
