@@ -1691,6 +1691,26 @@ def test_softmax_exp_within_three_ulp_to_the_denormals_with_infinities_and_nan(w
 
 
 @pytest.mark.parametrize("way", ["compiled", "numpy"])
+def test_softmax_rows_find_their_maximum_and_nan_in_every_vector(way, monkeypatch):
+    """Rows of 37 channels (the compiled row: two vectors a step, then a short last one):
+    the row's maximum, or a NaN, in either vector of a step or in the last one; each row is
+    e^(x - max) / sum worked in float64 (with values up to 200 a wrong maximum overflows to
+    inf or loses the row to 0), and a NaN's row is NaN throughout."""
+    _softmax_ways(way, monkeypatch)
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((2 * 37, 37)) * 4).astype(np.float32)
+    for place in range(37):
+        x[place, place] = 200.0                          # the maximum, at each channel
+        x[37 + place, place] = np.nan
+    y = B.softmax_forward(x[:, :, None], np.empty_like(x)[:, :, None])[:, :, 0]
+    x64 = x[:37].astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y[:37], e / e.sum(axis=1, keepdims=True), rtol=3e-6,
+                               atol=1e-30)
+    assert np.isnan(y[37:]).all()
+
+
+@pytest.mark.parametrize("way", ["compiled", "numpy"])
 @pytest.mark.parametrize("shape", [(32, 1000, 1), (3, 21, 37), (2, 5, 1), (4, 3, 17)])
 def test_softmax_and_its_loss_are_caffes_formulas(shape, way, monkeypatch):
     """softmax_layer.cpp / softmax_loss_layer.cpp worked in float64: y = e^(x - max) / sum,

@@ -172,33 +172,45 @@ AVX2_FMA static inline float lanes_sum8(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
-/* softmax_row on AVX2: a row's last, short vector loaded masked and stored masked (once a
- * row: an AMD's masked store takes tens of cycles) */
+/* softmax_row on AVX2: whole vectors loaded plainly and a row's last, short one masked
+ * (once a row: an AMD's masked load and blend, in every step of the first two passes, made
+ * the row a quarter slower; its masked store takes tens of cycles); the maximum in two
+ * vectors, two steps apart (the NaN test covers both). */
 AVX2_FMA static void softmax_row8(const float *x, float *y, int64_t channels)
 {
     const __m256 lowest = _mm256_set1_ps(-INFINITY);
-    __m256 top = lowest, nan = _mm256_setzero_ps();
-    for (int64_t c = 0; c < channels; c += 8) {
+    __m256 top = lowest, top2 = lowest, nan = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= channels; c += 16) {
+        const __m256 v = _mm256_loadu_ps(x + c), u = _mm256_loadu_ps(x + c + 8);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, u, _CMP_UNORD_Q));
+        top = _mm256_max_ps(top, v);
+        top2 = _mm256_max_ps(top2, u);
+    }
+    for (; c < channels; c += 8) {
         const __m256i m = first_lanes8(channels - c);
         const __m256 v = _mm256_blendv_ps(lowest, _mm256_maskload_ps(x + c, m),
                                           _mm256_castsi256_ps(m));
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         top = _mm256_max_ps(top, v);
     }
-    const float most = _mm256_movemask_ps(nan) ? NAN : lanes_max8(top);
+    const float most = _mm256_movemask_ps(nan) ? NAN : lanes_max8(_mm256_max_ps(top, top2));
     const __m256 shift = _mm256_set1_ps(most);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t c = 0; c < channels; c += 8) {
-        const __m256i m = first_lanes8(channels - c);
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + c, m), shift));
-        sum = _mm256_add_ps(sum, _mm256_and_ps(_mm256_castsi256_ps(m), e));
-        if (c + 8 <= channels)
+    for (c = 0; c < channels; c += 8) {
+        if (c + 8 <= channels) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c), shift));
+            sum = _mm256_add_ps(sum, e);
             _mm256_storeu_ps(y + c, e);
-        else
+        } else {
+            const __m256i m = first_lanes8(channels - c);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + c, m), shift));
+            sum = _mm256_add_ps(sum, _mm256_and_ps(_mm256_castsi256_ps(m), e));
             _mm256_maskstore_ps(y + c, m, e);
+        }
     }
     const __m256 total = _mm256_set1_ps(lanes_sum8(sum));
-    for (int64_t c = 0; c < channels; c += 8) {
+    for (c = 0; c < channels; c += 8) {
         if (c + 8 <= channels) {
             _mm256_storeu_ps(y + c, _mm256_div_ps(_mm256_loadu_ps(y + c), total));
         } else {
