@@ -841,7 +841,8 @@ def test_native_max_pool_backward_is_caffes_scatter_bit_for_bit(spec):
 
 @pytest.mark.parametrize("spec, winner_bytes",
                          [(POOL_GEOMS[2], 1), (EMPTY_WINDOW_GEOMS[1], 1),
-                          (BIG_WINDOW_GEOMS[0], 1), (BIG_WINDOW_GEOMS[1], 4)], ids=str)
+                          (BIG_WINDOW_GEOMS[0], 1), (BIG_WINDOW_GEOMS[1], 4),
+                          (((30, 24), (16, 17), (3, 2), (2, 3), (7, 8)), 4)], ids=str)
 @pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 def test_native_max_pool_keeps_small_winners_and_equals_the_numpy_path(spec, winner_bytes,
                                                                        path):
