@@ -11,8 +11,9 @@
  * 8 cells of 8 planes at a time, transposed in registers. Values are pool_lanes.c's: a
  * window's input cells in row-major order, a cell taking over only when strictly greater, a
  * NaN becoming the maximum without moving the winner, an empty window's output -FLT_MAX with
- * no winner; AVE's sum from 0 in the same order, over Caffe's divisor. Returns 0, -1 when out of memory, -2 where it does not serve (no AVX2, or planes
- * of more than LANE_CELLS cells, which the phased layout serves as well).
+ * no winner; AVE's sum from 0 in the same order, over Caffe's divisor. Returns 0, -1 when
+ * out of memory, -2 where it does not serve (no AVX2, or planes of more than LANE_CELLS
+ * cells, which the phased layout serves as well).
  */
 #include <float.h>
 #include <math.h>

@@ -61,8 +61,9 @@ static void inside(int s, int m, int pw, int w, int tw, int *lo, int *hi)
 }
 
 /* buf[r][s][t] (tiles t = (i, ty, tx) of one channel) = the tiles' a x a windows. */
-NO_MEMSET_LOOPS static void gather(const float *restrict x, float *restrict buf, int64_t k, int c, int cc,
-                   int h, int w, int a, int m, int ph, int pw, int th, int tw)
+NO_MEMSET_LOOPS static void gather(const float *restrict x, float *restrict buf, int64_t k,
+                                   int c, int cc, int h, int w, int a, int m, int ph, int pw,
+                                   int th, int tw)
 {
     size_t tiles = (size_t)k * th * tw;
     for (int r = 0; r < a; ++r) {
@@ -93,9 +94,9 @@ NO_MEMSET_LOOPS static void gather(const float *restrict x, float *restrict buf,
 
 /* out[q][q'][t] = sum over r, s of mat[q][r] mat[q'][s] in[r][s][t] for n tiles t, `in` and
  * `out` rows `in_stride` and `out_stride` apart: the two small products, LANES tiles at a time. */
-VECTOR_LOOP NO_MEMSET_LOOPS static void transform(const float *restrict in, size_t in_stride,
-                                  float *restrict out, size_t out_stride,
-                                  const float *restrict mat, int p, int a, size_t n)
+VECTOR_LOOP NO_MEMSET_LOOPS
+static void transform(const float *restrict in, size_t in_stride, float *restrict out,
+                      size_t out_stride, const float *restrict mat, int p, int a, size_t n)
 {
     /* half[q][s] = sum over r of mat[q][r] in[r][s] */
     float half[MAX_SIDE * MAX_SIDE][LANES];
