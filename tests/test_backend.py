@@ -762,6 +762,19 @@ NATIVE_LAYOUT_GEOMS = [
 ]
 
 
+def test_native_address_is_numpys_data_pointer_for_every_kind_of_array():
+    """The address the kernels are given is numpy's own data pointer: for a writable
+    C-contiguous array and views into one at an offset (ctypes' buffer view), and for a
+    read-only array, a strided view, an empty one and a 0-d one (numpy's interface)."""
+    from poseidon_caffe.backend.cpu import native
+    base = np.arange(64, dtype=np.float32).reshape(8, 8)
+    frozen = base.copy()
+    frozen.flags.writeable = False
+    for a in (base, base[3:], base[2, 5:], frozen, base[:, ::2], base[:0],
+              np.zeros((), np.float32), np.zeros(5, np.uint8)[1:]):
+        assert native.address(a) == a.__array_interface__["data"][0]
+
+
 @pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 @pytest.mark.parametrize("spec", NATIVE_LAYOUT_GEOMS, ids=str)
 def test_native_pooling_equals_caffes_loops_bit_for_bit(spec, path):

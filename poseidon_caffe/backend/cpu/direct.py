@@ -28,7 +28,7 @@ def serves(geom):
 
 
 def _address(a):
-    return None if a is None else a.__array_interface__["data"][0]
+    return None if a is None else native.address(a)
 
 
 def _contiguous(a):

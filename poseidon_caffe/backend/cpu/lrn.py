@@ -63,10 +63,6 @@ def fast_root_lanes():
     return 0 if lib is None else lib.lrn_roots_lanes()
 
 
-def _address(a):
-    return a.__array_interface__["data"][0]
-
-
 def _over_images(fn, x):
     """fn(lo, hi) over the images of x, a part per thread: the compiled passes keep an image
     in the cache themselves, and each part handed to Python's pool costs about 40 us (AlexNet's
@@ -152,8 +148,9 @@ def lrn_forward(x, size, alpha, beta, k, across_channels, out=None, state=None):
         positions = int(np.prod(x.shape[2:]))
 
         def compiled(lo, hi):
-            if lib.lrn_across_forward(_address(x[lo:hi]), _address(top[lo:hi]), None,
-                                      hi - lo, c, positions, size, alpha, beta, k):
+            at = native.address
+            if lib.lrn_across_forward(at(x[lo:hi]), at(top[lo:hi]), None, hi - lo, c,
+                                      positions, size, alpha, beta, k):
                 raise MemoryError("LRN: no memory for a plane of %d values" % positions)
         _over_images(compiled, x)
         return top, (None, k)           # the backward remakes the scale from x
@@ -185,10 +182,11 @@ def lrn_backward(x, top, state, dy, size, alpha, beta, across_channels, out=None
         positions = int(np.prod(x.shape[2:]))
 
         def compiled(lo, hi):
-            if lib.lrn_across_backward(_address(x[lo:hi]), _address(top[lo:hi]),
-                                       None if scale is None else _address(scale[lo:hi]),
-                                       _address(dy[lo:hi]), _address(dx[lo:hi]), hi - lo, c,
-                                       positions, size, alpha, beta, k or 0.0):
+            at = native.address
+            if lib.lrn_across_backward(at(x[lo:hi]), at(top[lo:hi]),
+                                       None if scale is None else at(scale[lo:hi]),
+                                       at(dy[lo:hi]), at(dx[lo:hi]), hi - lo, c, positions,
+                                       size, alpha, beta, k or 0.0):
                 raise MemoryError("LRN: no memory for an image of %d values"
                                   % (c * positions))
         _over_images(compiled, x)
