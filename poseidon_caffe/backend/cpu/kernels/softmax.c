@@ -174,8 +174,8 @@ AVX2_FMA static inline float lanes_sum8(__m256 v)
 
 /* softmax_row on AVX2: whole vectors loaded plainly and a row's last, short one masked
  * (once a row: an AMD's masked load and blend, in every step of the first two passes, made
- * the row a quarter slower; its masked store takes tens of cycles); the maximum in two
- * vectors, two steps apart (the NaN test covers both). */
+ * the row a quarter slower; its masked store takes tens of cycles); the maximum kept in two
+ * vectors, 16 channels a step (one unordered compare finds a NaN in either). */
 AVX2_FMA static void softmax_row8(const float *x, float *y, int64_t channels)
 {
     const __m256 lowest = _mm256_set1_ps(-INFINITY);
