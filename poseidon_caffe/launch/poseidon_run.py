@@ -512,6 +512,7 @@ class JobWatch:
         self.cause = None
         self.unnamed_until = None      # a SIGABRT cause not named yet (see ABORTED_BY_PEER_S)
         self.expected = set()          # signals this job was sent on purpose
+        self.answered = None           # one of them, that a rank died by
         self.done = threading.Event()
         self._offsets = [0] * len(places)
         self._partial = [b""] * len(places)
@@ -565,7 +566,14 @@ class JobWatch:
         if killed:
             signum = int(killed.group(3))
             if signum in self.expected:
-                return              # the signal this job was sent: each rank's own answer
+                # the signal this job was sent: each rank's own answer; a survivor's abort
+                # seen before it was its MPI transport failing at this death
+                self.answered = signum
+                if self.unnamed_until is not None:
+                    self.cause = self.unnamed_until = None
+                return
+            if signum == signal.SIGABRT and self.answered is not None:
+                return              # a survivor's transport failing at a rank's answer
             cause = Cause(rank, node, role, line, 128 + signum, KILLED_GRACE_S)
         else:
             cause = Cause(rank, node, role, line, 1, ABORT_GRACE_S)
@@ -746,6 +754,9 @@ def run_job(config, argv, log_dir, cwd, log, stream):
         code = cause.status
     elif state["ending"] is not None:
         code = 128 + state["first"]          # ended here on a second SIGINT or SIGTERM
+    elif code != 0 and watch.answered is not None:
+        # ranks died by the signal passed on (mpiexec may report a survivor's abort)
+        code = 128 + watch.answered
     if code != 0:
         clean_up_nodes(config, tag, since, log)
     ended = "job ended with exit status %d after %.1f s" % (code, time.monotonic() - start)
