@@ -528,56 +528,50 @@ def test_dry_run_of_a_config_whose_key_is_elsewhere_notes_it_and_shows_the_comma
     assert code == 2 and "pem_file %s does not exist" % missing in err
 
 
+def _watch_two_ranks(where, lines, order, expected=()):
+    """A JobWatch over two ranks' logs in ``where``, each rank's death line written in
+    ``order`` (ranks), the watcher reading between the two: (watch, what it said)."""
+    import io
+    import time
+    places = [("10.0.0.1", "worker 0"), ("10.0.0.2", "worker 1")]
+    said = []
+    watch = runner.JobWatch(str(where), places, io.StringIO(),
+                            lambda text, error=False: said.append(text))
+    watch.expected.update(expected)
+    watch.start()
+    for rank in order:
+        with open(where / ("rank%d.log" % rank), "a") as f:
+            f.write(lines[rank])
+        time.sleep(0.3)
+    watch.stop()
+    return watch, said
+
+
 @pytest.mark.parametrize("order", ["abort first", "kill first"])
 def test_a_survivor_aborted_when_a_rank_answers_the_jobs_signal_is_no_cause(tmp_path, order):
     """A SIGTERM passed on to every rank: rank 0 dies by it, and rank 1's MPI transport,
     reading from the dead rank, aborts (SIGABRT) before its own SIGTERM lands. In either
     order of the two lines, no rank is the job's cause (the job ends with the signal's status)
     and nothing is said of the abort; with no signal sent, rank 0's death is the cause."""
-    import io
     import signal
-    import time
-    places = [("10.0.0.1", "worker 0"), ("10.0.0.2", "worker 1")]
     lines = {0: "*** rank 0 on host a (pid 11) was killed by signal 15 (SIGTERM); ending the job\n",
              1: "*** rank 1 on host b (pid 22) was killed by signal 6 (SIGABRT); ending the job\n"}
-    for sent in (True, False):
-        where = tmp_path / ("sent" if sent else "not sent")
-        where.mkdir()
-        said = []
-        watch = runner.JobWatch(str(where), places, io.StringIO(),
-                                lambda text, error=False: said.append(text))
-        if sent:
-            watch.expected.add(signal.SIGTERM)
-        watch.start()
-        for rank in ([1, 0] if order == "abort first" else [0, 1]):
-            with open(where / ("rank%d.log" % rank), "a") as f:
-                f.write(lines[rank])
-            time.sleep(0.3)                # the watcher reads between the two
-        watch.stop()
-        if sent:
-            assert watch.cause is None and watch.answered == signal.SIGTERM and said == []
-        else:
-            assert watch.cause.rank == 0 and watch.cause.status == 128 + 15 and said
+    ranks = [1, 0] if order == "abort first" else [0, 1]
+    (tmp_path / "sent").mkdir()
+    watch, said = _watch_two_ranks(tmp_path / "sent", lines, ranks, [signal.SIGTERM])
+    assert watch.cause is None and watch.answered == signal.SIGTERM and said == []
+    (tmp_path / "not sent").mkdir()
+    watch, said = _watch_two_ranks(tmp_path / "not sent", lines, ranks)
+    assert watch.cause.rank == 0 and watch.cause.status == 128 + 15 and said
 
 
 @pytest.mark.parametrize("order", ["abort first", "kill first"])
 def test_a_survivor_aborted_by_mpi_is_not_named_as_the_cause(tmp_path, order):
     """When a rank is killed, MPICH can abort a survivor (SIGABRT) whose line reaches the logs
     first: the killed rank is still the job's cause, named first, the survivor after it."""
-    import io
-    import time
-    places = [("10.0.0.1", "worker 0"), ("10.0.0.2", "worker 1")]
     lines = {0: "*** rank 0 on host a (pid 11) was killed by signal 6 (SIGABRT); ending the job\n",
              1: "*** rank 1 on host b (pid 22) was killed by signal 9 (SIGKILL); ending the job\n"}
-    said = []
-    watch = runner.JobWatch(str(tmp_path), places, io.StringIO(),
-                            lambda text, error=False: said.append(text))
-    watch.start()
-    for rank in ([0, 1] if order == "abort first" else [1, 0]):
-        with open(tmp_path / ("rank%d.log" % rank), "a") as f:
-            f.write(lines[rank])
-        time.sleep(0.3)                # the watcher reads between the two
-    watch.stop()
+    watch, said = _watch_two_ranks(tmp_path, lines, [0, 1] if order == "abort first" else [1, 0])
     assert watch.cause.rank == 1 and watch.cause.status == 128 + 9
     assert said[0].startswith("rank 1 (worker 1 on node 10.0.0.2): rank 1 on host b")
     if order == "abort first":
