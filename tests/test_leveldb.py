@@ -162,6 +162,38 @@ def test_a_leveldb_another_process_holds_is_read_through_a_private_view(tmp_path
     assert read_leveldb(src)[2][1].label == 2   # the database itself is as it was
 
 
+def test_a_view_torn_by_the_holders_own_open_is_made_again(tmp_path, images, monkeypatch):
+    """The holder opening the database as a reader copies it rewrites its log and MANIFEST:
+    a file listed is gone when copied. That view is discarded and made again (the reader gets
+    the records, no view left behind); a view that cannot be made at all is one line naming
+    the database."""
+    from poseidon_caffe.data import leveldb_store
+    src = write_leveldb(tmp_path / "db", [raw_datum(im, i) for i, im in enumerate(images)])
+    held = plyvel.DB(src)
+    real_copy = leveldb_store.shutil.copy2
+    torn = []
+
+    def copy_torn(source, target, times=1):
+        if len(torn) < times:
+            torn.append(source)
+            raise FileNotFoundError(2, "No such file or directory", source)
+        return real_copy(source, target)
+    monkeypatch.setattr(leveldb_store.shutil, "copy2", copy_torn)
+    try:
+        database = DatumDB(src)
+        assert database.first_datum().label == 0 and len(torn) == 1
+        database.close()
+        assert os.listdir(tmp_path) == ["db"]
+        torn.clear()
+        monkeypatch.setattr(leveldb_store.shutil, "copy2",
+                            lambda source, target: copy_torn(source, target, times=1000))
+        with pytest.raises(DataError, match="private view of it beside it could not be made"):
+            DatumDB(src)
+        assert os.listdir(tmp_path) == ["db"]
+    finally:
+        held.close()
+
+
 READ_AND_WAIT = """
 import sys, time
 from poseidon_caffe.data.db import DatumDB

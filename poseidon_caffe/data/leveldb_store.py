@@ -10,6 +10,7 @@ The view is removed when its reader closes, and by the next reader when a killed
 """
 import os
 import shutil
+import time
 
 from .. import staging
 from .errors import DataError, key_text
@@ -20,6 +21,10 @@ KIND = "LevelDB"
 BLOCK_SIZE = 65536
 WRITE_BUFFER_SIZE = 268435456
 MAX_OPEN_FILES = 100
+# A holder opening the database as the view is copied rewrites its log and MANIFEST: a file
+# listed is gone when copied, or CURRENT names one not copied. Such a torn view is made again.
+VIEW_ATTEMPTS = 5
+VIEW_RETRY_S = 0.05
 
 INSTALL_HINT = ("reading and writing LevelDB needs plyvel: pip install 'poseidon-caffe[leveldb]' "
                 "(or convert the database with convert_imageset -backend lmdb)")
@@ -149,16 +154,22 @@ def _open_readable(path):
     except plyvel.Error as exc:
         raise DataError("cannot open LevelDB database %r: %s" % (path, _reason(exc))) from None
     # another process holds the database: read a private view of it
-    view = staging.temp_path(path)
-    try:
-        _link_view(path, view)
-        return plyvel.DB(view, create_if_missing=False, max_open_files=MAX_OPEN_FILES), view
-    except (OSError, plyvel.Error) as exc:
-        staging.discard(view)
-        raise DataError("LevelDB database %r is open in another process (%s), and a private "
-                        "view of it beside it could not be made (%s); LevelDB lets one process "
-                        "open a database: use LMDB for several readers (convert_imageset "
-                        "-backend lmdb)" % (path, held, _reason(exc))) from None
+    for attempt in range(VIEW_ATTEMPTS):
+        view = staging.temp_path(path)
+        try:
+            _link_view(path, view)
+            return plyvel.DB(view, create_if_missing=False, max_open_files=MAX_OPEN_FILES), view
+        except (OSError, plyvel.Error) as exc:
+            staging.discard(view)
+            torn = isinstance(exc, (FileNotFoundError, plyvel.Error))
+            if torn and attempt + 1 < VIEW_ATTEMPTS:
+                time.sleep(VIEW_RETRY_S)
+                continue
+            raise DataError("LevelDB database %r is open in another process (%s), and a "
+                            "private view of it beside it could not be made (%s); LevelDB lets "
+                            "one process open a database: use LMDB for several readers "
+                            "(convert_imageset -backend lmdb)" % (path, held, _reason(exc))) \
+                from None
 
 
 def _close_opened(opened):
