@@ -1,5 +1,6 @@
 /* 2-D MAX pooling of stride 1 whose output is its input's size (GoogLeNet's 3x3 pad 1
- * inception poolings), forward and backward, on AVX-512 (pooling.c calls these first).
+ * inception poolings), forward and backward, on AVX-512, and the backward on AVX2 too
+ * (pooling.c calls these first).
  *
  * Every tap of such a window is the same shift of the flat index in every plane: output cell
  * f reads input cell f + (a - ph) * w + (t - pw) for tap (a, t). So 16 consecutive cells of
@@ -14,14 +15,22 @@
  * (row tap * kw + column tap) kept in a byte. Backward gathers instead of scattering: cell f
  * sums dy of each output whose winner it is, in the outputs' order (as pooling.c's scatter
  * adds them), so the sums are the same bit for bit. Each returns 0, or -2 where it does not
- * serve (no AVX-512; a window of more than 255 cells; a table past MAX_TABLE; no memory).
+ * serve (no AVX-512, or for the backward no AVX2; a window of more than 255 cells; a table
+ * past MAX_TABLE; no memory).
+ *
+ * The AVX2 backward (CPUs without AVX-512: an AMD EPYC's) needs no table: a winner's place
+ * names a cell inside its window (padding never wins), so output o = f - shift of tap (a, t)
+ * whose place is a * kw + t has its winner at f exactly, whatever rows or planes lie between,
+ * and every other o's place differs. 8 cells a vector, each tap's 8 places one 8-byte load;
+ * scattering added each dy where it fell in dx, a load and a store a window, 1.2 ns a cell.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "avx512.h"
+#include "avx2.h"
 
 #define LANES 16
+#define LANES8 8         /* the AVX2 backward's */
 
 #if HAVE_AVX512
 /* Which of 16 consecutive cells' windows hold each tap, for every place the 16 can start in a
@@ -171,18 +180,80 @@ AVX512 static int same_max(const float *in, const void *arg_in, float *out, void
 }
 #endif
 
+/* pool_lanes8.c's: whether the AVX2 passes come first (no AVX-512, or asked to) */
+int pool_lanes8_first(void);
+
+#if HAVE_AVX2
+/* dx[f] for cells f of [from, to), one at a time: the vectors' sums where 8 winners' bytes
+ * would be read past the batch */
+static void gathered_cells(const float *dy, const uint8_t *arg, float *dx, int64_t from,
+                           int64_t to, int64_t cells, int w, int kh, int kw, int ph, int pw)
+{
+    for (int64_t f = from; f < to; ++f) {
+        float sum = 0.0f;
+        for (int a = kh - 1; a >= 0; --a)
+            for (int t = kw - 1; t >= 0; --t) {
+                const int64_t o = f + (int64_t)(ph - a) * w + (pw - t);
+                if (o >= 0 && o < cells && arg[o] == a * kw + t)
+                    sum += dy[o];
+            }
+        dx[f] = sum;
+    }
+}
+
+/* The backward on AVX2, 8 cells a vector: each tap's outputs whose place is the tap add
+ * their dy, the others 0 (a sum from 0 is never -0, so adding 0 changes none), taps from the
+ * last to the first (the outputs in increasing order). Inlined with constant kh and kw. */
+AVX2 static inline __attribute__((always_inline)) void
+same_max_backward8(const float *dy, const uint8_t *arg, float *dx, int64_t cells, int w,
+                   int kh, int kw, int ph, int pw)
+{
+    const int64_t reach = (int64_t)(kh - 1 - ph) * w + (kw - 1 - pw);  /* the first output */
+    const int64_t back = (int64_t)ph * w + pw;                         /* the last */
+    const int64_t from = reach < cells ? reach : cells;
+    int64_t f = from;
+    gathered_cells(dy, arg, dx, 0, from, cells, w, kh, kw, ph, pw);
+    for (; f + LANES8 + back <= cells; f += LANES8) {
+        __m256 sum = _mm256_setzero_ps();
+#pragma GCC unroll 16
+        for (int a = kh - 1; a >= 0; --a)
+#pragma GCC unroll 16
+            for (int t = kw - 1; t >= 0; --t) {
+                const int64_t o = f + (int64_t)(ph - a) * w + (pw - t);
+                const __m256i won = _mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(arg + o)));
+                const __m256 mine = _mm256_castsi256_ps(
+                    _mm256_cmpeq_epi32(won, _mm256_set1_epi32(a * kw + t)));
+                sum = _mm256_add_ps(sum, _mm256_and_ps(mine, _mm256_loadu_ps(dy + o)));
+            }
+        _mm256_storeu_ps(dx + f, sum);
+    }
+    gathered_cells(dy, arg, dx, f, cells, cells, w, kh, kw, ph, pw);
+}
+
+AVX2 static void same_max8(const float *dy, const uint8_t *arg, float *dx, int64_t cells, int w,
+                           int kh, int kw, int ph, int pw)
+{
+    if (kh == 3 && kw == 3)
+        same_max_backward8(dy, arg, dx, cells, w, 3, 3, 1, 1);
+    else
+        same_max_backward8(dy, arg, dx, cells, w, kh, kw, ph, pw);
+}
+#endif
+
 static int serves(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
                   int pw, int arg_bytes)
 {
-    return HAVE_AVX512 && cpu_has_avx512() && arg_bytes == 1 && sh == 1 && sw == 1 &&
-        oh == h && ow == w && kh * kw <= 255 && ph < kh && pw < kw;
+    return arg_bytes == 1 && sh == 1 && sw == 1 && oh == h && ow == w && kh * kw <= 255 &&
+        ph < kh && pw < kw;
 }
 
 int pool_same_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
                           int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                           int ph, int pw)
 {
-    if (!serves(h, w, oh, ow, kh, kw, sh, sw, ph, pw, arg_bytes))
+    if (!HAVE_AVX512 || !cpu_has_avx512() || !serves(h, w, oh, ow, kh, kw, sh, sw, ph, pw,
+                                                     arg_bytes))
         return -2;
 #if HAVE_AVX512
     return same_max(x, NULL, y, arg, planes, h, w, kh, kw, ph, pw);
@@ -196,8 +267,15 @@ int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, floa
 {
     if (!serves(h, w, oh, ow, kh, kw, sh, sw, ph, pw, arg_bytes))
         return -2;
+#if HAVE_AVX2
+    if (pool_lanes8_first()) {
+        same_max8(dy, arg, dx, planes * h * w, w, kh, kw, ph, pw);
+        return 0;
+    }
+#endif
 #if HAVE_AVX512
-    return same_max(dy, arg, dx, NULL, planes, h, w, kh, kw, ph, pw);
+    if (cpu_has_avx512())
+        return same_max(dy, arg, dx, NULL, planes, h, w, kh, kw, ph, pw);
 #endif
     return -2;
 }
