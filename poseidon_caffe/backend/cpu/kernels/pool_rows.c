@@ -40,14 +40,20 @@
  * inception pools: 3.1 against 3.4) */
 #define FEW_COLUMNS 7
 
-/* The largest padded plane the strips take (three quarters of an L1 data cache of 32 KB) */
-#define STRIP_PLANE_BYTES (24 << 10)
+/* The padded input rows a band of strips reads (three quarters of an L1 data cache of
+ * 32 KB) */
+#define STRIP_BAND_BYTES (24 << 10)
 
 /* 1 (the default): this pass serves wherever it can; 0: pooling.c goes on to pool_lanes8.c
  * (the tests take both) */
 int pool_rows_serve = 1;
 
 #if HAVE_AVX2
+/* Floats ahead of the row being copied that pad_plane asks the cache for: the input comes
+ * from memory while the windows of a plane are taken (GoogLeNet's 28x28 stride-2 pool3 and
+ * AlexNet's 27x27 pool2 0.84-0.85 of the time without, VGG's 32x32 pool2 0.76) */
+#define PAD_AHEAD 1024
+
 typedef struct {
     window2d g;
     int vectors;            /* of 8 outputs, a row: ceil(ow / 8) */
@@ -69,6 +75,8 @@ AVX2 static int pad_plane(const rows_pass *q, const float *x, float *to)
     for (int u = 0; u < q->g.h; ++u) {
         const float *src = x + (size_t)u * w;
         float *dst = to + (size_t)u * q->pitch + q->g.pw;
+        for (int c = 0; c < w; c += 16)
+            __builtin_prefetch(src + PAD_AHEAD + c, 0, 3);
         int c = 0;
         for (; c + LANES <= w; c += LANES) {
             const __m256 v = _mm256_loadu_ps(src + c);
@@ -219,9 +227,12 @@ AVX2 static inline void put_vector(const rows_pass *q, int i, int k, __m256 best
  * and `places` as column_maxima's. Where 3-row windows lie inside the plane, the rows'
  * maxima the next output row shares stay in registers (a stride of 1 makes one row's a step,
  * 2 two) and none go through memory; their places are the row's own, the window's row added
- * as it takes them. The strips go from the last to the first, so that a last strip's store
- * past its row's end lands on outputs of the next row, stored later; `spill_last`: the
- * plane's last row's may spill too. Inlined with constant kh, kw and sw. */
+ * as it takes them. The output rows go in bands whose input rows stay in the L1 cache while
+ * every strip reads them down (GoogLeNet's 112x112 pool1, 53 KB a padded plane, ran 5%
+ * slower by whole-plane strips than by rows through memory). In a band the strips go from
+ * the last to the first, so that a last strip's store past its row's end lands on outputs of
+ * the next row, stored later; `spill_last`: the plane's last row's may spill too. Inlined
+ * with constant kh, kw and sw. */
 AVX2 static inline __attribute__((always_inline)) void
 strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, int spill_last,
             int kh, int kw, int sw)
@@ -233,35 +244,42 @@ strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, 
     int outer = g->h + g->ph >= kh ? (g->h + g->ph - kh) / sh + 1 : 0;
     if (kh != 3 || (sh != 1 && sh != 2) || outer > g->oh)
         inner = outer = 0;
-    for (int k = q->vectors - 1; k >= 0; --k) {
-        const __m256i first = _mm256_load_si256((const __m256i *)(q->first + k * LANES));
-        for (int i = 0; i < g->oh; ++i) {
-            if (i == inner && inner < outer) {
-                const float *row = padded + (size_t)(i * sh - g->ph) * q->pitch;
-                __m256 top, top_at, middle = _mm256_setzero_ps(),
-                    middle_at = _mm256_setzero_ps();
-                row_vector(row, k, first, kw, sw, &top, &top_at);
-                if (sh == 1)
-                    row_vector(row + q->pitch, k, first, kw, sw, &middle, &middle_at);
-                for (; i < outer; ++i, row += sh * q->pitch) {
-                    __m256 best = top, at = top_at, bottom, bottom_at;
-                    if (sh == 2)
-                        row_vector(row + q->pitch, k, first, kw, sw, &middle, &middle_at);
-                    at = take_greater(&best, at, middle, places_plus(middle_at, kw));
-                    row_vector(row + 2 * q->pitch, k, first, kw, sw, &bottom, &bottom_at);
-                    at = take_greater(&best, at, bottom, places_plus(bottom_at, 2 * kw));
-                    put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
+    const size_t band_bytes = q->pitch * sizeof(float) * (size_t)(sh > kh ? sh : kh);
+    const int band = band_bytes < STRIP_BAND_BYTES ? (int)(STRIP_BAND_BYTES / band_bytes) : 1;
+    for (int i0 = 0; i0 < g->oh; i0 += band) {
+        const int i1 = g->oh - i0 < band ? g->oh : i0 + band;
+        const int from = inner > i0 ? inner : i0, to = outer < i1 ? outer : i1;
+        for (int k = q->vectors - 1; k >= 0; --k) {
+            const __m256i first = _mm256_load_si256((const __m256i *)(q->first + k * LANES));
+            for (int i = i0; i < i1; ++i) {
+                if (i == from && from < to) {
+                    const float *row = padded + (size_t)(i * sh - g->ph) * q->pitch;
+                    __m256 top, top_at, middle = _mm256_setzero_ps(),
+                        middle_at = _mm256_setzero_ps();
+                    row_vector(row, k, first, kw, sw, &top, &top_at);
                     if (sh == 1)
-                        top = middle, top_at = middle_at, middle = bottom, middle_at = bottom_at;
-                    else
-                        top = bottom, top_at = bottom_at;
+                        row_vector(row + q->pitch, k, first, kw, sw, &middle, &middle_at);
+                    for (; i < to; ++i, row += sh * q->pitch) {
+                        __m256 best = top, at = top_at, bottom, bottom_at;
+                        if (sh == 2)
+                            row_vector(row + q->pitch, k, first, kw, sw, &middle, &middle_at);
+                        at = take_greater(&best, at, middle, places_plus(middle_at, kw));
+                        row_vector(row + 2 * q->pitch, k, first, kw, sw, &bottom, &bottom_at);
+                        at = take_greater(&best, at, bottom, places_plus(bottom_at, 2 * kw));
+                        put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
+                        if (sh == 1)
+                            top = middle, top_at = middle_at, middle = bottom,
+                            middle_at = bottom_at;
+                        else
+                            top = bottom, top_at = bottom_at;
+                    }
+                    if (i == i1)
+                        break;
                 }
-                if (i == g->oh)
-                    break;
+                __m256 best, at;
+                window_vector(q, padded, i, k, first, kh, kw, sw, &best, &at);
+                put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
             }
-            __m256 best, at;
-            window_vector(q, padded, i, k, first, kh, kw, sw, &best, &at);
-            put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
         }
     }
 }
@@ -318,11 +336,8 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
 {
     const window2d *g = &q->g;
     const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
-    /* strips where rows' results are shared in registers or not at all, and the padded plane,
-     * which each strip reads down again, stays in the L1 cache (GoogLeNet's 112x112 pool1,
-     * 53 KB a plane: 13.2-13.6 -> 14.1-14.5 ms by strips) */
-    const int strips = ((kh == 3 && (g->sh == 1 || g->sh == 2)) || kh <= g->sh) &&
-        q->pitch * g->h * sizeof(float) <= STRIP_PLANE_BYTES;
+    /* strips where rows' results are shared in registers or not at all */
+    const int strips = (kh == 3 && (g->sh == 1 || g->sh == 2)) || kh <= g->sh;
     int nan_next = pad_plane(q, x, q->padded[0]);
     for (int64_t p = 0; p < planes; ++p) {
         const float *padded = q->padded[p & 1];
