@@ -925,6 +925,64 @@ def test_max_pooling_of_a_window_holding_nan_is_nan_on_every_path(path):
 
 
 
+# planes of few outputs, 8 planes a vector (pool_lanes8.c): VGG's 4x4 pool5 (4 outputs a
+# plane), GoogLeNet's 7x7 pool5 (1), AlexNet's 13x13 pool5 (36: a short last vector), empty
+# windows (no winner)
+FEW_OUTPUT_GEOMS = [
+    ((4, 4), (2, 2), (2, 2), (0, 0), (2, 2)),
+    ((7, 7), (7, 7), (1, 1), (0, 0), (1, 1)),
+    ((13, 13), (3, 3), (2, 2), (0, 0), (6, 6)),
+    ((8, 8), (1, 1), (2, 2), (0, 0), (5, 5)),
+]
+
+
+@pytest.mark.parametrize("planes", [1, 3, 8, 11])
+@pytest.mark.parametrize("spec", FEW_OUTPUT_GEOMS, ids=str)
+def test_native_pooling_of_planes_side_by_side_writes_nothing_past_its_outputs(spec, planes):
+    """8 planes a vector (pool_lanes8.c, AVX2) store a plane's short last vector whole, over
+    the next plane's first outputs, which are stored again after: the outputs equal Caffe's
+    loops (MAX's values and 1-byte winners, 255 for none; AVE's sums), and the memory right
+    after the call's last output keeps what it held, for 1, 3, 8 and 11 planes."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    if not native.avx2_pooling_first(True, rows=False):
+        pytest.skip("this CPU has no AVX2")
+    try:
+        g = PoolGeometry(*spec)
+        x = np.round(_rand((1, planes) + g.in_shape, 41) * 4)          # ties
+        outputs = planes * g.out_shape[0] * g.out_shape[1]
+        room = np.full(outputs + 16, 7.5, np.float32)
+        y = room[:outputs].reshape((1, planes) + g.out_shape)
+        places = np.full(outputs + 16, 77, np.uint8)
+        native.max_pool_forward(x, y, places[:outputs].reshape(y.shape), g)
+        want, mask, _ = _naive_max_pool(x, g)
+        np.testing.assert_array_equal(y, want)
+        want_places = np.full(y.shape, 255, np.uint8)
+        for index in itertools.product(*map(range, y.shape)):
+            if mask[index] >= 0:
+                u, v = divmod(int(mask[index]), g.in_shape[1])
+                want_places[index] = ((u - index[2] * g.stride[0] + g.pad[0]) * g.kernel[1] +
+                                      v - index[3] * g.stride[1] + g.pad[1])
+        np.testing.assert_array_equal(places[:outputs].reshape(y.shape), want_places)
+        assert (room[outputs:] == 7.5).all() and (places[outputs:] == 77).all()
+        if g.empty_windows() is None:
+            room[:] = 7.5
+            native.ave_pool_forward(x, y, g)
+            sums = np.zeros(y.shape, np.float32)
+            for index in itertools.product(*map(range, y.shape)):
+                i, j = index[2] * g.stride[0] - g.pad[0], index[3] * g.stride[1] - g.pad[1]
+                for u, v in itertools.product(range(max(i, 0), min(i + g.kernel[0],
+                                                                   g.in_shape[0])),
+                                              range(max(j, 0), min(j + g.kernel[1],
+                                                                   g.in_shape[1]))):
+                    sums[index] = np.float32(sums[index] + x[index[:2] + (u, v)])
+            np.testing.assert_allclose(y, sums / g.window_sizes(), rtol=1e-6)
+            assert (room[outputs:] == 7.5).all()
+    finally:
+        native.avx2_pooling_first(False)
+
+
 @pytest.mark.parametrize("pad", [1, 0], ids=["same size: shifted loads", "lanes"])
 @pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(path, pad):

@@ -78,31 +78,35 @@ AVX2 static void gather_planes8(const float *x, int64_t pitch, int64_t count, in
     }
 }
 
-/* The other way: y[l * pitch + c] = t[c][l] for lanes l < count. */
+/* The other way: y[l * cells + c] = t[c][l] for lanes l < count, planes side by side. A
+ * short last vector of a plane is stored whole, over the next plane's first outputs (an
+ * AMD's masked store takes tens of cycles; VGG's 4x4 pool5, 4 outputs a plane, spent most of
+ * its time in them): the vectors go from the last to the first, so what lands there is
+ * stored again after. Past the last lane's outputs only where `spill`: 8 outputs at least
+ * come after them. */
 AVX2 static void spread_planes8(const float *t, int64_t cells, int64_t count, float *y,
-                                int64_t pitch)
+                                int spill)
 {
-    for (int64_t c = 0; c < cells; c += LANES) {
+    for (int64_t c = (cells - 1) / LANES * LANES; c >= 0; c -= LANES) {
         const __m256i keep = first_lanes8(cells - c);
         __m256 r[LANES];
         for (int k = 0; k < LANES; ++k)
             r[k] = c + k < cells ? _mm256_load_ps(t + (c + k) * LANES) : _mm256_setzero_ps();
         transpose8(r);
-        /* whole stores but at the end: an AMD's masked store takes tens of cycles */
         for (int l = 0; l < count; ++l)
-            if (c + LANES <= cells)
-                _mm256_storeu_ps(y + l * pitch + c, r[l]);
+            if (spill || l * cells + c + LANES <= count * cells)
+                _mm256_storeu_ps(y + l * cells + c, r[l]);
             else
-                _mm256_maskstore_ps(y + l * pitch + c, keep, r[l]);
+                _mm256_maskstore_ps(y + l * cells + c, keep, r[l]);
     }
 }
 
 /* The winners likewise, as int32 or as their low byte (arg_bytes 1 or 4; -1, no winner, is
- * 255 as a byte). */
+ * 255 as a byte); bytes 8 a store, a short last vector's spilling as spread_planes8's. */
 AVX2 static void spread_winners8(const int32_t *t, int64_t cells, int64_t count, void *arg,
-                                 int arg_bytes, int64_t pitch)
+                                 int arg_bytes, int spill)
 {
-    for (int64_t c = 0; c < cells; c += LANES) {
+    for (int64_t c = (cells - 1) / LANES * LANES; c >= 0; c -= LANES) {
         const int n = cells - c < LANES ? (int)(cells - c) : LANES;
         __m256 r[LANES];
         for (int k = 0; k < LANES; ++k)
@@ -110,14 +114,30 @@ AVX2 static void spread_winners8(const int32_t *t, int64_t cells, int64_t count,
                          : _mm256_setzero_ps();
         transpose8(r);
         for (int l = 0; l < count; ++l) {
+            const int whole = spill || l * cells + c + LANES <= count * cells;
             if (arg_bytes == 4) {
-                _mm256_maskstore_ps((float *)((int32_t *)arg + l * pitch + c),
-                                    first_lanes8(n), r[l]);
+                float *to = (float *)((int32_t *)arg + l * cells + c);
+                if (whole)
+                    _mm256_storeu_ps(to, r[l]);
+                else
+                    _mm256_maskstore_ps(to, first_lanes8(n), r[l]);
+                continue;
+            }
+            uint8_t *to = (uint8_t *)arg + l * cells + c;
+            if (whole) {
+                /* each int32's low byte (no saturating pack: -1 is 255), 4 from each half */
+                const __m256i low = _mm256_shuffle_epi8(
+                    _mm256_castps_si256(r[l]),
+                    _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                     0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                     -1));
+                _mm_storel_epi64((__m128i *)to,
+                                 _mm_unpacklo_epi32(_mm256_castsi256_si128(low),
+                                                    _mm256_extracti128_si256(low, 1)));
                 continue;
             }
             int32_t places[LANES];
             _mm256_storeu_ps((float *)places, r[l]);
-            uint8_t *to = (uint8_t *)arg + l * pitch + c;
             for (int k = 0; k < n; ++k)
                 to[k] = (uint8_t)places[k];
         }
@@ -251,9 +271,10 @@ AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_byte
         const int64_t count = planes - p < LANES ? planes - p : LANES;
         take_planes8(x, p, planes, cells, count, t);
         max_lanes8(t, g, best, at);
-        spread_planes8(best, outputs, count, y + p * outputs, outputs);
+        const int spill = (planes - p - count) * outputs >= LANES;
+        spread_planes8(best, outputs, count, y + p * outputs, spill);
         spread_winners8(at, outputs, count, (char *)arg + p * outputs * arg_bytes, arg_bytes,
-                        outputs);
+                        spill);
     }
     _mm_free(t);
     _mm_free(best);
@@ -275,7 +296,8 @@ AVX2 static int lanes8_ave_forward(const float *x, float *y, const float *size, 
         const int64_t count = planes - p < LANES ? planes - p : LANES;
         take_planes8(x, p, planes, cells, count, t);
         ave_lanes8(t, g, size, sum);
-        spread_planes8(sum, outputs, count, y + p * outputs, outputs);
+        spread_planes8(sum, outputs, count, y + p * outputs,
+                       (planes - p - count) * outputs >= LANES);
     }
     _mm_free(t);
     _mm_free(sum);
