@@ -683,6 +683,38 @@ def test_ave_pool_paths_match_window_sums_and_their_adjoint(spec, path, small_sl
     assert abs(lhs - rhs) <= 1e-5 * max(1.0, abs(lhs))
 
 
+# a window holding the whole plane: GoogLeNet's 7x7 pool5; padding, Caffe's divisor counting
+# it; a kernel past the plane
+GLOBAL_AVE_GEOMS = [
+    ((7, 7), (7, 7), (1, 1), (0, 0), (1, 1)),
+    ((5, 6), (7, 8), (1, 1), (1, 1), (1, 1)),
+    ((3, 4), (5, 5), (1, 1), (0, 0), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("spec", GLOBAL_AVE_GEOMS, ids=str)
+def test_native_global_ave_backward_is_caffes_zeroed_diff_plus_each_share(spec):
+    """AVE's backward where the one window holds the plane is a fill: every cell gets
+    float32(dy / size) added to Caffe's zeroed diff (so -0.0 comes out +0.0), and the adding
+    form adds the same share to each cell's value."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    g = PoolGeometry(*spec)
+    size = np.float32(g.window_sizes()[0, 0])
+    dy = _rand((2, 5, 1, 1), 51) * 10
+    dy.reshape(-1)[::4] = -0.0
+    dx = np.full((2, 5) + g.in_shape, np.nan, np.float32)
+    native.ave_pool_backward(dy, dx, g)
+    want = np.float32(0) + np.broadcast_to(dy / size, dx.shape)
+    assert dx.tobytes() == want.astype(np.float32).tobytes()
+    assert not np.signbit(dx[0, 0]).any()
+    before = _rand(dx.shape, 52)
+    added = before.copy()
+    if native.ave_pool_backward_add(dy, added, g):
+        assert added.tobytes() == (before + dy / size).astype(np.float32).tobytes()
+
+
 @pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 def test_native_ave_pooling_is_caffes_float32_arithmetic(path):
     """The compiled AVE adds a window's cells in Caffe's row-major order in float32 and
