@@ -10,10 +10,10 @@
  * are taken once, 8 outputs a vector, each tap one load (for column stride 2, the even lanes
  * of two) from a copy of the plane padded with -inf; each output row then takes its kh rows'
  * results. A 3x3 window costs 2 + 2 comparisons, not 8. For 3-row windows of row stride 1 or
- * 2, and windows that share no rows, the outputs go down the plane a strip of 8 columns at a
- * time (strip_plane), the rows' results that the next output row shares kept in registers:
- * none go through memory (GoogLeNet's 28x28 inception pools, 64 planes in cache: 0.049 ->
- * 0.038 ms; the whole layer 7.2-10 -> 6.3-6.6 ms here). The copy of the next plane is made
+ * 2, and windows that share no rows, the outputs go down a band of rows a strip of 8 columns
+ * at a time (strip_plane), the rows' results that the next output row shares kept in
+ * registers: none go through memory (one thread: GoogLeNet's 28x28 inception pools 6.9-7.3 ->
+ * 5.3-5.9 ms, its 56x56 stride-2 pool2 12.3 -> 10.2). The copy of the next plane is made
  * before this one's windows are taken, so that its stores have reached the cache when the
  * loads, straddling them, come (a load that straddles stores still in flight waits for them;
  * copying a row and reading it at once ran a third slower).

@@ -21,8 +21,10 @@
  * The AVX2 backward (CPUs without AVX-512: an AMD EPYC's) needs no table: a winner's place
  * names a cell inside its window (padding never wins), so output o = f - shift of tap (a, t)
  * whose place is a * kw + t has its winner at f exactly, whatever rows or planes lie between,
- * and every other o's place differs. 8 cells a vector, each tap's 8 places one 8-byte load;
- * scattering added each dy where it fell in dx, a load and a store a window, 1.2 ns a cell.
+ * and every other o's place differs. 8 cells a vector, each tap's 8 places one 8-byte load
+ * (GoogLeNet's 28x28 inception pools' backward 7.9 -> 3.8 ms at one thread: the scatter's
+ * load and store a window, waiting on each other where windows share a winner, took 1.2 ns a
+ * cell).
  */
 #include <stdint.h>
 #include <stdlib.h>

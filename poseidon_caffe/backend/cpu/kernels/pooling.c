@@ -589,7 +589,7 @@ __attribute__((noinline)) static int route_planes_ahead(const float *dy, const v
  * size): the window's corner plus the offset of the winner's place in the input; planes of
  * 2 KB and more zeroed a plane ahead (route_planes_ahead). With `lanes`, pool_tiles.c's
  * dense pass where 2x2 windows tile the plane (AVX2), pool_same.c's gather where it serves
- * (AVX-512, stride 1, output the input's size). -1: out of memory. */
+ * (AVX-512 or AVX2, stride 1, output the input's size). -1: out of memory. */
 int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
                       float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
                       int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
@@ -842,8 +842,8 @@ int pool_ave_backward_add(const float *restrict dy, float *restrict dx, int64_t 
         return -1;
     int status = global_ave_backward(dy, dx, planes, h, w, oh, ow, kh, kw, ph, pw, size[0], 1);
     if (status == -2)
-        status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh, sw,
-                                           ph, pw, 1);
+        status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
+                                           sw, ph, pw, 1);
     free(size);
     return status;
 }
