@@ -152,6 +152,13 @@ def test_run_local_script_takes_the_settings_from_the_script_globals(tmp_path, m
     assert launch.run_local_script(script_globals, str(tmp_path), [path], out) == 130
 
 
+def _sigint_by_default():
+    """SIGINT as a terminal's Ctrl-C finds a program: a test run started where SIGINT is
+    ignored (a shell's background job without job control) hands that on to its children,
+    and Python then starts with no KeyboardInterrupt to raise."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("example", ["googlenet", "alexnet", "mnist"])
 def test_ctrl_c_while_run_local_starts_exits_quietly(tmp_path, example):
     """A SIGINT while run_local.py still loads the library: status 130, no traceback."""
@@ -164,7 +171,7 @@ def test_ctrl_c_while_run_local_starts_exits_quietly(tmp_path, example):
     (tmp_path / "poseidon_caffe" / "__init__.py").write_text(
         "import time\nopen(%r, 'w').close()\ntime.sleep(60)\n" % str(loading))
     proc = subprocess.Popen([PY, str(script), "--dry-run"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_by_default)
     try:
         deadline = time.monotonic() + 30
         while not loading.exists():
