@@ -159,6 +159,14 @@ AVX2 static inline __m256 place(int p)
     return _mm256_castsi256_ps(_mm256_set1_epi32(p));
 }
 
+/* Whether outputs (i, j) .. (i, j + 3) of a row have windows wholly inside the input */
+static inline int four_inside(const window2d *g, int i, int j)
+{
+    const int r0 = i * g->sh - g->ph, c0 = j * g->sw - g->pw;
+    return r0 >= 0 && r0 + g->kh <= g->h && c0 >= 0 && j + 4 <= g->ow &&
+        c0 + 3 * g->sw + g->kw <= g->w;
+}
+
 /* Four outputs side by side in a row whose windows lie wholly inside the input (row r0,
  * columns c0, c0 + sw, ...): four independent chains of compares, as pool_lanes.c's. */
 AVX2 static void max_lanes_four8(const float *t, const window2d *g, int r0, int c0,
@@ -193,8 +201,7 @@ AVX2 static void max_lanes8(const float *t, const window2d *g, float *best_out,
         for (int j = 0; j < g->ow; ++j) {
             const int r0 = i * g->sh - g->ph, c0 = j * g->sw - g->pw;
             const size_t o = ((size_t)i * g->ow + j) * LANES;
-            if (r0 >= 0 && r0 + g->kh <= g->h && c0 >= 0 && j + 4 <= g->ow &&
-                c0 + 3 * g->sw + g->kw <= g->w) {
+            if (four_inside(g, i, j)) {
                 max_lanes_four8(t, g, r0, c0, best_out + o, at_out + o);
                 j += 3;
                 continue;
@@ -268,8 +275,7 @@ AVX2 static void ave_lanes8_fours(const float *t, const window2d *g, const float
     for (int i = 0; i < g->oh; ++i)
         for (int j = 0; j < g->ow; ++j) {
             const int r0 = i * g->sh - g->ph, c0 = j * g->sw - g->pw;
-            if (r0 >= 0 && r0 + g->kh <= g->h && c0 >= 0 && j + 4 <= g->ow &&
-                c0 + 3 * g->sw + g->kw <= g->w) {
+            if (four_inside(g, i, j)) {
                 const size_t o = (size_t)i * g->ow + j;
                 ave_lanes_four8(t, g, r0, c0, size + o, y + o * LANES);
                 j += 3;

@@ -728,12 +728,12 @@ int pool_ave_forward(const float *restrict x, float *restrict y, int64_t planes,
     return 0;
 }
 
-/* to = from + share over n cells (from may be to) */
+/* to += share over n cells */
 VECTOR_LOOP
-static void add_share(const float *from, float share, float *to, size_t n)
+static void add_share(float *restrict to, float share, size_t n)
 {
     for (size_t q = 0; q < n; ++q)
-        to[q] = from[q] + share;
+        to[q] += share;
 }
 
 /* AVE's backward where the one output's window holds the whole plane (GoogLeNet's global
@@ -747,17 +747,14 @@ static int global_ave_backward(const float *restrict dy, float *restrict dx, int
 {
     if (oh != 1 || ow != 1 || kh - ph < h || kw - pw < w)
         return -2;
-    static const float zeros[64];
     const size_t cells = (size_t)h * w;
     for (int64_t p = 0; p < planes; ++p) {
         float *to = dx + (size_t)p * cells;
         const float share = dy[p] / size;
-        if (add) {
-            add_share(to, share, to, cells);
-        } else {
-            for (size_t c = 0; c < cells; c += 64)
-                add_share(zeros, share, to + c, cells - c < 64 ? cells - c : 64);
-        }
+        if (add)
+            add_share(to, share, cells);
+        else
+            fill_floats(to, 0.0f + share, cells);     /* every cell's 0 + share */
     }
     return 0;
 }
