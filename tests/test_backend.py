@@ -791,6 +791,7 @@ NATIVE_LAYOUT_GEOMS = [
     ((7, 7), (7, 7), (1, 1), (0, 0), (1, 1)),          # a global pooling: one output
     ((14, 14), (5, 5), (3, 3), (0, 0), (4, 4)),        # GoogLeNet's auxiliary heads
     ((6, 70), (3, 3), (2, 2), (1, 1), (4, 36)),        # AVE backward's rows over 4 vectors
+    ((5, 9), (2, 3), (2, 2), (1, 1), (3, 5)),          # 15 outputs: 8, 4 and 3 side by side
 ]
 
 

@@ -160,7 +160,7 @@ AVX2 static void lane_masks8(__m256 *masks)
 /* Planes taken at once on AVX2: a vector's shares are added one after another (a blend of
  * each sum waits for the one before), so the same list runs over four planes side by side,
  * four chains in flight */
-#define GROUP8 4
+#define GROUP8 8
 
 /* plane16's on AVX2, 8 cells a vector, for `count` (<= GROUP8) consecutive planes: each share
  * added where its window covers, the other lanes kept as they are (a blend, not an add of 0,
@@ -200,9 +200,11 @@ planes8(const float *restrict dy, float *restrict dx, const float *size, float *
         for (const share_of *e = list + start[t]; e < list + start[t + 1]; ++e) {
             const __m256 mask = masks[e->lanes];
             for (int g = 0; g < count; ++g) {
-                const __m256 added = _mm256_add_ps(
-                    sum[g], _mm256_set1_ps(share[(int64_t)g * outputs + e->output]));
-                sum[g] = _mm256_blendv_ps(sum[g], added, mask);
+                const __m256 one = _mm256_set1_ps(share[(int64_t)g * outputs + e->output]);
+                /* a sum from +0 is never -0, so there adding +0 to the other lanes changes
+                 * none: an and and an add (a blend of each plane was the loop's bound) */
+                sum[g] = add ? _mm256_blendv_ps(sum[g], _mm256_add_ps(sum[g], one), mask)
+                             : _mm256_add_ps(sum[g], _mm256_and_ps(one, mask));
             }
         }
         /* as plane16's: whole stores, a masked one at dx's end only (an AMD's take tens of
@@ -223,9 +225,14 @@ AVX2 static void every_plane8(const float *dy, float *dx, const float *size, flo
                               int64_t planes, int cells, int outputs, int add)
 {
     int64_t p = 0;
+    /* `add` a constant in each call, which planes8 takes in its loop */
     for (; p + GROUP8 <= planes; p += GROUP8)
-        planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
-                outputs, GROUP8, p + GROUP8 == planes, add);
+        if (add)
+            planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
+                    outputs, GROUP8, p + GROUP8 == planes, 1);
+        else
+            planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
+                    outputs, GROUP8, p + GROUP8 == planes, 0);
     for (; p < planes; ++p)
         planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
                 outputs, 1, p == planes - 1, add);

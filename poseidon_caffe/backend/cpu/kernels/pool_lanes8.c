@@ -18,6 +18,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "avx2.h"
@@ -221,68 +222,55 @@ AVX2 static void max_lanes8(const float *t, const window2d *g, float *best_out,
         }
 }
 
-/* Four outputs side by side in a row whose windows lie wholly inside the input (as
- * max_lanes_four8's): their sums, four independent chains of adds, each from 0 in its
- * window's row-major order, over Caffe's sizes */
-AVX2 static void ave_lanes_four8(const float *t, const window2d *g, int r0, int c0,
-                                 const float *size, float *y_out)
+/* AVE's planes are laid out with a border of zeros wide enough that every output's whole
+ * window, padding and overhang included, lies inside: `cols` columns, the input's cell (r,
+ * c) at (r + ph, c + pw). Adding the border's zeros leaves a sum from 0 the clipped window's
+ * sum to the bit (x + 0 is x, and a sum from +0 is never -0), so every output adds all kh kw
+ * taps, none is clipped, and any outputs may go side by side. */
+typedef struct {
+    int rows, cols;
+} border8;
+
+static border8 ave_border8(const window2d *g)
 {
-    __m256 sum[4];
-    for (int k = 0; k < 4; ++k)
+    const int rows = (g->oh - 1) * g->sh + g->kh, cols = (g->ow - 1) * g->sw + g->kw;
+    border8 b = {rows > g->h + g->ph ? rows : g->h + g->ph,
+                 cols > g->w + g->pw ? cols : g->w + g->pw};
+    return b;
+}
+
+/* The sums of n outputs (n <= 8) whose windows start at t + at[k] in the bordered layout
+ * (pitch: its columns): n independent chains of adds (one chain waited on each add: 3
+ * cycles), each from 0 in its window's row-major order, over Caffe's sizes */
+AVX2 static inline __attribute__((always_inline)) void ave_sums8(const float *t, const int32_t *at, int n, int kh, int kw,
+                                  int64_t pitch, const float *size, float *y)
+{
+    __m256 sum[8];
+    for (int k = 0; k < 8; ++k)
         sum[k] = _mm256_setzero_ps();
-    for (int u = 0; u < g->kh; ++u)
-        for (int v = 0; v < g->kw; ++v) {
-            const float *cell = t + ((size_t)(r0 + u) * g->w + c0 + v) * LANES;
-            for (int k = 0; k < 4; ++k)
-                sum[k] = _mm256_add_ps(sum[k],
-                                       _mm256_load_ps(cell + (size_t)k * g->sw * LANES));
+    for (int u = 0; u < kh; ++u)
+        for (int v = 0; v < kw; ++v) {
+            const float *cell = t + (u * pitch + v) * LANES;
+            for (int k = 0; k < 8; ++k)
+                if (k < n)
+                    sum[k] = _mm256_add_ps(sum[k], _mm256_load_ps(cell + at[k]));
         }
-    for (int k = 0; k < 4; ++k)
-        _mm256_store_ps(y_out + k * LANES, _mm256_div_ps(sum[k], _mm256_set1_ps(size[k])));
+    for (int k = 0; k < n; ++k)
+        _mm256_store_ps(y + k * LANES, _mm256_div_ps(sum[k], _mm256_set1_ps(size[k])));
 }
 
-/* Output (i, j)'s window sum over Caffe's size, for the 8 planes of t: the sum from 0 in the
- * window's row-major order, as pooling.c's */
-AVX2 static inline void ave_output8(const float *t, const window2d *g, int i, int j,
-                                    const float *size, float *y)
+/* Each output's window sum over Caffe's size (`size`), for the 8 planes of the bordered t
+ * (`at`: each output's window's first cell), 8 outputs at a time in row-major order */
+AVX2 static void ave_lanes8(const float *t, const int32_t *at, int64_t outputs,
+                            const window2d *g, int cols, const float *size, float *y)
 {
-    int hs, he, ws, we;
-    clip(g, i, j, &hs, &he, &ws, &we);
-    __m256 sum = _mm256_setzero_ps();
-    for (int u = hs; u < he; ++u)
-        for (int v = ws; v < we; ++v)
-            sum = _mm256_add_ps(sum, _mm256_load_ps(t + ((size_t)u * g->w + v) * LANES));
-    _mm256_store_ps(y + ((size_t)i * g->ow + j) * LANES,
-                    _mm256_div_ps(sum, _mm256_set1_ps(size[i * g->ow + j])));
-}
-
-/* Each output's window sum over Caffe's size (`size`), for the 8 planes of t */
-AVX2 static void ave_lanes8(const float *t, const window2d *g, const float *size, float *y)
-{
-    for (int i = 0; i < g->oh; ++i)
-        for (int j = 0; j < g->ow; ++j)
-            ave_output8(t, g, i, j, size, y);
-}
-
-/* ave_lanes8 with a row's interior outputs four at a time (ave_lanes_four8): GoogLeNet's
- * auxiliary heads, 14x14 -> 4x4 by 5x5 windows of stride 3, one thread, 0.67-0.85 of the
- * time (one output's chain of adds waited on each add). A pass of its own: ave_lanes8 with
- * the test in its loop ran 11-18% slower on windows that never take it (GoogLeNet's 7x7
- * pool5, CIFAR-10 quick's pool3). */
-AVX2 static void ave_lanes8_fours(const float *t, const window2d *g, const float *size,
-                                  float *y)
-{
-    for (int i = 0; i < g->oh; ++i)
-        for (int j = 0; j < g->ow; ++j) {
-            const int r0 = i * g->sh - g->ph, c0 = j * g->sw - g->pw;
-            if (four_inside(g, i, j)) {
-                const size_t o = (size_t)i * g->ow + j;
-                ave_lanes_four8(t, g, r0, c0, size + o, y + o * LANES);
-                j += 3;
-                continue;
-            }
-            ave_output8(t, g, i, j, size, y);
-        }
+    int64_t o = 0;
+    for (; o + 8 <= outputs; o += 8)
+        ave_sums8(t, at + o, 8, g->kh, g->kw, cols, size + o, y + o * LANES);
+    for (; o + 4 <= outputs; o += 4)
+        ave_sums8(t, at + o, 4, g->kh, g->kw, cols, size + o, y + o * LANES);
+    for (; o < outputs; ++o)
+        ave_sums8(t, at + o, 1, g->kh, g->kw, cols, size + o, y + o * LANES);
 }
 
 /* The next 8 planes (at x) on their way while these are compared or summed: AVE's forward of
@@ -298,6 +286,23 @@ AVX2 static void take_planes8(const float *x, int64_t p, int64_t planes, int64_t
                               int64_t count, float *t)
 {
     gather_planes8(x + p * cells, cells, count, cells, t);
+    if (p + 2 * LANES <= planes)
+        prefetch_planes8(x + (p + LANES) * cells, cells);
+}
+
+/* Planes p .. p + count - 1 of x into the bordered t (`cols` columns), row by row, the next
+ * 8 on their way; a layout with no border is the planes' own, taken whole */
+AVX2 static void take_bordered8(const float *x, int64_t p, int64_t planes, const window2d *g,
+                                border8 b, int64_t count, float *t)
+{
+    const int64_t cells = (int64_t)g->h * g->w;
+    if (b.rows == g->h && b.cols == g->w) {
+        take_planes8(x, p, planes, cells, count, t);
+        return;
+    }
+    for (int r = 0; r < g->h; ++r)
+        gather_planes8(x + p * cells + (int64_t)r * g->w, cells, count, g->w,
+                       t + ((int64_t)(r + g->ph) * b.cols + g->pw) * LANES);
     if (p + 2 * LANES <= planes)
         prefetch_planes8(x + (p + LANES) * cells, cells);
 }
@@ -338,28 +343,31 @@ AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_byte
 AVX2 static int lanes8_ave_forward(const float *x, float *y, const float *size, int64_t planes,
                                    const window2d *g)
 {
-    const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
-    float *t = lane_buffer8(cells), *sum = lane_buffer8(outputs);
-    /* whether a row's first four outputs lie inside (no column padding): then rows take
-     * their interior outputs four at a time */
-    const int fours = g->ow >= 4 && g->pw == 0 && 3 * g->sw + g->kw <= g->w;
-    if (t == NULL || sum == NULL) {
+    const int64_t outputs = (int64_t)g->oh * g->ow;
+    const border8 b = ave_border8(g);
+    const int64_t bordered = (int64_t)b.rows * b.cols;
+    float *t = lane_buffer8(bordered), *sum = lane_buffer8(outputs);
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)outputs);
+    if (t == NULL || sum == NULL || at == NULL) {
         _mm_free(t);
         _mm_free(sum);
+        free(at);
         return -1;
     }
+    memset(t, 0, sizeof(float) * LANES * (size_t)bordered);     /* the border stays 0 */
+    for (int i = 0; i < g->oh; ++i)
+        for (int j = 0; j < g->ow; ++j)
+            at[i * g->ow + j] = (i * g->sh * b.cols + j * g->sw) * LANES;
     for (int64_t p = 0; p < planes; p += LANES) {
         const int64_t count = planes - p < LANES ? planes - p : LANES;
-        take_planes8(x, p, planes, cells, count, t);
-        if (fours)
-            ave_lanes8_fours(t, g, size, sum);
-        else
-            ave_lanes8(t, g, size, sum);
+        take_bordered8(x, p, planes, g, b, count, t);
+        ave_lanes8(t, at, outputs, g, b.cols, size, sum);
         spread_planes8(sum, outputs, count, y + p * outputs,
                        (planes - p - count) * outputs >= LANES);
     }
     _mm_free(t);
     _mm_free(sum);
+    free(at);
     return 0;
 }
 #endif
