@@ -975,7 +975,8 @@ FEW_OUTPUT_GEOMS = [
 def test_native_pooling_of_planes_side_by_side_writes_nothing_past_its_outputs(spec, planes):
     """8 planes a vector (pool_lanes8.c, AVX2) store a plane's short last vector whole, over
     the next plane's first outputs, which are stored again after: the outputs equal Caffe's
-    loops (MAX's values and 1-byte winners, 255 for none; AVE's sums), and the memory right
+    loops (MAX's values and 1-byte winners, 255 for none; AVE's float32 sums in Caffe's order,
+    bit for bit, planes of few outputs going several groups of 8 at once), and the memory right
     after the call's last output keeps what it held, for 1, 3, 8 and 11 planes."""
     from poseidon_caffe.backend.cpu import native
     if native.lib is None:
@@ -1011,7 +1012,7 @@ def test_native_pooling_of_planes_side_by_side_writes_nothing_past_its_outputs(s
                                               range(max(j, 0), min(j + g.kernel[1],
                                                                    g.in_shape[1]))):
                     sums[index] = np.float32(sums[index] + x[index[:2] + (u, v)])
-            np.testing.assert_allclose(y, sums / g.window_sizes(), rtol=1e-6)
+            np.testing.assert_array_equal(y, sums / g.window_sizes().astype(np.float32))
             assert (room[outputs:] == 7.5).all()
     finally:
         native.avx2_pooling_first(False)

@@ -340,34 +340,53 @@ AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_byte
     return 0;
 }
 
+/* Planes of fewer than 8 outputs go several groups of 8 at once, `groups` side by side in t,
+ * so that 8 outputs' chains of adds still run together (GoogLeNet's 7x7 global pool5: one
+ * output a plane, one chain of 49 adds a group of 8 planes) */
 AVX2 static int lanes8_ave_forward(const float *x, float *y, const float *size, int64_t planes,
                                    const window2d *g)
 {
     const int64_t outputs = (int64_t)g->oh * g->ow;
+    const int groups = outputs >= LANES ? 1 : (int)(LANES / outputs);
     const border8 b = ave_border8(g);
     const int64_t bordered = (int64_t)b.rows * b.cols;
-    float *t = lane_buffer8(bordered), *sum = lane_buffer8(outputs);
-    int32_t *at = malloc(sizeof(int32_t) * (size_t)outputs);
-    if (t == NULL || sum == NULL || at == NULL) {
+    float *t = lane_buffer8(bordered * groups), *sum = lane_buffer8(outputs * groups);
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)(outputs * groups));
+    float *sizes = malloc(sizeof(float) * (size_t)(outputs * groups));
+    if (t == NULL || sum == NULL || at == NULL || sizes == NULL) {
         _mm_free(t);
         _mm_free(sum);
         free(at);
+        free(sizes);
         return -1;
     }
-    memset(t, 0, sizeof(float) * LANES * (size_t)bordered);     /* the border stays 0 */
-    for (int i = 0; i < g->oh; ++i)
-        for (int j = 0; j < g->ow; ++j)
-            at[i * g->ow + j] = (i * g->sh * b.cols + j * g->sw) * LANES;
-    for (int64_t p = 0; p < planes; p += LANES) {
-        const int64_t count = planes - p < LANES ? planes - p : LANES;
-        take_bordered8(x, p, planes, g, b, count, t);
-        ave_lanes8(t, at, outputs, g, b.cols, size, sum);
-        spread_planes8(sum, outputs, count, y + p * outputs,
-                       (planes - p - count) * outputs >= LANES);
+    memset(t, 0, sizeof(float) * LANES * (size_t)(bordered * groups));  /* borders stay 0 */
+    for (int q = 0; q < groups; ++q)
+        for (int i = 0; i < g->oh; ++i)
+            for (int j = 0; j < g->ow; ++j) {
+                const int64_t o = q * outputs + i * g->ow + j;
+                at[o] = (int32_t)((q * bordered + i * g->sh * b.cols + j * g->sw) * LANES);
+                sizes[o] = size[i * g->ow + j];
+            }
+    for (int64_t p = 0; p < planes; p += (int64_t)LANES * groups) {
+        int taken = 0;
+        for (; taken < groups && p + taken * LANES < planes; ++taken) {
+            const int64_t first = p + taken * LANES;
+            const int64_t count = planes - first < LANES ? planes - first : LANES;
+            take_bordered8(x, first, planes, g, b, count, t + taken * bordered * LANES);
+        }
+        ave_lanes8(t, at, outputs * taken, g, b.cols, sizes, sum);
+        for (int q = 0; q < taken; ++q) {
+            const int64_t first = p + q * LANES;
+            const int64_t count = planes - first < LANES ? planes - first : LANES;
+            spread_planes8(sum + q * outputs * LANES, outputs, count, y + first * outputs,
+                           (planes - first - count) * outputs >= LANES);
+        }
     }
     _mm_free(t);
     _mm_free(sum);
     free(at);
+    free(sizes);
     return 0;
 }
 #endif
