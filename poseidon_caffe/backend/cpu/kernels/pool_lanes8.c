@@ -8,12 +8,14 @@
  *
  * 8 planes are laid out cell by cell, (cells, 8 lanes), so every window tap of every output is
  * one vector of 8 planes, whatever the window, stride or padding; the copies in and out move
- * 8 cells of 8 planes at a time, transposed in registers. Values are pool_lanes.c's: a
- * window's input cells in row-major order, a cell taking over only when strictly greater, a
- * NaN becoming the maximum without moving the winner, an empty window's output -FLT_MAX with
- * no winner; AVE's sum from 0 in the same order, over Caffe's divisor. Returns 0, -1 when
- * out of memory, -2 where it does not serve (no AVX2, or planes of more than LANE_CELLS
- * cells, which the phased layout serves as well).
+ * 8 cells of 8 planes at a time, transposed in registers. Outputs whose windows are whole
+ * (AVE's in a layout bordered by zeros; MAX's where no window is clipped) go several side
+ * by side, each a chain of its own, and planes of few outputs several groups of 8 planes at
+ * once. Values are pool_lanes.c's: a window's input cells in row-major order, a cell taking
+ * over only when strictly greater, a NaN becoming the maximum without moving the winner, an
+ * empty window's output -FLT_MAX with no winner; AVE's sum from 0 in the same order, over
+ * Caffe's divisor. Returns 0, -1 when out of memory, -2 where it does not serve (no AVX2, or
+ * planes of more than LANE_CELLS cells, which the phased layout serves as well).
  */
 #include <float.h>
 #include <math.h>
@@ -222,6 +224,53 @@ AVX2 static void max_lanes8(const float *t, const window2d *g, float *best_out,
         }
 }
 
+/* Whether every window lies wholly inside the input: no padding, no overhang */
+static int all_inside(const window2d *g)
+{
+    return g->ph == 0 && g->pw == 0 && (g->oh - 1) * g->sh + g->kh <= g->h &&
+        (g->ow - 1) * g->sw + g->kw <= g->w;
+}
+
+/* The maxima and winners of n outputs (n <= 4) whose whole windows start at t + at[k]
+ * (`pitch` cells a row): n independent chains of compares, as max_lanes_four8's. Inlined
+ * with a constant n. */
+AVX2 static inline __attribute__((always_inline)) void
+max_windows8(const float *t, const int32_t *at, int n, int kh, int kw, int64_t pitch,
+             float *best_out, int32_t *at_out)
+{
+    __m256 best[4], won[4];
+    for (int k = 0; k < 4; ++k) {
+        best[k] = _mm256_set1_ps(-INFINITY);
+        won[k] = place(0);
+    }
+    for (int u = 0; u < kh; ++u)
+        for (int v = 0; v < kw; ++v) {
+            const float *cell = t + (u * pitch + v) * LANES;
+            const __m256 tap = place(u * kw + v);
+            for (int k = 0; k < 4; ++k)
+                if (k < n) {
+                    const __m256 value = _mm256_load_ps(cell + at[k]);
+                    MAX_TAP8(best[k], won[k], value, tap);
+                }
+        }
+    for (int k = 0; k < n; ++k) {
+        _mm256_store_ps(best_out + k * LANES, best[k]);
+        _mm256_store_ps((float *)(at_out + k * LANES), won[k]);
+    }
+}
+
+/* Each output's maximum and winner where every window lies inside (`at`: each output's
+ * window's first cell), 4 outputs at a time in row-major order, whatever their rows */
+AVX2 static void max_inside8(const float *t, const int32_t *at, int64_t outputs,
+                             const window2d *g, float *best, int32_t *won)
+{
+    int64_t o = 0;
+    for (; o + 4 <= outputs; o += 4)
+        max_windows8(t, at + o, 4, g->kh, g->kw, g->w, best + o * LANES, won + o * LANES);
+    for (; o < outputs; ++o)
+        max_windows8(t, at + o, 1, g->kh, g->kw, g->w, best + o * LANES, won + o * LANES);
+}
+
 /* AVE's planes are laid out with a border of zeros wide enough that every output's whole
  * window, padding and overhang included, lies inside: `cols` columns, the input's cell (r,
  * c) at (r + ph, c + pw). Adding the border's zeros leaves a sum from 0 the clipped window's
@@ -313,9 +362,59 @@ static float *lane_buffer8(int64_t cells)
     return _mm_malloc(sizeof(float) * LANES * (size_t)(cells > 0 ? cells : 1), 32);
 }
 
+/* MAX where every window lies inside: no window is clipped, so any outputs go side by side
+ * (max_inside8), and planes of fewer than 8 outputs several groups of 8 planes at once, side
+ * by side in t (VGG's 4x4 pool5, 4 outputs a plane; AlexNet's 13x13 pool5, rows of 6) */
+AVX2 static int lanes8_inside_forward(const float *x, float *y, void *arg, int arg_bytes,
+                                      int64_t planes, const window2d *g)
+{
+    const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
+    const int groups = outputs >= LANES ? 1 : (int)(LANES / outputs);
+    float *t = lane_buffer8(cells * groups), *best = lane_buffer8(outputs * groups);
+    int32_t *won = (int32_t *)lane_buffer8(outputs * groups);
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)(outputs * groups));
+    if (t == NULL || best == NULL || won == NULL || at == NULL) {
+        _mm_free(t);
+        _mm_free(best);
+        _mm_free(won);
+        free(at);
+        return -1;
+    }
+    for (int q = 0; q < groups; ++q)
+        for (int i = 0; i < g->oh; ++i)
+            for (int j = 0; j < g->ow; ++j)
+                at[q * outputs + i * g->ow + j] =
+                    (int32_t)((q * cells + (int64_t)i * g->sh * g->w + j * g->sw) * LANES);
+    for (int64_t p = 0; p < planes; p += (int64_t)LANES * groups) {
+        int taken = 0;
+        for (; taken < groups && p + taken * LANES < planes; ++taken) {
+            const int64_t first = p + taken * LANES;
+            const int64_t count = planes - first < LANES ? planes - first : LANES;
+            take_planes8(x, first, planes, cells, count, t + taken * cells * LANES);
+        }
+        max_inside8(t, at, outputs * taken, g, best, won);
+        for (int q = 0; q < taken; ++q) {
+            const int64_t first = p + q * LANES;
+            const int64_t count = planes - first < LANES ? planes - first : LANES;
+            const int spill = (planes - first - count) * outputs >= LANES;
+            spread_planes8(best + q * outputs * LANES, outputs, count, y + first * outputs,
+                           spill);
+            spread_winners8(won + q * outputs * LANES, outputs, count,
+                            (char *)arg + first * outputs * arg_bytes, arg_bytes, spill);
+        }
+    }
+    _mm_free(t);
+    _mm_free(best);
+    _mm_free(won);
+    free(at);
+    return 0;
+}
+
 AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_bytes,
                                int64_t planes, const window2d *g)
 {
+    if (all_inside(g))
+        return lanes8_inside_forward(x, y, arg, arg_bytes, planes, g);
     const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
     float *t = lane_buffer8(cells), *best = lane_buffer8(outputs);
     int32_t *at = (int32_t *)lane_buffer8(outputs);
