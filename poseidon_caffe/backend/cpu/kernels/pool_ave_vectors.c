@@ -13,7 +13,8 @@
  * heads 5.0 -> 2.3 ms on an EPYC, CIFAR-10 quick's pool3 0.62 -> 0.31, its pool2 0.70 ->
  * 0.68; and four planes at once on one list (four chains of blends in flight, not one): in
  * cache 2.5x faster, the heads 2.3 -> 1.6 ms, pool3 0.58 -> 0.25, pool2 1.36 -> 0.94 (its
- * 6400 planes, a C harness). */
+ * 6400 planes, a C harness); then eight, each share an and and an add where the sums start
+ * from 0 (the heads 0.81-0.88 of the time, pool2 0.80-0.93). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,15 +158,16 @@ AVX2 static void lane_masks8(__m256 *masks)
             _mm256_and_si256(_mm256_set1_epi32(b), bit), bit));
 }
 
-/* Planes taken at once on AVX2: a vector's shares are added one after another (a blend of
- * each sum waits for the one before), so the same list runs over four planes side by side,
- * four chains in flight */
+/* Planes taken at once on AVX2: a vector's shares are added one after another (each sum
+ * waits for the one before), so the same list runs over eight planes side by side, eight
+ * chains in flight (four: 2-10% slower) */
 #define GROUP8 8
 
 /* plane16's on AVX2, 8 cells a vector, for `count` (<= GROUP8) consecutive planes: each share
- * added where its window covers, the other lanes kept as they are (a blend, not an add of 0,
- * which would make -0 of dx's +0). `share` has room for GROUP8 planes' shares. Inlined with
- * a constant count. */
+ * added where its window covers. Adding into dx, the other lanes are kept as they are (a
+ * blend: an add of 0 would make +0 of dx's -0); from 0 they take +0 (an and), which changes
+ * no sum. `share` has room for GROUP8 planes' shares. Inlined with a constant count (and for
+ * GROUP8 planes a constant `add`). */
 AVX2 static inline __attribute__((always_inline)) void
 planes8(const float *restrict dy, float *restrict dx, const float *size, float *share,
         const share_of *list, const int64_t *start, const __m256 *masks, int cells,

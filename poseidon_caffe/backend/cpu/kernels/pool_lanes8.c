@@ -291,8 +291,9 @@ static border8 ave_border8(const window2d *g)
 /* The sums of n outputs (n <= 8) whose windows start at t + at[k] in the bordered layout
  * (pitch: its columns): n independent chains of adds (one chain waited on each add: 3
  * cycles), each from 0 in its window's row-major order, over Caffe's sizes */
-AVX2 static inline __attribute__((always_inline)) void ave_sums8(const float *t, const int32_t *at, int n, int kh, int kw,
-                                  int64_t pitch, const float *size, float *y)
+AVX2 static inline __attribute__((always_inline)) void
+ave_sums8(const float *t, const int32_t *at, int n, int kh, int kw, int64_t pitch,
+          const float *size, float *y)
 {
     __m256 sum[8];
     for (int k = 0; k < 8; ++k)
@@ -356,6 +357,45 @@ AVX2 static void take_bordered8(const float *x, int64_t p, int64_t planes, const
         prefetch_planes8(x + (p + LANES) * cells, cells);
 }
 
+/* The planes of the group of 8 from plane `first` on (fewer at the end) */
+static inline int64_t group_size8(int64_t planes, int64_t first)
+{
+    return planes - first < LANES ? planes - first : LANES;
+}
+
+/* Up to `groups` groups of 8 planes from plane p on into t, side by side in b's layout: how
+ * many groups there were */
+AVX2 static inline int take_groups8(const float *x, int64_t p, int64_t planes, const window2d *g,
+                             border8 b, int groups, float *t)
+{
+    int taken = 0;
+    for (; taken < groups && p + taken * LANES < planes; ++taken) {
+        const int64_t first = p + taken * LANES;
+        take_bordered8(x, first, planes, g, b, group_size8(planes, first),
+                       t + taken * (int64_t)b.rows * b.cols * LANES);
+    }
+    return taken;
+}
+
+/* Each output's window's first cell in t, for `groups` groups side by side in b's layout */
+static void window_starts8(const window2d *g, border8 b, int groups, int32_t *at)
+{
+    const int64_t outputs = (int64_t)g->oh * g->ow;
+    for (int q = 0; q < groups; ++q)
+        for (int i = 0; i < g->oh; ++i)
+            for (int j = 0; j < g->ow; ++j)
+                at[q * outputs + i * g->ow + j] = (int32_t)(
+                    ((int64_t)q * b.rows * b.cols + (int64_t)i * g->sh * b.cols + j * g->sw) *
+                    LANES);
+}
+
+/* Groups of 8 planes taken at once: planes of fewer than 8 outputs several, so that 8
+ * outputs' chains still run side by side */
+static inline int groups_of8(int64_t outputs)
+{
+    return outputs >= LANES ? 1 : (int)(LANES / outputs);
+}
+
 /* 8 lanes for each of `cells` cells, aligned for whole-vector loads (free: _mm_free). */
 static float *lane_buffer8(int64_t cells)
 {
@@ -369,7 +409,8 @@ AVX2 static int lanes8_inside_forward(const float *x, float *y, void *arg, int a
                                       int64_t planes, const window2d *g)
 {
     const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
-    const int groups = outputs >= LANES ? 1 : (int)(LANES / outputs);
+    const int groups = groups_of8(outputs);
+    const border8 plain = {g->h, g->w};
     float *t = lane_buffer8(cells * groups), *best = lane_buffer8(outputs * groups);
     int32_t *won = (int32_t *)lane_buffer8(outputs * groups);
     int32_t *at = malloc(sizeof(int32_t) * (size_t)(outputs * groups));
@@ -380,22 +421,12 @@ AVX2 static int lanes8_inside_forward(const float *x, float *y, void *arg, int a
         free(at);
         return -1;
     }
-    for (int q = 0; q < groups; ++q)
-        for (int i = 0; i < g->oh; ++i)
-            for (int j = 0; j < g->ow; ++j)
-                at[q * outputs + i * g->ow + j] =
-                    (int32_t)((q * cells + (int64_t)i * g->sh * g->w + j * g->sw) * LANES);
+    window_starts8(g, plain, groups, at);
     for (int64_t p = 0; p < planes; p += (int64_t)LANES * groups) {
-        int taken = 0;
-        for (; taken < groups && p + taken * LANES < planes; ++taken) {
-            const int64_t first = p + taken * LANES;
-            const int64_t count = planes - first < LANES ? planes - first : LANES;
-            take_planes8(x, first, planes, cells, count, t + taken * cells * LANES);
-        }
+        const int taken = take_groups8(x, p, planes, g, plain, groups, t);
         max_inside8(t, at, outputs * taken, g, best, won);
         for (int q = 0; q < taken; ++q) {
-            const int64_t first = p + q * LANES;
-            const int64_t count = planes - first < LANES ? planes - first : LANES;
+            const int64_t first = p + q * LANES, count = group_size8(planes, first);
             const int spill = (planes - first - count) * outputs >= LANES;
             spread_planes8(best + q * outputs * LANES, outputs, count, y + first * outputs,
                            spill);
@@ -439,14 +470,14 @@ AVX2 static int lanes8_forward(const float *x, float *y, void *arg, int arg_byte
     return 0;
 }
 
-/* Planes of fewer than 8 outputs go several groups of 8 at once, `groups` side by side in t,
- * so that 8 outputs' chains of adds still run together (GoogLeNet's 7x7 global pool5: one
- * output a plane, one chain of 49 adds a group of 8 planes) */
+/* AVE in the bordered layout (ave_border8), planes of fewer than 8 outputs several groups of
+ * 8 at once (GoogLeNet's 7x7 global pool5: one output a plane, one chain of 49 adds a group
+ * of 8 planes) */
 AVX2 static int lanes8_ave_forward(const float *x, float *y, const float *size, int64_t planes,
                                    const window2d *g)
 {
     const int64_t outputs = (int64_t)g->oh * g->ow;
-    const int groups = outputs >= LANES ? 1 : (int)(LANES / outputs);
+    const int groups = groups_of8(outputs);
     const border8 b = ave_border8(g);
     const int64_t bordered = (int64_t)b.rows * b.cols;
     float *t = lane_buffer8(bordered * groups), *sum = lane_buffer8(outputs * groups);
@@ -460,24 +491,14 @@ AVX2 static int lanes8_ave_forward(const float *x, float *y, const float *size, 
         return -1;
     }
     memset(t, 0, sizeof(float) * LANES * (size_t)(bordered * groups));  /* borders stay 0 */
-    for (int q = 0; q < groups; ++q)
-        for (int i = 0; i < g->oh; ++i)
-            for (int j = 0; j < g->ow; ++j) {
-                const int64_t o = q * outputs + i * g->ow + j;
-                at[o] = (int32_t)((q * bordered + i * g->sh * b.cols + j * g->sw) * LANES);
-                sizes[o] = size[i * g->ow + j];
-            }
+    window_starts8(g, b, groups, at);
+    for (int64_t o = 0; o < outputs * groups; ++o)
+        sizes[o] = size[o % outputs];
     for (int64_t p = 0; p < planes; p += (int64_t)LANES * groups) {
-        int taken = 0;
-        for (; taken < groups && p + taken * LANES < planes; ++taken) {
-            const int64_t first = p + taken * LANES;
-            const int64_t count = planes - first < LANES ? planes - first : LANES;
-            take_bordered8(x, first, planes, g, b, count, t + taken * bordered * LANES);
-        }
+        const int taken = take_groups8(x, p, planes, g, b, groups, t);
         ave_lanes8(t, at, outputs * taken, g, b.cols, sizes, sum);
         for (int q = 0; q < taken; ++q) {
-            const int64_t first = p + q * LANES;
-            const int64_t count = planes - first < LANES ? planes - first : LANES;
+            const int64_t first = p + q * LANES, count = group_size8(planes, first);
             spread_planes8(sum + q * outputs * LANES, outputs, count, y + first * outputs,
                            (planes - first - count) * outputs >= LANES);
         }
