@@ -365,8 +365,8 @@ static inline int64_t group_size8(int64_t planes, int64_t first)
 
 /* Up to `groups` groups of 8 planes from plane p on into t, side by side in b's layout: how
  * many groups there were */
-AVX2 static inline int take_groups8(const float *x, int64_t p, int64_t planes, const window2d *g,
-                             border8 b, int groups, float *t)
+AVX2 static inline int take_groups8(const float *x, int64_t p, int64_t planes,
+                                    const window2d *g, border8 b, int groups, float *t)
 {
     int taken = 0;
     for (; taken < groups && p + taken * LANES < planes; ++taken) {
