@@ -171,7 +171,7 @@ AVX2 static void lane_masks8(__m256 *masks)
 AVX2 static inline __attribute__((always_inline)) void
 planes8(const float *restrict dy, float *restrict dx, const float *size, float *share,
         const share_of *list, const int64_t *start, const __m256 *masks, int cells,
-        int outputs, int count, int last, int add)
+        int outputs, int count, int last, int add, float *ahead)
 {
     for (int g = 0; g < count; ++g) {
         const float *dyg = dy + (int64_t)g * outputs;
@@ -185,6 +185,9 @@ planes8(const float *restrict dy, float *restrict dx, const float *size, float *
     }
     const int vectors = (cells + 7) / 8;
     for (int t = 0; t < vectors; ++t) {
+        if (ahead != NULL)
+            for (int l = 0; l < 4; ++l)
+                __builtin_prefetch(ahead + (int64_t)t * 64 + l * 16, 1, 3);
         /* a plane's last vector past its end: the next plane's first cells, already made
          * (or made later), kept as they are; dx's very end masked */
         const int past = 8 * t + 8 > cells;
@@ -228,16 +231,18 @@ AVX2 static void every_plane8(const float *dy, float *dx, const float *size, flo
 {
     int64_t p = 0;
     /* `add` a constant in each call, which planes8 takes in its loop */
-    for (; p + GROUP8 <= planes; p += GROUP8)
+    for (; p + GROUP8 <= planes; p += GROUP8) {
+        float *ahead = p + 2 * GROUP8 <= planes ? dx + (p + GROUP8) * cells : NULL;
         if (add)
             planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
-                    outputs, GROUP8, p + GROUP8 == planes, 1);
+                    outputs, GROUP8, p + GROUP8 == planes, 1, ahead);
         else
             planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
-                    outputs, GROUP8, p + GROUP8 == planes, 0);
+                    outputs, GROUP8, p + GROUP8 == planes, 0, ahead);
+    }
     for (; p < planes; ++p)
         planes8(dy + p * outputs, dx + p * cells, size, share, list, start, masks, cells,
-                outputs, 1, p == planes - 1, add);
+                outputs, 1, p == planes - 1, add, NULL);
 }
 #endif
 
