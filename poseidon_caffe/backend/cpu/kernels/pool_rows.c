@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "avx2.h"
+#include "fetch_ahead.h"
 #include "pool_window.h"
 
 #define LANES 8
@@ -53,8 +54,9 @@ int pool_rows_serve = 1;
  * from memory while the windows of a plane are taken (GoogLeNet's 28x28 stride-2 pool3 and
  * AlexNet's 27x27 pool2 0.84-0.85 of the time without, VGG's 32x32 pool2 0.76) */
 #define PAD_AHEAD 1024
-/* Planes of more cells are asked for a plane ahead while the one before is compared
- * (fetch_ahead); smaller ones come in time by pad_plane's own asking */
+/* Planes of more cells are asked for, the plane after next a few lines at each output vector
+ * of this one, while it is compared (fetch_ahead.h; pad_plane then copies from the cache);
+ * smaller ones come in time by pad_plane's own asking */
 #define FETCH_CELLS 2048
 
 typedef struct {
@@ -226,28 +228,6 @@ AVX2 static inline void put_vector(const rows_pass *q, int i, int k, __m256 best
     store_outputs(y + out, best, q->g.ow - k * LANES, spill);
 }
 
-/* The plane after next on its way to the L2 cache a few lines at each output vector of this
- * one, so that its reads from memory overlap this plane's compares rather than waiting
- * between planes (pad_plane then copies from the cache) */
-typedef struct {
-    const float *next, *end;      /* the next line to ask for, and the plane's end */
-    int per;                      /* lines asked for at each output vector */
-} fetch_ahead;
-
-static inline fetch_ahead fetch_plane(const float *plane, int64_t cells, int64_t vectors)
-{
-    const int64_t lines = (cells + 15) / 16;
-    fetch_ahead f = {plane, plane + cells,
-                     (int)((lines + vectors - 1) / (vectors > 0 ? vectors : 1))};
-    return f;
-}
-
-static inline void fetch_some(fetch_ahead *f)
-{
-    for (int l = 0; l < f->per && f->next < f->end; ++l, f->next += 16)
-        __builtin_prefetch(f->next, 0, 2);
-}
-
 /* A plane's outputs, strip by strip (the 8 outputs of strip k at columns 8k..8k+7), into y
  * and `places` as column_maxima's. Where 3-row windows lie inside the plane, the rows'
  * maxima the next output row shares stay in registers (a stride of 1 makes one row's a step,
@@ -383,8 +363,8 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
             /* the outputs after this plane (stored later), enough for a whole vector */
             const int spill = (planes - 1 - p) * outputs >= LANES;
             if (p + 2 < planes && cells > FETCH_CELLS) {
-                fetch_ahead ahead = fetch_plane(x + (p + 2) * cells, cells,
-                                                (int64_t)q->vectors * g->oh);
+                fetch_ahead ahead = fetch_region(x + (p + 2) * cells, cells,
+                                                 (int64_t)q->vectors * g->oh);
                 strip_plane(q, padded, yp, q->places, spill, &ahead, kh, kw, sw);
             } else {
                 strip_plane(q, padded, yp, q->places, spill, NULL, kh, kw, sw);
