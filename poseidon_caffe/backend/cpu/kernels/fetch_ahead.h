@@ -1,7 +1,6 @@
 /* Asking for memory a few lines at a time while other work runs: a region a later step reads
  * goes to the L2 cache spread over the calls of this step's loop, so that its misses overlap
- * the work rather than wait in a burst between steps (pool_rows.c's planes, pool_lanes8.c's
- * groups of planes). */
+ * the work rather than wait in a burst between steps (pool_lanes8.c's groups of planes). */
 #ifndef POSEIDON_FETCH_AHEAD_H
 #define POSEIDON_FETCH_AHEAD_H
 

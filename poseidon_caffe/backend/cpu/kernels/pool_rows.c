@@ -31,7 +31,6 @@
 #include <string.h>
 
 #include "avx2.h"
-#include "fetch_ahead.h"
 #include "pool_window.h"
 
 #define LANES 8
@@ -54,10 +53,6 @@ int pool_rows_serve = 1;
  * from memory while the windows of a plane are taken (GoogLeNet's 28x28 stride-2 pool3 and
  * AlexNet's 27x27 pool2 0.84-0.85 of the time without, VGG's 32x32 pool2 0.76) */
 #define PAD_AHEAD 1024
-/* Planes of more cells are asked for, the plane after next a few lines at each output vector
- * of this one, while it is compared (fetch_ahead.h; pad_plane then copies from the cache);
- * smaller ones come in time by pad_plane's own asking */
-#define FETCH_CELLS 2048
 
 typedef struct {
     window2d g;
@@ -240,7 +235,7 @@ AVX2 static inline void put_vector(const rows_pass *q, int i, int k, __m256 best
  * with constant kh, kw and sw. */
 AVX2 static inline __attribute__((always_inline)) void
 strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, int spill_last,
-            fetch_ahead *ahead, int kh, int kw, int sw)
+            int kh, int kw, int sw)
 {
     const window2d *g = &q->g;
     const int sh = g->sh;
@@ -272,8 +267,6 @@ strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, 
                         row_vector(row + 2 * q->pitch, k, first, kw, sw, &bottom, &bottom_at);
                         at = take_greater(&best, at, bottom, places_plus(bottom_at, 2 * kw));
                         put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
-                        if (ahead != NULL)
-                            fetch_some(ahead);
                         if (sh == 1)
                             top = middle, top_at = middle_at, middle = bottom,
                             middle_at = bottom_at;
@@ -286,8 +279,6 @@ strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, 
                 __m256 best, at;
                 window_vector(q, padded, i, k, first, kh, kw, sw, &best, &at);
                 put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
-                if (ahead != NULL)
-                    fetch_some(ahead);
             }
         }
     }
@@ -361,14 +352,8 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
         }
         if (strips) {
             /* the outputs after this plane (stored later), enough for a whole vector */
-            const int spill = (planes - 1 - p) * outputs >= LANES;
-            if (p + 2 < planes && cells > FETCH_CELLS) {
-                fetch_ahead ahead = fetch_region(x + (p + 2) * cells, cells,
-                                                 (int64_t)q->vectors * g->oh);
-                strip_plane(q, padded, yp, q->places, spill, &ahead, kh, kw, sw);
-            } else {
-                strip_plane(q, padded, yp, q->places, spill, NULL, kh, kw, sw);
-            }
+            strip_plane(q, padded, yp, q->places, (planes - 1 - p) * outputs >= LANES, kh, kw,
+                        sw);
             narrow_places(q->places, ap, outputs);
             continue;
         }
