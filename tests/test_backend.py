@@ -589,7 +589,8 @@ POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
 # lost such a cell once); a window's rows then its columns (pool_rows.c, AVX2, rows of 7
 # outputs or more): rows stepping past the window (input rows no window reads), rows of 8 and
 # 9 outputs (a whole vector; one lane of a second), 7 and an overhanging last window with
-# padding on both axes; planes of over 2048 cells (AlexNet's and VGG's first pools' size)
+# padding on both axes; planes of over 2048 cells (AlexNet's and VGG's first pools' size);
+# columns 2 apart whose first 3 windows are clipped (their vectors' lanes in another order)
 ROWS_GEOMS = [
     ((20, 1), (1, 2), (1, 2), (0, 0), (20, 1)),
     ((21, 1), (3, 2), (1, 2), (0, 1), (19, 1)),
@@ -598,6 +599,7 @@ ROWS_GEOMS = [
     ((5, 16), (2, 3), (2, 2), (1, 1), (3, 9)),
     ((10, 12), (4, 3), (3, 2), (2, 1), (4, 7)),
     ((47, 50), (3, 3), (2, 2), (1, 0), (24, 25)),     # a large plane, padded rows
+    ((9, 30), (3, 7), (2, 2), (1, 6), (5, 18)),
 ]
 
 

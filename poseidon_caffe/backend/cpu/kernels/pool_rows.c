@@ -97,13 +97,28 @@ AVX2 static int pad_plane(const rows_pass *q, const float *x, float *to)
     return _mm256_movemask_ps(nan) != 0;
 }
 
-/* p[0], p[2], ..., p[14] */
+/* p[0], p[2], ..., p[14] in the shuffle's order, p[0] p[2] p[8] p[10] p[4] p[6] p[12] p[14]:
+ * a column stride of 2 keeps every vector of a row's or a window's results in that order, the
+ * same for all (q->first too), and puts the outputs back in theirs once, as they are stored
+ * (in_order), not each tap's load (a lane-crossing permute, 3 a row's vector) */
 AVX2 static inline __m256 evens(const float *p)
 {
-    const __m256 s = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + LANES),
-                                       _MM_SHUFFLE(2, 0, 2, 0));
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s),
+    return _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + LANES),
+                             _MM_SHUFFLE(2, 0, 2, 0));
+}
+
+/* A vector of evens' order in the outputs' order (its middle quarters swapped) */
+AVX2 static inline __m256 in_order(__m256 v)
+{
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v),
                                                   _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* Output j's lane in a vector of evens' order: lanes 2-3 and 4-5 trade */
+static inline int evens_lane(int j)
+{
+    const int quarter = (j & 7) >> 1;
+    return (j & ~7) | ((quarter == 1 ? 2 : quarter == 2 ? 1 : quarter) << 1) | (j & 1);
 }
 
 /* A padded input row's windows for the 8 outputs of strip k (output columns 8k..8k+7):
@@ -180,7 +195,7 @@ AVX2 static inline void store_outputs(float *y, __m256 best, int n, int spill)
  * has room for it. Inlined with constant `rows` where the window lies inside. */
 AVX2 static inline __attribute__((always_inline)) void
 column_maxima(const rows_pass *q, const float *value, const int32_t *tap, int rows,
-              int corner, float *y, int32_t *places, int spill)
+              int corner, float *y, int32_t *places, int spill, int sw)
 {
     const size_t apart = q->result_row;
     const int ow = q->g.ow;
@@ -190,6 +205,8 @@ column_maxima(const rows_pass *q, const float *value, const int32_t *tap, int ro
         for (int a = 1; a < rows; ++a)
             at = take_greater(&best, at, _mm256_load_ps(value + a * apart + k * LANES),
                               _mm256_load_ps((const float *)(tap + a * apart + k * LANES)));
+        if (sw == 2)
+            best = in_order(best), at = in_order(at);
         _mm256_storeu_si256((__m256i *)(places + k * LANES),
                             _mm256_sub_epi32(_mm256_castps_si256(at),
                                              _mm256_set1_epi32(corner)));
@@ -216,10 +233,13 @@ window_vector(const rows_pass *q, const float *padded, int i, int k, __m256i fir
     }
 }
 
-/* Output row i's strip k into y and `places` */
-AVX2 static inline void put_vector(const rows_pass *q, int i, int k, __m256 best, __m256 at,
-                                   float *y, int32_t *places, int spill)
+/* Output row i's strip k into y and `places` (a column stride of 2: from evens' order) */
+AVX2 static inline __attribute__((always_inline)) void
+put_vector(const rows_pass *q, int i, int k, __m256 best, __m256 at, float *y, int32_t *places,
+           int spill, int sw)
 {
+    if (sw == 2)
+        best = in_order(best), at = in_order(at);
     const size_t out = (size_t)i * q->g.ow + (size_t)k * LANES;
     _mm256_storeu_ps((float *)(places + out), at);
     store_outputs(y + out, best, q->g.ow - k * LANES, spill);
@@ -244,10 +264,10 @@ output_pair(const rows_pass *q, const float *row, int i, int k, __m256i first, i
     const __m256 pair_at = take_greater(&pair, *middle_at, third, places_plus(third_at, kw));
     __m256 best = *top;
     __m256 at = take_greater(&best, *top_at, pair, places_plus(pair_at, kw));
-    put_vector(q, i, k, best, at, y, places, 1);
+    put_vector(q, i, k, best, at, y, places, 1, sw);
     best = pair;
     at = take_greater(&best, pair_at, fourth, places_plus(fourth_at, 2 * kw));
-    put_vector(q, i + 1, k, best, at, y, places, spill);
+    put_vector(q, i + 1, k, best, at, y, places, spill, sw);
     *top = third, *top_at = third_at, *middle = fourth, *middle_at = fourth_at;
 }
 
@@ -298,7 +318,8 @@ strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, 
                         at = take_greater(&best, at, middle, places_plus(middle_at, kw));
                         row_vector(row + 2 * q->pitch, k, first, kw, sw, &bottom, &bottom_at);
                         at = take_greater(&best, at, bottom, places_plus(bottom_at, 2 * kw));
-                        put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
+                        put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last,
+                                   sw);
                         if (sh == 1)
                             top = middle, top_at = middle_at, middle = bottom,
                             middle_at = bottom_at;
@@ -310,7 +331,7 @@ strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, 
                 }
                 __m256 best, at;
                 window_vector(q, padded, i, k, first, kh, kw, sw, &best, &at);
-                put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last);
+                put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last, sw);
             }
         }
     }
@@ -402,10 +423,11 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
             const int spill = (planes - 1 - p) * outputs + (int64_t)(g->oh - 1 - i) * g->ow >=
                 LANES;
             if (a1 - a0 == kh)
-                column_maxima(q, q->value + first, q->tap + first, kh, r0 * kw, yr, ar, spill);
+                column_maxima(q, q->value + first, q->tap + first, kh, r0 * kw, yr, ar, spill,
+                              sw);
             else
                 column_maxima(q, q->value + first, q->tap + first, a1 - a0, r0 * kw, yr, ar,
-                              spill);
+                              spill, sw);
         }
         narrow_places(q->places, ap, outputs);
     }
@@ -435,7 +457,8 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
             q.padded[0][c] = -INFINITY;
         for (size_t j = 0; j < q.result_row; ++j) {
             const int c0 = (int)j * g->sw - g->pw;
-            q.first[j] = c0 < 0 && (int)j < g->ow ? -c0 : 0;
+            const int lane = g->sw == 2 ? evens_lane((int)j) : (int)j;
+            q.first[lane] = c0 < 0 && (int)j < g->ow ? -c0 : 0;
         }
         if (g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1)
             max_planes(&q, x, y, arg, planes, 3, 3, 1, 1);
