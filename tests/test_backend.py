@@ -1043,6 +1043,31 @@ def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(pa
     np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
 
 
+@pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
+def test_native_max_pool_stepping_by_two_finds_nan_in_any_plane_strip_and_column(path):
+    """Columns stepping by 2 with no padding: the AVX2 rows (pool_rows.c) read every plane but
+    a call's last from the input itself, clipping the overhanging last window's taps past the
+    row (not the next row's cells) and testing each cell read for NaN as the copy did: a NaN
+    in the first, a middle and the last column, in the first, a middle and the last plane,
+    gives the numpy tap loop's values and winners."""
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    g = PoolGeometry((27, 40), (3, 3), (2, 2), (0, 0), (13, 20))     # the last window overhangs
+    native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
+    _take_pool_path(native_plan, path)
+    _take_pool_path(numpy_plan, "taps")
+    x = np.round(_rand((2, 9) + g.in_shape, 33) * 2)      # ties
+    x[:, :, :, 0] = 9.0                                   # the next row's first cell the largest
+    x[0, 0, 4, 0] = np.nan
+    x[0, 5, 10, 17] = np.nan
+    x[1, 8, 26, 39] = np.nan
+    y = native_plan.max_forward(x, np.empty((2, 9) + g.out_shape, np.float32))
+    want = numpy_plan.max_forward(x, np.empty_like(y))
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
+    assert np.isnan(y[0, 0, 1:3, 0]).all() and np.isnan(y[0, 5, 4:6, 8]).all()
+    assert np.isnan(y[1, 8, 12, 19]) and np.isnan(y).sum() == 5
+
+
 # the compiled passes lay out a group of planes side by side (as many as fill a few cache
 # lines' worth of blocks): 750 planes are several whole groups and a last, partial one
 MANY_PLANE_GEOMS = [

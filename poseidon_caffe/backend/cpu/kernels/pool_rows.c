@@ -15,24 +15,30 @@
  * registers: none go through memory (one thread: GoogLeNet's 28x28 inception pools 6.9-7.3 ->
  * 5.3-5.9 ms, its 56x56 stride-2 pool2 12.3 -> 10.2); with a stride of 1 two output rows
  * share their two middle rows' maximum (3 comparisons where each alone takes 2: 0.89 of the
- * time in cache). The copy of the next plane is made
- * before this one's windows are taken, so that its stores have reached the cache when the
- * loads, straddling them, come (a load that straddles stores still in flight waits for them;
- * copying a row and reading it at once ran a third slower).
+ * time in cache). The copy of the next plane is made before this one's windows are taken, so
+ * that its stores have reached the cache when the loads, straddling them, come (a load that
+ * straddles stores still in flight waits for them; copying a row and reading it at once ran a
+ * third slower). Where columns step by 2 and none is padded on the left, the copy (a third of
+ * the pass) is not made but for a call's last plane: the strips read the input's rows, the
+ * last strip's taps past a row's end made -inf by a blend (they would read the next row),
+ * tap 0's loads making the copy's NaN test, the next plane asked for a few lines at each
+ * output vector (without, 1.3-1.9 times as long); GoogLeNet's, AlexNet's and VGG's stride-2
+ * pools 0.66-0.86 of the time at one thread, 0.70-0.85 at two.
  *
  * Values are pooling.c's: a window's first input cell its winner until one is strictly
  * greater (-inf never is), the winner's place (row tap) * kw + column tap in a byte. A NaN
  * breaks the rows' rule (it becomes the maximum without moving the winner, and a row's
- * result cannot say where the cells before it won): a plane that holds one (the copy looks)
- * is taken window by window. Returns 0, -1 when out of memory, -2 where it does not serve
- * (no AVX2, winners of 4 bytes, another column stride, rows of few outputs, an empty window,
- * pool_rows_serve off).
+ * result cannot say where the cells before it won): a plane that holds one (the copy, or
+ * the strips' loads, look) is taken window by window. Returns 0, -1 when out of memory, -2
+ * where it does not serve (no AVX2, winners of 4 bytes, another column stride, rows of few
+ * outputs, an empty window, pool_rows_serve off).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "avx2.h"
+#include "fetch_ahead.h"
 #include "pool_window.h"
 
 #define LANES 8
@@ -66,6 +72,8 @@ typedef struct {
     int32_t *tap;           /* and their places u * kw + column tap */
     int32_t *places;        /* a plane's winners, and a vector of room past them */
     size_t result_row;      /* elements a row of value and tap: vectors * 8 */
+    int direct;             /* strips read the input's own rows but the last plane's */
+    __m256 *clip;           /* with direct, the last strip's kw masks, or NULL */
 } rows_pass;
 
 /* Plane x into `to`'s rows; whether it holds a NaN. The tail of a row is stored whole, -inf
@@ -97,44 +105,79 @@ AVX2 static int pad_plane(const rows_pass *q, const float *x, float *to)
     return _mm256_movemask_ps(nan) != 0;
 }
 
-/* p[0], p[2], ..., p[14] in the shuffle's order, p[0] p[2] p[8] p[10] p[4] p[6] p[12] p[14]:
- * a column stride of 2 keeps every vector of a row's or a window's results in that order, the
- * same for all (q->first too), and puts the outputs back in theirs once, as they are stored
- * (in_order), not each tap's load (a lane-crossing permute, 3 a row's vector) */
-AVX2 static inline __m256 evens(const float *p)
+/* Where a plane's rows are read: the padded copy, or the input's own rows (a column stride of
+ * 2 and no padding on the left), where `clip`, if not NULL, holds kw masks of the lanes whose
+ * tap lies past the row's end (the last strip's, a window overhanging the plane: -inf there),
+ * and `nan`, if not NULL, gathers the NaN test of the cells read (the copy made it) */
+typedef struct {
+    const float *rows;
+    size_t pitch;           /* floats a row */
+    const __m256 *clip;
+    __m256 *nan;
+} plane_rows;
+
+/* Row u's first float */
+static inline const float *row_at(const plane_rows *r, int u)
 {
-    return _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + LANES),
-                             _MM_SHUFFLE(2, 0, 2, 0));
+    return r->rows + (size_t)u * r->pitch;
 }
 
-/* A vector of evens' order in the outputs' order (its middle quarters swapped) */
+/* A vector of outputs' tap t from p (their first window's first column): p[t], p[t + 1], ...
+ * for a column stride of 1; for 2, p[t], p[t + 2], ..., p[t + 14] in the shuffle's order,
+ * p[t] p[t + 2] p[t + 8] p[t + 10] p[t + 4] p[t + 6] p[t + 12] p[t + 14]: every vector of a
+ * row's or a window's results is in that order, the same for all (q->first too), and the
+ * outputs go back in theirs once, as they are stored (in_order), not at each tap's load (a
+ * lane-crossing permute, 3 a row's vector). The NaN test takes tap 0's 16 cells. */
+AVX2 static inline __attribute__((always_inline)) __m256
+tap_vector(const float *p, int t, int sw, const __m256 *clip, __m256 *nan)
+{
+    __m256 v;
+    if (sw == 1) {
+        v = _mm256_loadu_ps(p + t);
+        if (nan != NULL && t == 0)
+            *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    } else {
+        const __m256 low = _mm256_loadu_ps(p + t), high = _mm256_loadu_ps(p + t + LANES);
+        if (nan != NULL && t == 0)
+            *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(low, high, _CMP_UNORD_Q));
+        v = _mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0));
+    }
+    if (clip != NULL)
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), clip[t]);
+    return v;
+}
+
+/* A vector of tap_vector's order for a column stride of 2 in the outputs' order (its middle
+ * quarters swapped; the same swap is its own inverse) */
 AVX2 static inline __m256 in_order(__m256 v)
 {
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v),
                                                   _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
-/* Output j's lane in a vector of evens' order: lanes 2-3 and 4-5 trade */
+/* Output j's lane in a vector of tap_vector's order for a column stride of 2: lanes 2-3 and
+ * 4-5 trade */
 static inline int evens_lane(int j)
 {
     const int quarter = (j & 7) >> 1;
     return (j & ~7) | ((quarter == 1 ? 2 : quarter == 2 ? 1 : quarter) << 1) | (j & 1);
 }
 
-/* A padded input row's windows for the 8 outputs of strip k (output columns 8k..8k+7):
- * *best, the first maximum of the row's taps in each output's window, *at its column tap
- * (the window's row adds its own place later). `first`: each output's first column tap
- * inside (q->first's strip k). Inlined with constant kw and sw. */
+/* An input row's windows for the 8 outputs of strip k (output columns 8k..8k+7): *best, the
+ * first maximum of the row's taps in each output's window, *at its column tap (the window's
+ * row adds its own place later). `first`: each output's first column tap inside (q->first's
+ * strip k). Inlined with constant kw and sw. */
 AVX2 static inline __attribute__((always_inline)) void
-row_vector(const float *row, int k, __m256i first, int kw, int sw, __m256 *best, __m256 *at)
+row_vector(const float *row, int k, __m256i first, int kw, int sw, const __m256 *clip,
+           __m256 *nan, __m256 *best, __m256 *at)
 {
     const float *p = row + (size_t)k * LANES * sw;
     /* tap 0 is the first inside, or padding (-inf) that the first inside replaces only
      * where greater: either way `first` is the winner so far */
-    __m256 b = sw == 1 ? _mm256_loadu_ps(p) : evens(p);
+    __m256 b = tap_vector(p, 0, sw, clip, nan);
     __m256 a = _mm256_castsi256_ps(first);
     for (int t = 1; t < kw; ++t) {
-        const __m256 v = sw == 1 ? _mm256_loadu_ps(p + t) : evens(p + t);
+        const __m256 v = tap_vector(p, t, sw, clip, nan);
         const __m256 greater = _mm256_cmp_ps(v, b, _CMP_GT_OQ);
         b = _mm256_max_ps(v, b);                /* v where greater, else b: no NaN */
         a = _mm256_blendv_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(t)), greater);
@@ -167,7 +210,7 @@ row_maxima(const rows_pass *q, const float *row, int u, float *value, int32_t *t
     for (int k = 0; k < q->vectors; ++k) {
         __m256 best, at;
         row_vector(row, k, _mm256_load_si256((const __m256i *)(q->first + k * LANES)), kw, sw,
-                   &best, &at);
+                   NULL, NULL, &best, &at);
         _mm256_store_ps(value + k * LANES, best);
         _mm256_store_ps((float *)(tap + k * LANES), places_plus(at, u * kw));
     }
@@ -218,22 +261,23 @@ column_maxima(const rows_pass *q, const float *value, const int32_t *tap, int ro
  * over where strictly greater: a window clipped by the plane's top or bottom, or one whose
  * rows no other output row shares. */
 AVX2 static inline __attribute__((always_inline)) void
-window_vector(const rows_pass *q, const float *padded, int i, int k, __m256i first, int kh,
+window_vector(const rows_pass *q, const plane_rows *r, int i, int k, __m256i first, int kh,
               int kw, int sw, __m256 *best, __m256 *at)
 {
     const window2d *g = &q->g;
     const int r0 = i * g->sh - g->ph;
     const int lo = r0 < 0 ? 0 : r0, hi = r0 + kh > g->h ? g->h : r0 + kh;
-    row_vector(padded + (size_t)lo * q->pitch, k, first, kw, sw, best, at);
+    row_vector(row_at(r, lo), k, first, kw, sw, r->clip, r->nan, best, at);
     *at = places_plus(*at, (lo - r0) * kw);
     for (int u = lo + 1; u < hi; ++u) {
         __m256 b, a;
-        row_vector(padded + (size_t)u * q->pitch, k, first, kw, sw, &b, &a);
+        row_vector(row_at(r, u), k, first, kw, sw, r->clip, r->nan, &b, &a);
         *at = take_greater(best, *at, b, places_plus(a, (u - r0) * kw));
     }
 }
 
-/* Output row i's strip k into y and `places` (a column stride of 2: from evens' order) */
+/* Output row i's strip k into y and `places` (a column stride of 2: from tap_vector's
+ * order) */
 AVX2 static inline __attribute__((always_inline)) void
 put_vector(const rows_pass *q, int i, int k, __m256 best, __m256 at, float *y, int32_t *places,
            int spill, int sw)
@@ -245,20 +289,19 @@ put_vector(const rows_pass *q, int i, int k, __m256 best, __m256 at, float *y, i
     store_outputs(y + out, best, q->g.ow - k * LANES, spill);
 }
 
-/* Output rows i and i + 1 of strip k (stride 1, 3-row windows inside the plane), from padded
- * rows `row` (i's first) and the three after: the two middle rows' first maximum is taken
- * once and shared, each output then comparing it with its own outer row (the earlier row
- * keeps ties: i's top, then i + 1's shared pair): 3 comparisons for two outputs where each
- * alone takes 2. *top and *middle come in as the first two rows' maxima and go out as the
- * next pair's. */
+/* Output rows i and i + 1 of strip k (stride 1, 3-row windows inside the plane), from rows
+ * `row` (i's first) and the three after: the two middle rows' first maximum is taken once and
+ * shared, each output then comparing it with its own outer row (the earlier row keeps ties:
+ * i's top, then i + 1's shared pair): 3 comparisons for two outputs where each alone takes 2.
+ * *top and *middle come in as the first two rows' maxima and go out as the next pair's. */
 AVX2 static inline __attribute__((always_inline)) void
-output_pair(const rows_pass *q, const float *row, int i, int k, __m256i first, int kw, int sw,
-            __m256 *top, __m256 *top_at, __m256 *middle, __m256 *middle_at, float *y,
-            int32_t *places, int spill)
+output_pair(const rows_pass *q, const plane_rows *r, const float *row, int i, int k,
+            __m256i first, int kw, int sw, __m256 *top, __m256 *top_at, __m256 *middle,
+            __m256 *middle_at, float *y, int32_t *places, int spill)
 {
     __m256 third, third_at, fourth, fourth_at;
-    row_vector(row + 2 * q->pitch, k, first, kw, sw, &third, &third_at);
-    row_vector(row + 3 * q->pitch, k, first, kw, sw, &fourth, &fourth_at);
+    row_vector(row + 2 * r->pitch, k, first, kw, sw, r->clip, r->nan, &third, &third_at);
+    row_vector(row + 3 * r->pitch, k, first, kw, sw, r->clip, r->nan, &fourth, &fourth_at);
     /* the middle rows' first maximum, its place from the middle row's first tap */
     __m256 pair = *middle;
     const __m256 pair_at = take_greater(&pair, *middle_at, third, places_plus(third_at, kw));
@@ -271,6 +314,58 @@ output_pair(const rows_pass *q, const float *row, int i, int k, __m256i first, i
     *top = third, *top_at = third_at, *middle = fourth, *middle_at = fourth_at;
 }
 
+/* Strip k of output rows [i0, i1) (a band), those of [from, to) with 3-row windows inside
+ * the plane; `next`, if not NULL, asked for a few lines at each output vector. */
+AVX2 static inline __attribute__((always_inline)) void
+strip_down(const rows_pass *q, const plane_rows *r, int k, int i0, int i1, int from, int to,
+           float *y, int32_t *places, int spill_last, fetch_ahead *next, int kh, int kw,
+           int sh, int sw)
+{
+    const window2d *g = &q->g;
+    const __m256i first = _mm256_load_si256((const __m256i *)(q->first + k * LANES));
+    for (int i = i0; i < i1; ++i) {
+        if (i == from && from < to) {
+            const float *row = row_at(r, i * sh - g->ph);
+            __m256 top, top_at, middle = _mm256_setzero_ps(), middle_at = _mm256_setzero_ps();
+            row_vector(row, k, first, kw, sw, r->clip, r->nan, &top, &top_at);
+            if (sh == 1)
+                row_vector(row + r->pitch, k, first, kw, sw, r->clip, r->nan, &middle,
+                           &middle_at);
+            if (sh == 1)
+                for (; i + 1 < to; i += 2, row += 2 * r->pitch) {
+                    if (next != NULL)
+                        fetch_some(next);
+                    output_pair(q, r, row, i, k, first, kw, sw, &top, &top_at, &middle,
+                                &middle_at, y, places, i + 1 < g->oh - 1 || spill_last);
+                }
+            for (; i < to; ++i, row += sh * r->pitch) {
+                if (next != NULL)
+                    fetch_some(next);
+                __m256 best = top, at = top_at, bottom, bottom_at;
+                if (sh == 2)
+                    row_vector(row + r->pitch, k, first, kw, sw, r->clip, r->nan, &middle,
+                               &middle_at);
+                at = take_greater(&best, at, middle, places_plus(middle_at, kw));
+                row_vector(row + 2 * r->pitch, k, first, kw, sw, r->clip, r->nan, &bottom,
+                           &bottom_at);
+                at = take_greater(&best, at, bottom, places_plus(bottom_at, 2 * kw));
+                put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last, sw);
+                if (sh == 1)
+                    top = middle, top_at = middle_at, middle = bottom, middle_at = bottom_at;
+                else
+                    top = bottom, top_at = bottom_at;
+            }
+            if (i == i1)
+                break;
+        }
+        if (next != NULL)
+            fetch_some(next);
+        __m256 best, at;
+        window_vector(q, r, i, k, first, kh, kw, sw, &best, &at);
+        put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last, sw);
+    }
+}
+
 /* A plane's outputs, strip by strip (the 8 outputs of strip k at columns 8k..8k+7), into y
  * and `places` as column_maxima's. Where 3-row windows lie inside the plane, the rows'
  * maxima the next output row shares stay in registers (a stride of 1 makes one row's a step,
@@ -280,11 +375,13 @@ output_pair(const rows_pass *q, const float *row, int i, int k, __m256i first, i
  * slower by whole-plane strips than by rows through memory). In a band the strips go from
  * the last to the first, so that a last strip's store past its row's end lands on outputs of
  * the next row, stored later; `spill_last`: the plane's last row's may spill too. With a
- * stride of 1 the output rows go two at a time (output_pair). Inlined with constant kh, kw,
- * sh and sw. */
+ * stride of 1 the output rows go two at a time (output_pair). Read from the input's own rows,
+ * only the last strip's taps are clipped (`clip_last`); `nan`, `next` as plane_rows' and
+ * strip_down's. Inlined with constant kh, kw, sh and sw. */
 AVX2 static inline __attribute__((always_inline)) void
-strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, int spill_last,
-            int kh, int kw, int sh, int sw)
+strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *clip_last,
+            __m256 *nan, fetch_ahead *next, float *y, int32_t *places, int spill_last, int kh,
+            int kw, int sh, int sw)
 {
     const window2d *g = &q->g;
     /* output rows [inner, outer) have windows inside the plane */
@@ -292,47 +389,19 @@ strip_plane(const rows_pass *q, const float *padded, float *y, int32_t *places, 
     int outer = g->h + g->ph >= kh ? (g->h + g->ph - kh) / sh + 1 : 0;
     if (kh != 3 || (sh != 1 && sh != 2) || outer > g->oh)
         inner = outer = 0;
-    const size_t band_bytes = q->pitch * sizeof(float) * (size_t)(sh > kh ? sh : kh);
+    const size_t band_bytes = pitch * sizeof(float) * (size_t)(sh > kh ? sh : kh);
     const int band = band_bytes < STRIP_BAND_BYTES ? (int)(STRIP_BAND_BYTES / band_bytes) : 1;
+    const plane_rows clipped = {rows, pitch, clip_last, nan}, whole = {rows, pitch, NULL, nan};
     for (int i0 = 0; i0 < g->oh; i0 += band) {
         const int i1 = g->oh - i0 < band ? g->oh : i0 + band;
         const int from = inner > i0 ? inner : i0, to = outer < i1 ? outer : i1;
         for (int k = q->vectors - 1; k >= 0; --k) {
-            const __m256i first = _mm256_load_si256((const __m256i *)(q->first + k * LANES));
-            for (int i = i0; i < i1; ++i) {
-                if (i == from && from < to) {
-                    const float *row = padded + (size_t)(i * sh - g->ph) * q->pitch;
-                    __m256 top, top_at, middle = _mm256_setzero_ps(),
-                        middle_at = _mm256_setzero_ps();
-                    row_vector(row, k, first, kw, sw, &top, &top_at);
-                    if (sh == 1)
-                        row_vector(row + q->pitch, k, first, kw, sw, &middle, &middle_at);
-                    if (sh == 1)
-                        for (; i + 1 < to; i += 2, row += 2 * q->pitch)
-                            output_pair(q, row, i, k, first, kw, sw, &top, &top_at, &middle,
-                                        &middle_at, y, places, i + 1 < g->oh - 1 || spill_last);
-                    for (; i < to; ++i, row += sh * q->pitch) {
-                        __m256 best = top, at = top_at, bottom, bottom_at;
-                        if (sh == 2)
-                            row_vector(row + q->pitch, k, first, kw, sw, &middle, &middle_at);
-                        at = take_greater(&best, at, middle, places_plus(middle_at, kw));
-                        row_vector(row + 2 * q->pitch, k, first, kw, sw, &bottom, &bottom_at);
-                        at = take_greater(&best, at, bottom, places_plus(bottom_at, 2 * kw));
-                        put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last,
-                                   sw);
-                        if (sh == 1)
-                            top = middle, top_at = middle_at, middle = bottom,
-                            middle_at = bottom_at;
-                        else
-                            top = bottom, top_at = bottom_at;
-                    }
-                    if (i == i1)
-                        break;
-                }
-                __m256 best, at;
-                window_vector(q, padded, i, k, first, kh, kw, sw, &best, &at);
-                put_vector(q, i, k, best, at, y, places, i < g->oh - 1 || spill_last, sw);
-            }
+            if (clip_last != NULL && k == q->vectors - 1)
+                strip_down(q, &clipped, k, i0, i1, from, to, y, places, spill_last, next, kh,
+                           kw, sh, sw);
+            else
+                strip_down(q, &whole, k, i0, i1, from, to, y, places, spill_last, next, kh, kw,
+                           sh, sw);
         }
     }
 }
@@ -391,8 +460,23 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
     const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
     /* strips where rows' results are shared in registers or not at all */
     const int strips = (kh == 3 && (sh == 1 || sh == 2)) || kh <= sh;
-    int nan_next = pad_plane(q, x, q->padded[0]);
-    for (int64_t p = 0; p < planes; ++p) {
+    int64_t p = 0;
+    if (q->direct && strips)
+        /* the last plane from the copy: its last strip's loads would pass the input's end */
+        for (; p + 1 < planes; ++p) {
+            const float *xp = x + p * cells;
+            float *yp = y + p * outputs;
+            fetch_ahead next = fetch_region(xp + cells, cells, (int64_t)g->oh * q->vectors);
+            __m256 nan = _mm256_setzero_ps();
+            strip_plane(q, xp, (size_t)g->w, q->clip, &nan, &next, yp, q->places,
+                        (planes - 1 - p) * outputs >= LANES, kh, kw, sh, sw);
+            if (_mm256_movemask_ps(nan))
+                max_plane_by_windows(xp, yp, arg + p * outputs, g);
+            else
+                narrow_places(q->places, arg + p * outputs, outputs);
+        }
+    int nan_next = pad_plane(q, x + p * cells, q->padded[p & 1]);
+    for (; p < planes; ++p) {
         const float *padded = q->padded[p & 1];
         float *yp = y + p * outputs;
         uint8_t *ap = arg + p * outputs;
@@ -405,8 +489,8 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
         }
         if (strips) {
             /* the outputs after this plane (stored later), enough for a whole vector */
-            strip_plane(q, padded, yp, q->places, (planes - 1 - p) * outputs >= LANES, kh, kw,
-                        sh, sw);
+            strip_plane(q, padded, q->pitch, NULL, NULL, NULL, yp, q->places,
+                        (planes - 1 - p) * outputs >= LANES, kh, kw, sh, sw);
             narrow_places(q->places, ap, outputs);
             continue;
         }
@@ -441,8 +525,13 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
      * the last vector's last tap reads up to (8 vectors - 1) sw + kw - 1 + 8 (sw - 1) */
     const size_t whole = (size_t)g->pw + (size_t)(g->w + LANES - 1) / LANES * LANES;
     const size_t reach = (size_t)vectors * LANES * g->sw + g->kw;
+    /* read from the input where no column is padded on the left and tap 0 of the strips
+     * makes the copy's NaN test (it reads 16 (vectors) cells a row; a column stride of 2) */
+    const int direct = g->sw == 2 && g->pw == 0 && (int64_t)16 * vectors >= g->w;
+    /* the last output's window overhangs the row: its strip's taps past the end clipped */
+    const int overhang = (g->ow - 1) * g->sw + g->kw > g->w;
     rows_pass q = {*g, vectors, whole > reach ? whole : reach, {NULL, NULL}, NULL, NULL, NULL,
-                   NULL, (size_t)vectors * LANES};
+                   NULL, (size_t)vectors * LANES, direct, NULL};
     const size_t plane = q.pitch * g->h;
     q.padded[0] = _mm_malloc(sizeof(float) * plane * 2, 32);
     q.padded[1] = q.padded[0] + plane;
@@ -450,9 +539,19 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
     q.value = _mm_malloc(sizeof(float) * q.result_row * g->h, 32);
     q.tap = _mm_malloc(sizeof(int32_t) * q.result_row * g->h, 32);
     q.places = _mm_malloc(sizeof(int32_t) * ((size_t)g->oh * g->ow + LANES), 32);
+    if (direct && overhang)
+        q.clip = _mm_malloc(sizeof(__m256) * (size_t)g->kw, 32);
     int status = -1;
     if (q.padded[0] != NULL && q.first != NULL && q.value != NULL && q.tap != NULL &&
-        q.places != NULL) {
+        q.places != NULL && (q.clip != NULL || !(direct && overhang))) {
+        for (int t = 0; q.clip != NULL && t < g->kw; ++t) {
+            int32_t lanes[LANES];
+            for (int lane = 0; lane < LANES; ++lane) {
+                const int j = (vectors - 1) * LANES + evens_lane(lane);
+                lanes[lane] = j * g->sw + t >= g->w ? -1 : 0;
+            }
+            q.clip[t] = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)lanes));
+        }
         for (size_t c = 0; c < plane * 2; ++c)
             q.padded[0][c] = -INFINITY;
         for (size_t j = 0; j < q.result_row; ++j) {
@@ -477,6 +576,7 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
     _mm_free(q.value);
     _mm_free(q.tap);
     _mm_free(q.places);
+    _mm_free(q.clip);
     return status;
 }
 #endif
