@@ -18,12 +18,14 @@
  * time in cache). The copy of the next plane is made before this one's windows are taken, so
  * that its stores have reached the cache when the loads, straddling them, come (a load that
  * straddles stores still in flight waits for them; copying a row and reading it at once ran a
- * third slower). Where columns step by 2 and none is padded on the left, the copy (a third of
- * the pass) is not made but for a call's last plane: the strips read the input's rows, the
- * last strip's taps past a row's end made -inf by a blend (they would read the next row),
- * tap 0's loads making the copy's NaN test, the next plane asked for a few lines at each
- * output vector (without, 1.3-1.9 times as long); GoogLeNet's, AlexNet's and VGG's stride-2
- * pools 0.66-0.86 of the time at one thread, 0.70-0.85 at two.
+ * third slower). But the copy (a fifth of the pass with a column stride of 1, a third with 2)
+ * is made only for a call's last plane, and its first where columns are padded on the left:
+ * the strips read the others' rows from the input itself, a strip's taps outside the row (in
+ * padding, or past its end: they would read the row before's or after's cells) made -inf by
+ * a blend, tap 0's loads making the copy's NaN test, the next plane asked for a few lines at
+ * each output vector (without, 1.3-1.9 times as long): GoogLeNet's, AlexNet's and VGG's
+ * stride-2 pools 0.66-0.86 of the time at one thread, 0.70-0.85 at two; the inception pools
+ * 0.84-0.98 and 0.89-1.05.
  *
  * Values are pooling.c's: a window's first input cell its winner until one is strictly
  * greater (-inf never is), the winner's place (row tap) * kw + column tap in a byte. A NaN
@@ -35,6 +37,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "avx2.h"
@@ -72,8 +75,9 @@ typedef struct {
     int32_t *tap;           /* and their places u * kw + column tap */
     int32_t *places;        /* a plane's winners, and a vector of room past them */
     size_t result_row;      /* elements a row of value and tap: vectors * 8 */
-    int direct;             /* strips read the input's own rows but the last plane's */
-    __m256 *clip;           /* with direct, the last strip's kw masks, or NULL */
+    int direct;             /* strips read the input's own rows but a call's first and last */
+    __m256 *clip;           /* with direct, each strip's kw masks of taps outside the row, */
+    int *clipped;           /* and whether a strip has any */
 } rows_pass;
 
 /* Plane x into `to`'s rows; whether it holds a NaN. The tail of a row is stored whole, -inf
@@ -105,10 +109,10 @@ AVX2 static int pad_plane(const rows_pass *q, const float *x, float *to)
     return _mm256_movemask_ps(nan) != 0;
 }
 
-/* Where a plane's rows are read: the padded copy, or the input's own rows (a column stride of
- * 2 and no padding on the left), where `clip`, if not NULL, holds kw masks of the lanes whose
- * tap lies past the row's end (the last strip's, a window overhanging the plane: -inf there),
- * and `nan`, if not NULL, gathers the NaN test of the cells read (the copy made it) */
+/* Where a plane's rows are read: the padded copy, or the input's own rows, where `clip`, if not
+ * NULL, holds kw masks of the lanes whose tap lies outside the row (in padding, or past the
+ * row's end: -inf there, not the row before's or after's cells), and `nan`, if not NULL,
+ * gathers the NaN test of the cells read (the copy made it) */
 typedef struct {
     const float *rows;
     size_t pitch;           /* floats a row */
@@ -379,7 +383,7 @@ strip_down(const rows_pass *q, const plane_rows *r, int k, int i0, int i1, int f
  * only the last strip's taps are clipped (`clip_last`); `nan`, `next` as plane_rows' and
  * strip_down's. Inlined with constant kh, kw, sh and sw. */
 AVX2 static inline __attribute__((always_inline)) void
-strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *clip_last,
+strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *clips,
             __m256 *nan, fetch_ahead *next, float *y, int32_t *places, int spill_last, int kh,
             int kw, int sh, int sw)
 {
@@ -391,17 +395,19 @@ strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *c
         inner = outer = 0;
     const size_t band_bytes = pitch * sizeof(float) * (size_t)(sh > kh ? sh : kh);
     const int band = band_bytes < STRIP_BAND_BYTES ? (int)(STRIP_BAND_BYTES / band_bytes) : 1;
-    const plane_rows clipped = {rows, pitch, clip_last, nan}, whole = {rows, pitch, NULL, nan};
+    const plane_rows whole = {rows, pitch, NULL, nan};
     for (int i0 = 0; i0 < g->oh; i0 += band) {
         const int i1 = g->oh - i0 < band ? g->oh : i0 + band;
         const int from = inner > i0 ? inner : i0, to = outer < i1 ? outer : i1;
         for (int k = q->vectors - 1; k >= 0; --k) {
-            if (clip_last != NULL && k == q->vectors - 1)
+            if (clips != NULL && q->clipped[k]) {
+                const plane_rows clipped = {rows, pitch, clips + (size_t)k * kw, nan};
                 strip_down(q, &clipped, k, i0, i1, from, to, y, places, spill_last, next, kh,
                            kw, sh, sw);
-            else
+            } else {
                 strip_down(q, &whole, k, i0, i1, from, to, y, places, spill_last, next, kh, kw,
                            sh, sw);
+            }
         }
     }
 }
@@ -451,37 +457,26 @@ static void max_plane_by_windows(const float *x, float *y, uint8_t *arg, const w
         }
 }
 
-/* Every plane; inlined with constant kh, kw, sh and sw for the common windows. */
+/* Planes [from, to) of `planes` (the call's: the outputs after a plane are stored later) from
+ * the padded copy, each copied while the one before is taken; inlined with constant kh, kw,
+ * sh and sw for the common windows. */
 AVX2 static inline __attribute__((always_inline)) void
-max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t planes,
-           int kh, int kw, int sh, int sw)
+copied_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t from,
+              int64_t to, int64_t planes, int kh, int kw, int sh, int sw)
 {
     const window2d *g = &q->g;
     const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
     /* strips where rows' results are shared in registers or not at all */
     const int strips = (kh == 3 && (sh == 1 || sh == 2)) || kh <= sh;
-    int64_t p = 0;
-    if (q->direct && strips)
-        /* the last plane from the copy: its last strip's loads would pass the input's end */
-        for (; p + 1 < planes; ++p) {
-            const float *xp = x + p * cells;
-            float *yp = y + p * outputs;
-            fetch_ahead next = fetch_region(xp + cells, cells, (int64_t)g->oh * q->vectors);
-            __m256 nan = _mm256_setzero_ps();
-            strip_plane(q, xp, (size_t)g->w, q->clip, &nan, &next, yp, q->places,
-                        (planes - 1 - p) * outputs >= LANES, kh, kw, sh, sw);
-            if (_mm256_movemask_ps(nan))
-                max_plane_by_windows(xp, yp, arg + p * outputs, g);
-            else
-                narrow_places(q->places, arg + p * outputs, outputs);
-        }
-    int nan_next = pad_plane(q, x + p * cells, q->padded[p & 1]);
-    for (; p < planes; ++p) {
+    if (from >= to)
+        return;
+    int nan_next = pad_plane(q, x + from * cells, q->padded[from & 1]);
+    for (int64_t p = from; p < to; ++p) {
         const float *padded = q->padded[p & 1];
         float *yp = y + p * outputs;
         uint8_t *ap = arg + p * outputs;
         const int nan = nan_next;
-        if (p + 1 < planes)
+        if (p + 1 < to)
             nan_next = pad_plane(q, x + (p + 1) * cells, q->padded[(p + 1) & 1]);
         if (nan) {
             max_plane_by_windows(x + p * cells, yp, ap, g);
@@ -517,6 +512,51 @@ max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t p
     }
 }
 
+/* Planes [from, to) of `planes` by strips from the input's own rows (rows_pass's direct), the
+ * next plane asked for a few lines at each output vector */
+AVX2 static inline __attribute__((always_inline)) void
+direct_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t from,
+              int64_t to, int64_t planes, int kh, int kw, int sh, int sw)
+{
+    const window2d *g = &q->g;
+    const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
+    for (int64_t p = from; p < to; ++p) {
+        const float *xp = x + p * cells;
+        float *yp = y + p * outputs;
+        fetch_ahead next = fetch_region(xp + cells, cells, (int64_t)g->oh * q->vectors);
+        __m256 nan = _mm256_setzero_ps();
+        /* a row's tap 0 of output 0 reads its column -pw */
+        strip_plane(q, xp - g->pw, (size_t)g->w, q->clip, &nan, &next, yp, q->places,
+                    (planes - 1 - p) * outputs >= LANES, kh, kw, sh, sw);
+        if (_mm256_movemask_ps(nan))
+            max_plane_by_windows(xp, yp, arg + p * outputs, g);
+        else
+            narrow_places(q->places, arg + p * outputs, outputs);
+    }
+}
+
+/* Every plane: a call's first (where columns are padded on the left, its first strip's loads
+ * would start before the input) and last (its last strip's would pass the input's end) from
+ * the copy where the others are read directly */
+AVX2 static inline __attribute__((always_inline)) void
+max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t planes,
+           int kh, int kw, int sh, int sw)
+{
+    const int strips = (kh == 3 && (sh == 1 || sh == 2)) || kh <= sh;
+    const int64_t first = q->g.pw > 0;
+    const int direct = q->direct && strips && planes > first + 1;
+    /* [0, first) copied, [first, planes - 1) read directly, the last copied; or all copied
+     * (one call of each, each inlined once) */
+    const int64_t bounds[4] = {0, direct ? first : planes, direct ? planes - 1 : planes, planes};
+    for (int part = 0; part < 3; ++part) {
+        if (part == 1)
+            direct_planes(q, x, y, arg, bounds[1], bounds[2], planes, kh, kw, sh, sw);
+        else
+            copied_planes(q, x, y, arg, bounds[part], bounds[part + 1], planes, kh, kw, sh,
+                          sw);
+    }
+}
+
 AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t planes,
                              const window2d *g)
 {
@@ -525,13 +565,14 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
      * the last vector's last tap reads up to (8 vectors - 1) sw + kw - 1 + 8 (sw - 1) */
     const size_t whole = (size_t)g->pw + (size_t)(g->w + LANES - 1) / LANES * LANES;
     const size_t reach = (size_t)vectors * LANES * g->sw + g->kw;
-    /* read from the input where no column is padded on the left and tap 0 of the strips
-     * makes the copy's NaN test (it reads 16 (vectors) cells a row; a column stride of 2) */
-    const int direct = g->sw == 2 && g->pw == 0 && (int64_t)16 * vectors >= g->w;
-    /* the last output's window overhangs the row: its strip's taps past the end clipped */
-    const int overhang = (g->ow - 1) * g->sw + g->kw > g->w;
+    /* the strips read the input's own rows where tap 0's loads, 8 sw (vectors) cells a row
+     * from column -pw, make the copy's NaN test, and a row's loads stay within the planes
+     * before and after (a call's first and last are copied) */
+    const int64_t cells = (int64_t)g->h * g->w;
+    const int direct = (int64_t)LANES * g->sw * vectors - g->pw >= g->w && g->pw <= cells &&
+        (int64_t)reach - g->pw - g->w <= cells;
     rows_pass q = {*g, vectors, whole > reach ? whole : reach, {NULL, NULL}, NULL, NULL, NULL,
-                   NULL, (size_t)vectors * LANES, direct, NULL};
+                   NULL, (size_t)vectors * LANES, direct, NULL, NULL};
     const size_t plane = q.pitch * g->h;
     q.padded[0] = _mm_malloc(sizeof(float) * plane * 2, 32);
     q.padded[1] = q.padded[0] + plane;
@@ -539,19 +580,26 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
     q.value = _mm_malloc(sizeof(float) * q.result_row * g->h, 32);
     q.tap = _mm_malloc(sizeof(int32_t) * q.result_row * g->h, 32);
     q.places = _mm_malloc(sizeof(int32_t) * ((size_t)g->oh * g->ow + LANES), 32);
-    if (direct && overhang)
-        q.clip = _mm_malloc(sizeof(__m256) * (size_t)g->kw, 32);
+    if (direct) {
+        q.clip = _mm_malloc(sizeof(__m256) * (size_t)vectors * g->kw, 32);
+        q.clipped = calloc((size_t)vectors, sizeof(int));
+    }
     int status = -1;
     if (q.padded[0] != NULL && q.first != NULL && q.value != NULL && q.tap != NULL &&
-        q.places != NULL && (q.clip != NULL || !(direct && overhang))) {
-        for (int t = 0; q.clip != NULL && t < g->kw; ++t) {
-            int32_t lanes[LANES];
-            for (int lane = 0; lane < LANES; ++lane) {
-                const int j = (vectors - 1) * LANES + evens_lane(lane);
-                lanes[lane] = j * g->sw + t >= g->w ? -1 : 0;
+        q.places != NULL && (!direct || (q.clip != NULL && q.clipped != NULL))) {
+        /* each strip's taps outside the row, for its outputs' lanes */
+        for (int k = 0; direct && k < vectors; ++k)
+            for (int t = 0; t < g->kw; ++t) {
+                int32_t lanes[LANES];
+                for (int lane = 0; lane < LANES; ++lane) {
+                    const int j = k * LANES + (g->sw == 2 ? evens_lane(lane) : lane);
+                    const int c = j * g->sw + t - g->pw;
+                    lanes[lane] = j < g->ow && (c < 0 || c >= g->w) ? -1 : 0;
+                    q.clipped[k] |= lanes[lane] != 0;
+                }
+                q.clip[(size_t)k * g->kw + t] =
+                    _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)lanes));
             }
-            q.clip[t] = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)lanes));
-        }
         for (size_t c = 0; c < plane * 2; ++c)
             q.padded[0][c] = -INFINITY;
         for (size_t j = 0; j < q.result_row; ++j) {
@@ -577,6 +625,7 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
     _mm_free(q.tap);
     _mm_free(q.places);
     _mm_free(q.clip);
+    free(q.clipped);
     return status;
 }
 #endif
