@@ -586,7 +586,7 @@ POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
 
 
 # columns stepping by 2 over rows of one cell (the phased layout's pairs of columns, which
-# lost such a cell once); a window's rows then its columns (pool_rows.c, AVX2, rows of 7
+# lost such a cell once); a window's rows then its columns (pool_rows.c, AVX2, rows of 6
 # outputs or more): rows stepping past the window (input rows no window reads), rows of 8 and
 # 9 outputs (a whole vector; one lane of a second), 7 and an overhanging last window with
 # padding on both axes; planes of over 2048 cells (AlexNet's and VGG's first pools' size);

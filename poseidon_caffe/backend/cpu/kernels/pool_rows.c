@@ -46,10 +46,10 @@
 
 #define LANES 8
 /* Rows of fewer outputs go to pool_lanes8.c: a vector mostly empty, the passes' starts cost
- * more than their work (AlexNet's 13x13 pool5, rows of 6: 2.1 ms here against 1.7 there;
- * VGG's 8x8 pool4, rows of 4: 1.8 against 0.8); rows of 7 still gain (GoogLeNet's 7x7
- * inception pools: 3.1 against 3.4) */
-#define FEW_COLUMNS 7
+ * more than their work (VGG's 8x8 pool4, rows of 4: 1.9 times pool_lanes8.c's time); rows of
+ * 6 gain since the strips read the input itself (AlexNet's 13x13 pool5: 0.87-0.89 of its
+ * time at one thread, 0.79-1.06 at two; with the copy, 1.2 times) */
+#define FEW_COLUMNS 6
 
 /* The padded input rows a band of strips reads (three quarters of an L1 data cache of
  * 32 KB) */
