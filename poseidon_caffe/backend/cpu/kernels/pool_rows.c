@@ -380,8 +380,8 @@ strip_down(const rows_pass *q, const plane_rows *r, int k, int i0, int i1, int f
  * the last to the first, so that a last strip's store past its row's end lands on outputs of
  * the next row, stored later; `spill_last`: the plane's last row's may spill too. With a
  * stride of 1 the output rows go two at a time (output_pair). Read from the input's own rows,
- * only the last strip's taps are clipped (`clip_last`); `nan`, `next` as plane_rows' and
- * strip_down's. Inlined with constant kh, kw, sh and sw. */
+ * `clips` holds each strip's kw masks (rows_pass's clip: a strip that has any blends them);
+ * `nan`, `next` as plane_rows' and strip_down's. Inlined with constant kh, kw, sh and sw. */
 AVX2 static inline __attribute__((always_inline)) void
 strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *clips,
             __m256 *nan, fetch_ahead *next, float *y, int32_t *places, int spill_last, int kh,
