@@ -590,7 +590,9 @@ POOL_PATHS = ["stages", "taps"] + NATIVE_POOL_PATHS
 # outputs or more): rows stepping past the window (input rows no window reads), rows of 8 and
 # 9 outputs (a whole vector; one lane of a second), 7 and an overhanging last window with
 # padding on both axes; planes of over 2048 cells (AlexNet's and VGG's first pools' size);
-# columns 2 apart whose first 3 windows are clipped (their vectors' lanes in another order)
+# columns 2 apart whose first 3 windows are clipped (their vectors' lanes in another order);
+# a plane of more rows than a band of strips, padded (the first and last rows' windows taken
+# from the inside rows' maxima)
 ROWS_GEOMS = [
     ((20, 1), (1, 2), (1, 2), (0, 0), (20, 1)),
     ((21, 1), (3, 2), (1, 2), (0, 1), (19, 1)),
@@ -600,6 +602,7 @@ ROWS_GEOMS = [
     ((10, 12), (4, 3), (3, 2), (2, 1), (4, 7)),
     ((47, 50), (3, 3), (2, 2), (1, 0), (24, 25)),     # a large plane, padded rows
     ((9, 30), (3, 7), (2, 2), (1, 6), (5, 18)),
+    ((300, 8), (3, 3), (1, 1), (1, 1), (300, 8)),     # rows in bands, padded top and bottom
 ]
 
 

@@ -327,14 +327,28 @@ strip_down(const rows_pass *q, const plane_rows *r, int k, int i0, int i1, int f
 {
     const window2d *g = &q->g;
     const __m256i first = _mm256_load_si256((const __m256i *)(q->first + k * LANES));
+    /* a stride of 1 and a row of padding (the inception pools): the first output row's window
+     * is the next one's first two rows, the last's the one before's last two, so both take
+     * those rows' maxima from the inside rows' (a 7x7 plane made 11 rows' maxima, now 7) */
+    const int shares = kh == 3 && sh == 1 && g->ph == 1 && from < to;
+    const int share_top = shares && from == 1 && i0 == 0;
+    const int share_bottom = shares && to == g->oh - 1 && to < i1 && to + 1 == g->h;
     for (int i = i0; i < i1; ++i) {
-        if (i == from && from < to) {
-            const float *row = row_at(r, i * sh - g->ph);
+        if (from < to && (i == from || (share_top && i == 0))) {
+            const float *row = row_at(r, from * sh - g->ph);
             __m256 top, top_at, middle = _mm256_setzero_ps(), middle_at = _mm256_setzero_ps();
             row_vector(row, k, first, kw, sw, r->clip, r->nan, &top, &top_at);
             if (sh == 1)
                 row_vector(row + r->pitch, k, first, kw, sw, r->clip, r->nan, &middle,
                            &middle_at);
+            if (share_top && i == 0) {
+                /* output 0's window: padding, then rows 0 and 1 (top and middle) */
+                __m256 best = top;
+                const __m256 at = take_greater(&best, places_plus(top_at, kw), middle,
+                                               places_plus(middle_at, 2 * kw));
+                put_vector(q, 0, k, best, at, y, places, 1, sw);
+                i = 1;
+            }
             if (sh == 1)
                 for (; i + 1 < to; i += 2, row += 2 * r->pitch) {
                     if (next != NULL)
@@ -358,6 +372,14 @@ strip_down(const rows_pass *q, const plane_rows *r, int k, int i0, int i1, int f
                     top = middle, top_at = middle_at, middle = bottom, middle_at = bottom_at;
                 else
                     top = bottom, top_at = bottom_at;
+            }
+            if (share_bottom) {
+                /* the last output row's window: the last two rows (top and middle), then
+                 * padding */
+                __m256 best = top;
+                const __m256 at = take_greater(&best, top_at, middle, places_plus(middle_at, kw));
+                put_vector(q, i, k, best, at, y, places, spill_last, sw);
+                ++i;
             }
             if (i == i1)
                 break;
