@@ -75,7 +75,8 @@ typedef struct {
     int32_t *tap;           /* and their places u * kw + column tap */
     int32_t *places;        /* a plane's winners, and a vector of room past them */
     size_t result_row;      /* elements a row of value and tap: vectors * 8 */
-    int direct;             /* strips read the input's own rows but a call's first and last */
+    int direct;             /* by strips, from the input's own rows but a call's first and
+                               last planes */
     __m256 *clip;           /* with direct, each strip's kw masks of taps outside the row, */
     int *clipped;           /* and whether a strip has any */
 } rows_pass;
@@ -479,6 +480,13 @@ static void max_plane_by_windows(const float *x, float *y, uint8_t *arg, const w
         }
 }
 
+/* Whether the windows go by strips: rows' results shared in registers (3-row windows of row
+ * stride 1 or 2), or not at all (windows that share no rows) */
+static inline int by_strips(int kh, int sh)
+{
+    return (kh == 3 && (sh == 1 || sh == 2)) || kh <= sh;
+}
+
 /* Planes [from, to) of `planes` (the call's: the outputs after a plane are stored later) from
  * the padded copy, each copied while the one before is taken; inlined with constant kh, kw,
  * sh and sw for the common windows. */
@@ -488,8 +496,7 @@ copied_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_
 {
     const window2d *g = &q->g;
     const int64_t cells = (int64_t)g->h * g->w, outputs = (int64_t)g->oh * g->ow;
-    /* strips where rows' results are shared in registers or not at all */
-    const int strips = (kh == 3 && (sh == 1 || sh == 2)) || kh <= sh;
+    const int strips = by_strips(kh, sh);
     if (from >= to)
         return;
     int nan_next = pad_plane(q, x + from * cells, q->padded[from & 1]);
@@ -564,9 +571,8 @@ AVX2 static inline __attribute__((always_inline)) void
 max_planes(const rows_pass *q, const float *x, float *y, uint8_t *arg, int64_t planes,
            int kh, int kw, int sh, int sw)
 {
-    const int strips = (kh == 3 && (sh == 1 || sh == 2)) || kh <= sh;
     const int64_t first = q->g.pw > 0;
-    const int direct = q->direct && strips && planes > first + 1;
+    const int direct = q->direct && planes > first + 1;
     /* [0, first) copied, [first, planes - 1) read directly, the last copied; or all copied
      * (one call of each, each inlined once) */
     const int64_t bounds[4] = {0, direct ? first : planes, direct ? planes - 1 : planes, planes};
@@ -591,7 +597,8 @@ AVX2 static int rows_forward(const float *x, float *y, uint8_t *arg, int64_t pla
      * from column -pw, make the copy's NaN test, and a row's loads stay within the planes
      * before and after (a call's first and last are copied) */
     const int64_t cells = (int64_t)g->h * g->w;
-    const int direct = (int64_t)LANES * g->sw * vectors - g->pw >= g->w && g->pw <= cells &&
+    const int direct = by_strips(g->kh, g->sh) &&
+        (int64_t)LANES * g->sw * vectors - g->pw >= g->w && g->pw <= cells &&
         (int64_t)reach - g->pw - g->w <= cells;
     rows_pass q = {*g, vectors, whole > reach ? whole : reach, {NULL, NULL}, NULL, NULL, NULL,
                    NULL, (size_t)vectors * LANES, direct, NULL, NULL};
