@@ -1107,10 +1107,11 @@ def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec, path):
 
 @pytest.mark.parametrize("beta", [0.75, 0.5])
 def test_compiled_lrn_reciprocal_roots_are_within_a_few_ulp_of_the_square_roots(beta):
-    """Beta 0.75 and 0.5 by reciprocal-root estimates refined once (the default) against square
-    roots and a division: within 3 ulp (AVX-512's 14-bit estimates) or 5 (AVX2's 12-bit ones)
-    over scales from 1e-30 to 1e30, and the scales outside their range (infinite, NaN) exactly
-    as the exact forms give them."""
+    """Beta 0.75 and 0.5 by reciprocal-root estimates (the default: refined once, or on AVX2
+    for 0.75 corrected by a series) against square roots and a division: within 3 ulp
+    (AVX-512's 14-bit estimates) or 5 (AVX2's 12-bit ones) over scales from 1e-30 to 1e30,
+    and the scales outside their range (infinite, NaN) exactly as the exact forms give
+    them."""
     from poseidon_caffe.backend.cpu import lrn
     if lrn._compiled() is None:
         pytest.skip(NOT_BUILT)
@@ -1147,6 +1148,54 @@ def test_compiled_lrn_reciprocal_roots_are_within_a_few_ulp_of_the_square_roots(
         terms = np.abs(first) + np.abs(first - exact_dx)
     assert (np.abs(fast_dx - exact_dx)[keep] <= 1e-6 * terms[keep]).all()
     np.testing.assert_array_equal(np.isnan(fast_dx), np.isnan(exact_dx))
+
+
+def test_compiled_lrn_three_quarter_power_on_avx2_is_within_2_ulp_of_the_true_value():
+    """AVX2's scale^-0.75 (two reciprocal-root estimates, then the series of the remaining
+    factor to its square) against float64's power of the same float32 scale: within 2 ulp
+    with top's rounding, over scales from 1e-30 to 1e30 (two estimates each refined by a
+    Newton step were 3 to 4 ulp off)."""
+    from poseidon_caffe.backend.cpu import lrn
+    if lrn._compiled() is None:
+        pytest.skip(NOT_BUILT)
+    if lrn.fast_root_lanes() != 8:
+        pytest.skip("AVX2's roots serve only on a CPU with AVX2 and FMA but not AVX-512")
+    rng = np.random.default_rng(42)
+    shape = (3, 7, 13, 21)
+    x = (rng.uniform(0.5, 2.0, shape) * 10.0 ** rng.integers(-15, 15, shape)).astype(np.float32)
+    squares = np.pad(x * x, ((0, 0), (2, 2), (0, 0), (0, 0)))
+    window = squares[:, 0:7]
+    for q in range(1, 5):                 # the kernel's order: left to right, float32
+        window = window + squares[:, q:q + 7]
+    scale = window * np.float32(1.0 / 5) + np.float32(1e-30)
+    top, _ = lrn.lrn_forward(x, 5, 1.0, 0.75, 1e-30, True)
+    truth = x.astype(np.float64) * scale.astype(np.float64) ** -0.75
+    assert np.isfinite(truth).all() and (truth != 0).all()
+    np.testing.assert_allclose(top, truth, rtol=2 * 2.0 ** -23, atol=0)
+
+
+def test_compiled_lrn_subnormal_and_zero_scales_take_the_exact_forms():
+    """With k = 0 a window of tiny cells has a subnormal scale (the estimates would make it
+    infinite) and a window of zeros a zero one: the pieces holding them take the exact forms,
+    so top is what square roots and a division give."""
+    from poseidon_caffe.backend.cpu import lrn
+    if lrn._compiled() is None:
+        pytest.skip(NOT_BUILT)
+    x = _rand((2, 6, 9, 30), 43)                 # 270 positions: pieces of 128 and a tail
+    x[0, :, 2, :] = 1e-21                        # squares 1e-42: subnormal scales
+    x[1, :, 5, 3:20] = 0.0                       # zero scales: top 0 * inf, NaN
+    runs = []
+    try:
+        for fast in (True, False):
+            lrn.fast_roots(fast)
+            runs.append(lrn.lrn_forward(x, 5, 1.0, 0.75, 0.0, True)[0])
+    finally:
+        lrn.fast_roots(True)
+    fast_top, exact_top = runs
+    assert np.isfinite(exact_top[0, :, 2]).all() and (exact_top[0, :, 2] > 1e9).all()
+    assert np.isnan(exact_top[1, :, 5, 3:20]).all()
+    np.testing.assert_array_equal(np.isnan(fast_top), np.isnan(exact_top))
+    np.testing.assert_allclose(fast_top[0, :, 2], exact_top[0, :, 2], rtol=1e-6)
 
 
 @pytest.mark.parametrize("across", [True, False], ids=["across", "within"])

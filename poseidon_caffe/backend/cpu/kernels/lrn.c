@@ -90,8 +90,12 @@ AVX512 static void negative_power_roots(const float *s, float *out, int64_t coun
 #endif
 
 #if HAVE_AVX2
+/* AVX2 with the fused multiply-add, which every AVX2 CPU but a rare few has (roots_lanes
+ * asks the CPU for both) */
+#define AVX2_FMA __attribute__((target("avx2,fma")))
+
 /* r refined by a Newton step towards 1/sqrt(v) */
-AVX2 static inline __m256 newton_root8(__m256 v, __m256 r)
+AVX2_FMA static inline __m256 newton_root8(__m256 v, __m256 r)
 {
     const __m256 half_v_r = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.5f)), r);
     return _mm256_mul_ps(r, _mm256_sub_ps(_mm256_set1_ps(1.5f), _mm256_mul_ps(half_v_r, r)));
@@ -100,28 +104,46 @@ AVX2 static inline __m256 newton_root8(__m256 v, __m256 r)
 /* 1/sqrt(v) for v in (2^-100, 2^100): the 12-bit estimate and one Newton step (relative
  * error near 2^-22; a square root and a division take some 20 cycles a vector on an EPYC,
  * and a second step cost all the gain) */
-AVX2 static inline __m256 reciprocal_root8(__m256 v)
+AVX2_FMA static inline __m256 reciprocal_root8(__m256 v)
 {
     return newton_root8(v, _mm256_rsqrt_ps(v));
 }
 
-/* negative_power8 of 8 cells all inside (2^-100, 2^100) */
-AVX2 static inline __m256 negative_power8_inside(__m256 scale, int three_quarters)
+/* scale^-0.75 of 8 cells inside (2^-100, 2^100). The estimates a of scale^-1/2 and b of
+ * a^-1/2 give y = a^2 b within 1e-3; then y E^-1/4 by its series to the square, where
+ * E = scale^3 y^4 (made as (scale y)^2 (scale y) y: nothing overflows) is near 1, the error
+ * left some 0.12 |E - 1|^3, under 1e-8: within 2 ulp of the exact value on an EPYC, where
+ * two roots each refined by a Newton step were within 4. And it is 11 steps of the
+ * multiplier a vector, where those were 13: the forward's powers are bound there. */
+AVX2_FMA static inline __m256 three_quarter_power8(__m256 scale)
 {
-    const __m256 r = reciprocal_root8(scale);
-    return three_quarters ? _mm256_mul_ps(_mm256_mul_ps(r, r), reciprocal_root8(r)) : r;
+    const __m256 a = _mm256_rsqrt_ps(scale);
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(a, a), _mm256_rsqrt_ps(a));
+    const __m256 u = _mm256_mul_ps(scale, y);
+    const __m256 e = _mm256_mul_ps(_mm256_mul_ps(u, u), _mm256_mul_ps(u, y));
+    const __m256 series = _mm256_fmadd_ps(_mm256_fmadd_ps(e, _mm256_set1_ps(5.0f / 32),
+                                                          _mm256_set1_ps(-18.0f / 32)),
+                                          e, _mm256_set1_ps(45.0f / 32));
+    return _mm256_mul_ps(y, series);
+}
+
+/* negative_power8 of 8 cells all inside (2^-100, 2^100) */
+AVX2_FMA static inline __m256 negative_power8_inside(__m256 scale, int three_quarters)
+{
+    return three_quarters ? three_quarter_power8(scale) : reciprocal_root8(scale);
 }
 
 /* Whether 8 cells are all inside (2^-100, 2^100), as lanes of all ones */
-AVX2 static inline __m256 inside8(__m256 scale)
+AVX2_FMA static inline __m256 inside8(__m256 scale)
 {
     return _mm256_and_ps(_mm256_cmp_ps(scale, _mm256_set1_ps(0x1p-100f), _CMP_GT_OQ),
                          _mm256_cmp_ps(scale, _mm256_set1_ps(0x1p100f), _CMP_LT_OQ));
 }
 
-/* negative_power16's for 8 cells, on AVX2: within 5 ulp of the exact forms (the 12-bit
- * estimate's step leaves more than the 14-bit one's) */
-AVX2 static inline __m256 negative_power8(__m256 scale, int three_quarters)
+/* negative_power16's for 8 cells, on AVX2: within 5 ulp of the exact forms (beta 0.5: the
+ * 12-bit estimate's step leaves more than the 14-bit one's; 0.75 within 2 of the true
+ * value, three_quarter_power8) */
+AVX2_FMA static inline __m256 negative_power8(__m256 scale, int three_quarters)
 {
     if (_mm256_movemask_ps(inside8(scale)) != 0xFF) {
         float cells[8], powers[8];
@@ -133,7 +155,7 @@ AVX2 static inline __m256 negative_power8(__m256 scale, int three_quarters)
 }
 
 /* negative_power8 over the cells, the last few (under 8) the exact way. */
-AVX2 static void negative_power_roots8(const float *s, float *out, int64_t count,
+AVX2_FMA static void negative_power_roots8(const float *s, float *out, int64_t count,
                                        int three_quarters)
 {
     int64_t p = 0;
@@ -142,6 +164,21 @@ AVX2 static void negative_power_roots8(const float *s, float *out, int64_t count
     negative_power_exact(s + p, out + p, count - p, three_quarters ? 0.75f : 0.5f);
 }
 #endif
+
+/* Whether the CPU running the library has the fused multiply-add (asked once) */
+static int cpu_has_fma(void)
+{
+#if HAVE_AVX2
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("fma") ? 1 : 0;
+    }
+    return known;
+#else
+    return 0;
+#endif
+}
 
 /* 1 (the default): beta 0.75 and 0.5 by reciprocal-root estimates refined once, where the
  * CPU has AVX-512 or AVX2; 0: by square roots and a division everywhere (the tests run
@@ -153,7 +190,7 @@ static int roots_lanes(float beta)
 {
     if (!lrn_fast_roots || (beta != 0.75f && beta != 0.5f))
         return 0;
-    return cpu_has_avx512() ? 16 : cpu_has_avx2() ? 8 : 0;
+    return cpu_has_avx512() ? 16 : cpu_has_avx2() && cpu_has_fma() ? 8 : 0;
 }
 
 /* roots_lanes for Caffe's usual beta: the tests' bound on the roots' error follows it */
@@ -381,7 +418,7 @@ AVX512 static void five_backward_roots(const float *w[5], const float *restrict 
 
 #if HAVE_AVX2
 /* five_backward_roots on AVX2, 8 cells a vector: the same operations in the same order */
-AVX2 static void five_backward_roots8(const float *w[5], const float *restrict sc,
+AVX2_FMA static void five_backward_roots8(const float *w[5], const float *restrict sc,
                                       const float *restrict dy, const float *restrict x,
                                       float coef, float *restrict dx, int64_t n,
                                       int three_quarters, const float *const ahead[3])
@@ -421,25 +458,8 @@ AVX2 static void squares8(const float *restrict from, float *restrict to, int64_
 }
 
 /* The window's sum of squares at p, its last square made from `fresh` (when not NULL) into
- * `fresh_sq`, the others read from sq[0..3]: five_squares' sum, added left to right. */
-AVX2 static inline __m256 window_squares8(const float *sq[5], const float *restrict fresh,
-                                          float *restrict fresh_sq, int64_t p)
-{
-    __m256 last;
-    if (fresh != NULL) {
-        const __m256 v = _mm256_loadu_ps(fresh + p);
-        last = _mm256_mul_ps(v, v);
-        _mm256_storeu_ps(fresh_sq + p, last);
-    } else {
-        last = _mm256_loadu_ps(sq[4] + p);
-    }
-    __m256 sum = _mm256_loadu_ps(sq[0] + p);
-    for (int q = 1; q < 4; ++q)
-        sum = _mm256_add_ps(sum, _mm256_loadu_ps(sq[q] + p));
-    return _mm256_add_ps(sum, last);
-}
-
-/* window_squares8 for the last few cells, one at a time */
+ * `fresh_sq`, the others read from sq[0..3]: five_squares' sum, added left to right (the
+ * last few cells of a plane, one at a time) */
 static inline float window_squares1(const float *sq[5], const float *restrict fresh,
                                     float *restrict fresh_sq, int64_t p)
 {
@@ -459,32 +479,56 @@ static inline float window_squares1(const float *sq[5], const float *restrict fr
  * core; apart, 6% faster on an EPYC), the range of the roots checked once a piece. */
 #define ROOTS_PIECE 128
 
+/* The bit patterns of 2^-100 and 2^100. As 32-bit integers, positive floats are in their
+ * patterns' order, negative ones below 0 and positive NaN above infinity: a scale is inside
+ * (2^-100, 2^100) when its pattern is inside these, which a piece's lowest and highest
+ * pattern tell (two integer steps a vector where the comparisons of inside8 took four). */
+#define INSIDE_LOW 0x0D800000
+#define INSIDE_HIGH 0x71800000
+
 /* One channel's forward on AVX2 from its window's squares, each square made once, not once
- * for each of the five windows it is in: five_squares', negative_power's and multiply's
- * operations in their order (the roots' as negative_power_roots8's), so their values to the
- * bit */
-AVX2 static void five_forward_squares8(const float *sq[5], const float *restrict fresh,
-                                       float *restrict fresh_sq, const float *restrict xc,
-                                       float coef, float k, float *restrict sc,
-                                       float *restrict top, int64_t n, int three_quarters)
+ * for each of the five windows it is in: five_squares' sums and scales, so their values to
+ * the bit, and the powers of negative_power_roots8. `entering` and `three_quarters` are
+ * constants in each copy of this (five_forward_squares8), so the loops test neither. */
+AVX2_FMA static inline __attribute__((always_inline)) void
+five_forward_pieces8(const float *sq[5], const float *restrict fresh, float *restrict fresh_sq,
+                     const float *restrict xc, float coef, float k, float *restrict sc,
+                     float *restrict top, int64_t n, const int entering,
+                     const int three_quarters)
 {
+    /* the pointers apart, else each store would make the loop read them again */
+    const float *restrict sq0 = sq[0], *restrict sq1 = sq[1], *restrict sq2 = sq[2],
+                *restrict sq3 = sq[3], *restrict sq4 = sq[4];
     const __m256 cv = _mm256_set1_ps(coef), kv = _mm256_set1_ps(k);
     float scales[ROOTS_PIECE] __attribute__((aligned(32)));
     int64_t p = 0;
     while (p + 8 <= n) {
         const int64_t end = p + (n - p < ROOTS_PIECE ? (n - p) & ~(int64_t)7 : ROOTS_PIECE);
-        __m256 inside = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        __m256i lowest = _mm256_set1_epi32(INT32_MAX), highest = _mm256_set1_epi32(INT32_MIN);
+        float *kept = sc != NULL ? sc + p : scales;     /* the piece's scales, from kept[0] */
         for (int64_t q = p; q < end; q += 8) {
-            const __m256 sum = window_squares8(sq, fresh, fresh_sq, q);
-            const __m256 scale = _mm256_add_ps(_mm256_mul_ps(sum, cv), kv);
-            if (sc != NULL)
-                _mm256_storeu_ps(sc + q, scale);
-            _mm256_store_ps(scales + (q - p), scale);
-            inside = _mm256_and_ps(inside, inside8(scale));
+            __m256 last;
+            if (entering) {
+                const __m256 v = _mm256_loadu_ps(fresh + q);
+                last = _mm256_mul_ps(v, v);
+                _mm256_storeu_ps(fresh_sq + q, last);
+            } else {
+                last = _mm256_loadu_ps(sq4 + q);
+            }
+            __m256 sum = _mm256_add_ps(_mm256_loadu_ps(sq0 + q), _mm256_loadu_ps(sq1 + q));
+            sum = _mm256_add_ps(_mm256_add_ps(sum, _mm256_loadu_ps(sq2 + q)),
+                                _mm256_loadu_ps(sq3 + q));
+            const __m256 scale = _mm256_add_ps(_mm256_mul_ps(_mm256_add_ps(sum, last), cv), kv);
+            _mm256_storeu_ps(kept + (q - p), scale);
+            lowest = _mm256_min_epi32(lowest, _mm256_castps_si256(scale));
+            highest = _mm256_max_epi32(highest, _mm256_castps_si256(scale));
         }
-        const int checked = _mm256_movemask_ps(inside) != 0xFF;
+        const __m256i inside = _mm256_and_si256(
+            _mm256_cmpgt_epi32(lowest, _mm256_set1_epi32(INSIDE_LOW)),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(INSIDE_HIGH), highest));
+        const int checked = _mm256_movemask_ps(_mm256_castsi256_ps(inside)) != 0xFF;
         for (int64_t q = p; q < end; q += 8) {
-            const __m256 scale = _mm256_load_ps(scales + (q - p));
+            const __m256 scale = _mm256_loadu_ps(kept + (q - p));
             const __m256 power = checked ? negative_power8(scale, three_quarters) :
                 negative_power8_inside(scale, three_quarters);
             _mm256_storeu_ps(top + q, _mm256_mul_ps(_mm256_loadu_ps(xc + q), power));
@@ -492,12 +536,29 @@ AVX2 static void five_forward_squares8(const float *sq[5], const float *restrict
         p = end;
     }
     for (; p < n; ++p) {         /* the last few as negative_power_roots8: the exact forms */
-        float scale = window_squares1(sq, fresh, fresh_sq, p) * coef + k, power;
+        float scale = window_squares1(sq, entering ? fresh : NULL, fresh_sq, p) * coef + k;
+        float power;
         if (sc != NULL)
             sc[p] = scale;
         negative_power_exact(&scale, &power, 1, three_quarters ? 0.75f : 0.5f);
         top[p] = xc[p] * power;
     }
+}
+
+/* five_forward_pieces8 with a square entering (`fresh` not NULL) or not, beta 0.75 or 0.5 */
+AVX2_FMA static void five_forward_squares8(const float *sq[5], const float *restrict fresh,
+                                           float *restrict fresh_sq, const float *restrict xc,
+                                           float coef, float k, float *restrict sc,
+                                           float *restrict top, int64_t n, int three_quarters)
+{
+    if (fresh != NULL && three_quarters)
+        five_forward_pieces8(sq, fresh, fresh_sq, xc, coef, k, sc, top, n, 1, 1);
+    else if (fresh != NULL)
+        five_forward_pieces8(sq, fresh, fresh_sq, xc, coef, k, sc, top, n, 1, 0);
+    else if (three_quarters)
+        five_forward_pieces8(sq, fresh, fresh_sq, xc, coef, k, sc, top, n, 0, 1);
+    else
+        five_forward_pieces8(sq, fresh, fresh_sq, xc, coef, k, sc, top, n, 0, 0);
 }
 
 /* The squares of channel c's window of five from the ring (slot d % 5 for channel d), with
