@@ -11,6 +11,13 @@ equivalents) set before numpy loads, it measures two limits of the machine:
   memory  bandwidth of a 256 MB copy, one slice per thread (bytes read + bytes written; best
           of 5)
 
+and, for reading the memory-bound shares, a third figure that is no goal: the same bytes
+through a pass that writes as the layers do (numpy's multiply by 1 into another array). A
+large copy writes around the cache (non-temporal stores, on x86 at least); a pass writing
+into the cache first reads each line it writes, a third more traffic, and on one core of an
+AMD EPYC reaches 55-70% of the copy's rate (two threads, sharing the memory, near all of
+it): a layer near that share is at what such a pass can do.
+
 (each measured before and after the layers, the faster kept), then times each layer of a
 training iteration, forward and backward, best of N iterations, and prints for every
 Convolution and InnerProduct layer its achieved GFLOP/s as a share of the sgemm rate, and for
@@ -86,6 +93,25 @@ def copy_bandwidth(threads, nbytes=COPY_BYTES, repeats=5):
             list(pool.map(lambda lh: np.copyto(dst[lh[0]:lh[1]], src[lh[0]:lh[1]]), bounds))
         copy()
         best = min(_seconds(copy) for _ in range(repeats))
+    return 2.0 * nbytes / best / 1e9
+
+
+def pass_bandwidth(threads, nbytes=COPY_BYTES, repeats=5):
+    """copy_bandwidth's figure for a pass that writes through the cache as the layers do:
+    dst = src * 1, one contiguous slice per thread."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+    n = nbytes // 4
+    src = np.ones(n, dtype=np.float32)
+    dst = np.zeros(n, dtype=np.float32)
+    one = np.float32(1.0)
+    bounds = [(n * i // threads, n * (i + 1) // threads) for i in range(threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        def scale():
+            list(pool.map(lambda lh: np.multiply(src[lh[0]:lh[1]], one,
+                                                 out=dst[lh[0]:lh[1]]), bounds))
+        scale()
+        best = min(_seconds(scale) for _ in range(repeats))
     return 2.0 * nbytes / best / 1e9
 
 
@@ -187,7 +213,8 @@ def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES
     each memory-bound layer is also described for peer_layers.py and timed alone, the best
     of that many calls in a row (as PyTorch's is), after the net's flow was timed."""
     limits = {"sgemm_gflops": sgemm_rate(threads, gemm_size),
-              "copy_gbs": copy_bandwidth(threads, copy_bytes)}
+              "copy_gbs": copy_bandwidth(threads, copy_bytes),
+              "pass_gbs": pass_bandwidth(threads, copy_bytes)}
     net = bench._ours(net_name)                  # the backend sets BLAS threads as it runs
     net.share_diffs()
     net.forward_backward()                       # warm-up: buffers, plans
@@ -196,6 +223,7 @@ def measure(net_name, threads, iters, gemm_size=GEMM_SIZE, copy_bytes=COPY_BYTES
     # during one measurement can only have slowed it, and a limit too low flatters every share
     limits["sgemm_gflops"] = max(limits["sgemm_gflops"], sgemm_rate(threads, gemm_size))
     limits["copy_gbs"] = max(limits["copy_gbs"], copy_bandwidth(threads, copy_bytes))
+    limits["pass_gbs"] = max(limits["pass_gbs"], pass_bandwidth(threads, copy_bytes))
     layers = []
     for i, layer in enumerate(net.layers):
         kind, forward, backward = layer_work(net, i)
@@ -242,9 +270,12 @@ def report(result, out=sys.stdout):
     """Print one (net, threads) result: each layer's rate and share, then the totals."""
     limits = result["limits"]
     gemm, copy = limits["sgemm_gflops"], limits["copy_gbs"]
-    out.write("%s, %d thread%s: sgemm %.1f GFLOP/s, copy %.1f GB/s, load %.2f\n" % (
+    through = limits.get("pass_gbs")        # absent from the JSON of earlier versions
+    out.write("%s, %d thread%s: sgemm %.1f GFLOP/s, copy %.1f GB/s%s, load %.2f\n" % (
         result["net"], result["threads"], "s" if result["threads"] > 1 else "", gemm, copy,
-        result["load"]))
+        " (a pass writing through the cache: %.1f GB/s, %.0f%%)" % (through,
+                                                                  100 * through / copy)
+        if through else "", result["load"]))
     peers = any("peer_s" in layer for layer in result["layers"])
     out.write("  %-24s %-16s %-10s %9s %9s %16s %16s%s\n" % (
         "layer", "type", "plan", "fwd ms", "bwd ms", "fwd rate/share", "bwd rate/share",

@@ -53,7 +53,9 @@ def test_roofline_reports_each_layer_against_the_measured_limits(tmp_path):
                 "--gemm-size", "256", "--copy-mb", "8", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     (result,) = json.loads(out.read_text())
-    assert result["limits"]["sgemm_gflops"] > 0 and result["limits"]["copy_gbs"] > 0
+    limits = result["limits"]
+    assert limits["sgemm_gflops"] > 0 and limits["copy_gbs"] > 0 and limits["pass_gbs"] > 0
+    assert "a pass writing through the cache: %.1f GB/s" % limits["pass_gbs"] in proc.stdout
     layers = {layer["name"]: layer for layer in result["layers"]}
     assert set(layers) == {"conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2", "loss"}
     # conv1: 64 images, 20 maps of 24x24, 1x5x5 taps; the net needs no data gradient there
