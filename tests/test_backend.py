@@ -1577,7 +1577,7 @@ def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
     from poseidon_caffe.backend.cpu.pool import PoolPlan
     from poseidon_caffe.backend.cpu.split import SplitPoolPlan
     g = PoolGeometry(*spec)
-    split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2), PoolPlan(g)
+    split, whole = SplitPoolPlan(g, lambda: PoolPlan(g), 2, min_work=0), PoolPlan(g)
     _take_pool_path(split, path)
     _take_pool_path(whole, path)
     assert split.separable == (path == "stages") and split.native == path.startswith("native")
@@ -1610,6 +1610,27 @@ def test_split_pool_plan_gives_the_whole_batch_values(spec, path):
     for key in results[1]:
         np.testing.assert_allclose(results[0][key], results[1][key], rtol=1e-5, atol=1e-5,
                                    err_msg=key)
+
+
+def test_split_pool_plan_keeps_a_small_pooling_whole_and_cuts_its_backward_alike():
+    """Below min_work (outputs x window taps + input cells over the batch) the forward runs
+    in one part on the calling thread, and so does its backward, whose winners are that
+    part's; from min_work on, one part a thread."""
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    from poseidon_caffe.backend.cpu.split import SplitPoolPlan
+    g = PoolGeometry((8, 8), (3, 3), (2, 2), (0, 0), (4, 4))
+    per_image = 3 * (4 * 4 * 9 + 8 * 8)               # 3 channels: 624
+    plan = SplitPoolPlan(g, lambda: PoolPlan(g), 2, min_work=6 * per_image)
+    whole = PoolPlan(g)
+    for images, parts in ((5, 1), (6, 2)):
+        x = _rand((images, 3, 8, 8), 44)
+        dy = _rand((images, 3, 4, 4), 45)
+        y = plan.max_forward(x, np.empty_like(dy))
+        assert len(plan._bounds) == parts
+        np.testing.assert_array_equal(y, whole.max_forward(x, np.empty_like(dy)))
+        np.testing.assert_array_equal(
+            plan.routed_backward(dy, np.full(x.shape, np.nan, np.float32)),
+            whole.routed_backward(dy, np.empty_like(x)))
 
 
 def test_gemm_adds_into_its_output_a_block_of_rows_at_a_time(monkeypatch):

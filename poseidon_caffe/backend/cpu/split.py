@@ -18,6 +18,14 @@ import numpy as np
 from . import threads
 from .threads import over_parts
 
+# A pooling of less work than this (its outputs' window taps and its input cells, over the
+# batch) runs whole on the calling thread: handing a part to the other thread, asleep between
+# layers, costs more than the part saves (two threads, forward / backward: VGG-16's pool5 at
+# 64x64, 0.5M, 0.36-0.45 / 0.44 ms split, 0.28-0.32 / 0.36-0.37 whole; CIFAR-10 quick's
+# pool3, 1.3M, 0.32-0.39 / 0.26 and 0.26-0.27 / 0.25-0.27), and from 2M (VGG's pool4,
+# CIFAR's pool2) the split pays again
+SPLIT_POOL_WORK = 1.5e6
+
 
 class SplitConvPlan:
     """The ConvPlan calls (forward / backward / prepare) over batch parts; ``make_plan(n)``
@@ -192,11 +200,13 @@ class ChunkedConvPlan:
 
 
 class SplitPoolPlan:
-    """The PoolPlan calls over batch parts, each part with a PoolPlan of its own."""
+    """The PoolPlan calls over batch parts, each part with a PoolPlan of its own; a pooling
+    of less than ``min_work`` (SPLIT_POOL_WORK) in one part, on the calling thread."""
 
-    def __init__(self, geom, make_plan, threads):
+    def __init__(self, geom, make_plan, threads, min_work=SPLIT_POOL_WORK):
         self.geom = geom
         self.threads = threads
+        self.min_work = min_work
         self._make_plan = make_plan
         self._plans = []
         self._bounds = None
@@ -233,11 +243,19 @@ class SplitPoolPlan:
             self._plans.append(plan)
         return self._plans[i]
 
+    def _parts(self, batch):
+        """How many parts a call on ``batch`` (N, C, ...: the input or the top's gradient,
+        so a forward and its backward are cut alike) runs in."""
+        g = self.geom
+        planes = batch.shape[0] * batch.shape[1]
+        work = planes * (np.prod(g.out_shape) * np.prod(g.kernel) + np.prod(g.in_shape))
+        return self.threads if work >= self.min_work else 1
+
     def _each(self, method, n, *arrays):
         """``method`` of each part's plan on the part's slices of ``arrays``."""
         def run(i, lo, hi):
             getattr(self._plan(i), method)(*(a[lo:hi] for a in arrays))
-        return over_parts(run, n, self.threads)
+        return over_parts(run, n, self._parts(arrays[0]))
 
     def max_forward(self, x, y):
         self._bounds = self._each("max_forward", x.shape[0], x, y)
@@ -257,7 +275,7 @@ class SplitPoolPlan:
     def ave_backward(self, dy, dx, add=False):
         def run(i, lo, hi):
             self._plan(i).ave_backward(dy[lo:hi], dx[lo:hi], add)
-        over_parts(run, dy.shape[0], self.threads)
+        over_parts(run, dy.shape[0], self._parts(dy))
         return dx
 
     def stochastic_forward_train(self, x, y, uniform):
