@@ -636,7 +636,8 @@ def _take_pool_path(plan, path):
         pytest.skip("the compiled kernels are not built (no C compiler at install, or "
                     "POSEIDON_NATIVE=0)")
     if (path.startswith("native avx2") and
-            not native.avx2_pooling_first(True, rows=path == "native avx2")):
+            not native.avx2_pooling_first(True, rows=path == "native avx2",
+                                          tiles=path == "native avx2")):
         pytest.skip("this CPU has no AVX2")
     plan.native = path.startswith("native")
     plan.separable = path == "stages"
@@ -986,7 +987,7 @@ def test_native_pooling_of_planes_side_by_side_writes_nothing_past_its_outputs(s
     from poseidon_caffe.backend.cpu import native
     if native.lib is None:
         pytest.skip(NOT_BUILT)
-    if not native.avx2_pooling_first(True, rows=False):
+    if not native.avx2_pooling_first(True, rows=False, tiles=False):
         pytest.skip("this CPU has no AVX2")
     try:
         g = PoolGeometry(*spec)
@@ -1069,6 +1070,42 @@ def test_native_max_pool_stepping_by_two_finds_nan_in_any_plane_strip_and_column
     np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
     assert np.isnan(y[0, 0, 1:3, 0]).all() and np.isnan(y[0, 5, 4:6, 8]).all()
     assert np.isnan(y[1, 8, 12, 19]) and np.isnan(y).sum() == 5
+
+
+@pytest.mark.parametrize("side", [4, 8, 16, 48])
+def test_native_max_pool_of_tiling_2x2_windows_equals_the_numpy_path(side):
+    """2x2 windows of stride 2 that tile the planes (pool_tiles.c, AVX2: one pass over the
+    planes end to end, 8 outputs a vector taking 4, 2 or 1 rows of them): ties go to the
+    first cell in row-major order, a NaN in any of the four places makes its output NaN and
+    leaves the winner where it was, a window of -inf keeps its first cell; values and 1-byte
+    winners as the numpy tap loop's, int32 winners too; 3 and 5 planes leave 4 or 8 outputs
+    of 2x2 planes past the last whole vector, and nothing past the outputs is written."""
+    from poseidon_caffe.backend.cpu import native
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    half = side // 2
+    g = PoolGeometry((side, side), (2, 2), (2, 2), (0, 0), (half, half))
+    native_plan, numpy_plan = PoolPlan(g), PoolPlan(g)
+    _take_pool_path(native_plan, "native avx2")
+    _take_pool_path(numpy_plan, "taps")
+    for planes in (3, 5):
+        x = np.round(_rand((1, planes) + g.in_shape, 46) * 2)     # ties
+        for tap, (u, v) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+            x[0, tap % planes, u, 2 + v] = np.nan                   # output (0, 1)'s window
+        x[0, planes - 1, side - 2:, side - 2:] = -np.inf            # the last output
+        y = native_plan.max_forward(x, np.empty((1, planes) + g.out_shape, np.float32))
+        want = numpy_plan.max_forward(x, np.empty_like(y))
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
+        assert np.isnan(y[0, :4, 0, 1]).all() and y[0, planes - 1, -1, -1] == -np.inf
+        outputs = y.size
+        room = np.full(outputs + 16, 7.5, np.float32)
+        wide = np.full(outputs + 16, 77, np.int32)
+        native.max_pool_forward(x, room[:outputs].reshape(y.shape),
+                                wide[:outputs].reshape(y.shape), g)
+        np.testing.assert_array_equal(room[:outputs].reshape(y.shape), want)
+        np.testing.assert_array_equal(wide[:outputs].reshape(y.shape),
+                                      native_plan._arg.astype(np.int32))
+        assert (room[outputs:] == 7.5).all() and (wide[outputs:] == 77).all()
 
 
 # the compiled passes lay out a group of planes side by side (as many as fill a few cache

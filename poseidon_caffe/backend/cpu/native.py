@@ -18,7 +18,7 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _U = ctypes.c_uint32
 _WINDOW = [_I] * 10          # h, w, oh, ow, kh, kw, sh, sw, ph, pw
-VERSION = 17                 # kernels_version() of the kernels these calls are written for
+VERSION = 18                 # kernels_version() of the kernels these calls are written for
 
 
 def _load():
@@ -88,14 +88,17 @@ image_gemm = direct
 softmax = lib is not None and lib.softmax_available() == 1
 
 
-def avx2_pooling_first(on, rows=True):
+def avx2_pooling_first(on, rows=True, tiles=True):
     """Pooling by the AVX2 passes before the AVX-512 ones (True), or only where the CPU has no
-    AVX-512 (False: the default): MAX's forward by a window's rows then its columns
-    (kernels/pool_rows.c; with `rows` False, not at all), then 8 planes a vector
-    (pool_lanes8.c), as AVE's forward; AVE's backward 8 cells a vector (pool_ave_vectors.c).
-    The tests run each. Returns whether they then come first on this CPU."""
+    AVX-512 (False: the default): MAX's forward where 2x2 windows of stride 2 tile the planes
+    by a pass over them all (kernels/pool_tiles.c; with `tiles` False, not at all), by a
+    window's rows then its columns (pool_rows.c; with `rows` False, not at all), then 8
+    planes a vector (pool_lanes8.c), as AVE's forward; AVE's backward 8 cells a vector
+    (pool_ave_vectors.c). The tests run each. Returns whether they then come first on this
+    CPU."""
     ctypes.c_int.in_dll(lib, "pool_lanes8_after_avx512").value = int(not on)
     ctypes.c_int.in_dll(lib, "pool_rows_serve").value = int(rows)
+    ctypes.c_int.in_dll(lib, "pool_tiles_serve").value = int(tiles)
     return lib.pool_lanes8_first() == 1
 
 

@@ -1,15 +1,39 @@
-/* 2-D MAX pooling, backward, where 2x2 windows of stride 2 tile the plane (no padding, even
- * sides: VGG's and LeNet's poolings), on AVX2: each input cell lies in one window, so dx is
- * written once, densely, each cell the window's dy where the cell is its winner and 0
- * elsewhere; not zeroed and then scattered into a cell at a time (pooling.c's route_plane:
- * VGG's pools at 23-47% of the memory's rate). The values are Caffe's: its dx, zeroed, gets
- * 0 + dy at the winner (0 + -0 is +0: the sum is made here too, not a copy of dy). Planes
- * that tile lie end to end as one tall plane: a pass over rows of outputs. Returns 0, or -2
- * where it does not serve (another window or stride, padding, odd sides, winners of 4 bytes,
- * rows of fewer than 8 outputs, no AVX2). */
+/* 2-D MAX pooling where 2x2 windows of stride 2 tile the plane (no padding, even sides:
+ * VGG's and LeNet's poolings), on AVX2. Planes that tile lie end to end as one tall plane, so
+ * both directions are one pass over rows of outputs, whatever the planes' count and size.
+ *
+ * Forward: 8 outputs a vector, from their windows' 16 upper and 16 lower cells: each of the
+ * four taps one shuffle of two loads (the even or odd cells), the 8 outputs then in the
+ * shuffle's order (two 64-bit quarters traded) until they are stored. Rows of 2 or 4 outputs
+ * take 4 or 2 rows a vector, which the same shuffles put in that same order; rows of 8k
+ * outputs 8 of a row. Values are pooling.c's: the window's cells in row-major order, one
+ * taking over only when strictly greater, a NaN becoming the maximum without moving the
+ * winner (place: row tap * 2 + column tap). Not served: rows of another count of outputs.
+ *
+ * Backward: each input cell lies in one window, so dx is written once, densely, each cell the
+ * window's dy where the cell is its winner and 0 elsewhere; not zeroed and then scattered
+ * into a cell at a time (pooling.c's route_plane: VGG's pools at 23-47% of the memory's
+ * rate). The values are Caffe's: its dx, zeroed, gets 0 + dy at the winner (0 + -0 is +0: the
+ * sum is made here too, not a copy of dy). Not served: rows of fewer than 8 outputs, winners
+ * of 4 bytes.
+ *
+ * Both return 0, or -2 where they do not serve (another window or stride, padding, odd
+ * sides, no AVX2). */
+#include <math.h>
 #include <stdint.h>
 
 #include "avx2.h"
+
+/* 1 (the default): the forward serves wherever it can; 0: pooling.c goes on to pool_rows.c
+ * and pool_lanes8.c (the tests take each) */
+int pool_tiles_serve = 1;
+
+/* Whether 2x2 windows of stride 2 tile the planes: no padding, sides twice the output's */
+static int tiles(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw)
+{
+    return kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && h == 2 * oh &&
+        w == 2 * ow;
+}
 
 /* Rows of fewer outputs stay with the scatter: a row all tail, its cells one at a time, took
  * longer than zeroing and scattering (VGG's pool4, 8x8 -> 4x4: 0.5-0.8 -> 1.6-2.1 ms) */
@@ -58,14 +82,141 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
                             int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                             int sh, int sw, int ph, int pw)
 {
-    if (!cpu_has_avx2() || arg_bytes != 1 || kh != 2 || kw != 2 || sh != 2 || sw != 2 ||
-        ph != 0 || pw != 0 || h != 2 * oh || w != 2 * ow || ow < FEW_OUTPUTS)
+    if (!cpu_has_avx2() || arg_bytes != 1 || !tiles(h, w, oh, ow, kh, kw, sh, sw, ph, pw) ||
+        ow < FEW_OUTPUTS)
         return -2;
 #if HAVE_AVX2
     tiles_backward(dy, arg, dx, planes * oh, ow);
     return 0;
 #else
     (void)dy, (void)arg, (void)dx, (void)planes;
+    return -2;
+#endif
+}
+
+#if HAVE_AVX2
+/* best, winner <- a later tap's value: taken when strictly greater, a NaN taken as the
+ * maximum without moving the winner */
+#define TAKE_TAP8(best, won, value, tap)                                                   \
+    do {                                                                                   \
+        const __m256 greater_ = _mm256_cmp_ps(value, best, _CMP_GT_OQ);                  \
+        const __m256 nan_ = _mm256_cmp_ps(value, value, _CMP_UNORD_Q);                   \
+        best = _mm256_blendv_ps(best, value, _mm256_or_ps(greater_, nan_));              \
+        won = _mm256_blendv_ps(won, _mm256_castsi256_ps(_mm256_set1_epi32(tap)), greater_); \
+    } while (0)
+
+/* The 8 outputs from flat output o of the tall plane (rows of ow outputs, 2 ow cells an input
+ * row): the loads of their upper cells (a: outputs 0-3's, b: 4-7's, in the shuffle's order)
+ * and lower ones (c, d). Inlined: ow 2 and 4 constants, else a multiple of 8. */
+AVX2 static inline __attribute__((always_inline)) void
+tile_loads8(const float *x, int64_t o, int ow, __m256 *a, __m256 *b, __m256 *c, __m256 *d)
+{
+    const int64_t w = 2 * (int64_t)ow;
+    if (ow == 2) {          /* input rows of 4: rows 2r .. 2r + 7 are 32 cells in a row */
+        const float *at = x + 2 * o * 2;
+        const __m256 v0 = _mm256_loadu_ps(at), v1 = _mm256_loadu_ps(at + 8);
+        const __m256 v2 = _mm256_loadu_ps(at + 16), v3 = _mm256_loadu_ps(at + 24);
+        *a = _mm256_permute2f128_ps(v0, v1, 0x20);
+        *c = _mm256_permute2f128_ps(v0, v1, 0x31);
+        *b = _mm256_permute2f128_ps(v2, v3, 0x20);
+        *d = _mm256_permute2f128_ps(v2, v3, 0x31);
+    } else if (ow == 4) {   /* input rows of 8: output rows r, r + 1 */
+        const float *at = x + 2 * o * 2;
+        *a = _mm256_loadu_ps(at);
+        *c = _mm256_loadu_ps(at + w);
+        *b = _mm256_loadu_ps(at + 2 * w);
+        *d = _mm256_loadu_ps(at + 3 * w);
+    } else {                /* 8 outputs of one row */
+        const int64_t r = o / ow, j = o % ow;
+        const float *at = x + 2 * r * w + 2 * j;
+        *a = _mm256_loadu_ps(at);
+        *b = _mm256_loadu_ps(at + 8);
+        *c = _mm256_loadu_ps(at + w);
+        *d = _mm256_loadu_ps(at + w + 8);
+    }
+}
+
+/* Outputs [0, count - count % 8) of the tall plane, 8 at a time */
+AVX2 static inline __attribute__((always_inline)) void
+tiles_forward8(const float *x, float *y, void *arg, int arg_bytes, int64_t count, int ow)
+{
+    for (int64_t o = 0; o + 8 <= count; o += 8) {
+        __m256 a, b, c, d;
+        tile_loads8(x, o, ow, &a, &b, &c, &d);
+        /* lanes (0, 1, 4, 5 | 2, 3, 6, 7) of the 8 outputs: tap 0, the upper even cells */
+        __m256 best = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 won = _mm256_setzero_ps();
+        const __m256 upper_odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        const __m256 lower_even = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
+        const __m256 lower_odd = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
+        TAKE_TAP8(best, won, upper_odd, 1);
+        TAKE_TAP8(best, won, lower_even, 2);
+        TAKE_TAP8(best, won, lower_odd, 3);
+        /* the outputs' order: the middle 64-bit quarters traded */
+        _mm256_storeu_ps(y + o, _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(best), _MM_SHUFFLE(3, 1, 2, 0))));
+        const __m256i places = _mm256_permute4x64_epi64(_mm256_castps_si256(won),
+                                                        _MM_SHUFFLE(3, 1, 2, 0));
+        if (arg_bytes == 1) {
+            const __m128i halves = _mm_packus_epi32(_mm256_castsi256_si128(places),
+                                                    _mm256_extracti128_si256(places, 1));
+            _mm_storel_epi64((__m128i *)((uint8_t *)arg + o), _mm_packus_epi16(halves, halves));
+        } else {
+            _mm256_storeu_si256((__m256i *)((int32_t *)arg + o), places);
+        }
+    }
+}
+
+/* tiles_forward8 with rows of 2, of 4, or of 8k outputs */
+AVX2 static void tiles_forward(const float *x, float *y, void *arg, int arg_bytes,
+                               int64_t count, int ow)
+{
+    if (ow == 2)
+        tiles_forward8(x, y, arg, arg_bytes, count, 2);
+    else if (ow == 4)
+        tiles_forward8(x, y, arg, arg_bytes, count, 4);
+    else
+        tiles_forward8(x, y, arg, arg_bytes, count, ow);
+}
+#endif
+
+/* One output of the tall plane, as a lane of tiles_forward8 */
+static void tile_forward1(const float *x, float *y, void *arg, int arg_bytes, int64_t o,
+                          int ow)
+{
+    const int64_t w = 2 * (int64_t)ow;
+    const float *at = x + 2 * (o / ow) * w + 2 * (o % ow);
+    const float cells[4] = {at[0], at[1], at[w], at[w + 1]};
+    float best = cells[0];
+    int won = 0;
+    for (int t = 1; t < 4; ++t) {
+        if (cells[t] > best)
+            won = t;
+        if (cells[t] > best || isnan(cells[t]))
+            best = cells[t];
+    }
+    y[o] = best;
+    if (arg_bytes == 1)
+        ((uint8_t *)arg)[o] = (uint8_t)won;
+    else
+        ((int32_t *)arg)[o] = won;
+}
+
+int pool_tiles_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                           int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                           int ph, int pw)
+{
+    if (!pool_tiles_serve || !cpu_has_avx2() || !tiles(h, w, oh, ow, kh, kw, sh, sw, ph, pw) ||
+        (arg_bytes != 1 && arg_bytes != 4) || !(ow == 2 || ow == 4 || ow % 8 == 0))
+        return -2;
+#if HAVE_AVX2
+    const int64_t count = planes * oh * ow;
+    tiles_forward(x, y, arg, arg_bytes, count, ow);
+    for (int64_t o = count - count % 8; o < count; ++o)
+        tile_forward1(x, y, arg, arg_bytes, o, ow);
+    return 0;
+#else
+    (void)x, (void)y, (void)arg, (void)planes;
     return -2;
 #endif
 }

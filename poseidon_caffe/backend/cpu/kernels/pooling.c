@@ -26,6 +26,9 @@
 int pool_same_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
                           int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
                           int ph, int pw);
+int pool_tiles_max_forward(const float *x, float *y, void *arg, int arg_bytes, int64_t planes,
+                           int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                           int ph, int pw);
 int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
                             int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                             int sh, int sw, int ph, int pw);
@@ -76,7 +79,7 @@ int pool_vectors_ave_backward(const float *dy, float *dx, const float *size, int
  * from another version (an in-place build older than this source). */
 int kernels_version(void)
 {
-    return 17;
+    return 18;
 }
 
 /* One axis of a pooling: where output o's window starts and ends, clipped to the input. */
@@ -373,8 +376,9 @@ static void ave_direct_backward(const float *restrict dyp, float *restrict dxp,
  *
  * With `lanes`, pool_same.c's shifted loads (stride 1, the output the input's size) or
  * pool_lanes.c's pass run where they serve (AVX-512), 16 cells or 16 planes a vector, and
- * where the CPU has AVX2 but not AVX-512, pool_rows.c's rows then columns (column strides 1
- * and 2) or pool_lanes8.c's 8 planes a vector.
+ * where the CPU has AVX2 but not AVX-512, pool_tiles.c's pass over planes that 2x2 windows of
+ * stride 2 tile, pool_rows.c's rows then columns (column strides 1 and 2) or pool_lanes8.c's 8
+ * planes a vector.
  * Otherwise: which cell wins is data, which a branch predictor cannot learn, so the
  * comparisons are masks over whole planes: in the phased layout (above, padding -inf) the
  * taps are visited in the window's row-major order, each one contiguous loop over every output
@@ -388,8 +392,11 @@ int pool_max_forward(const float *restrict x, float *restrict y, void *restrict 
     if (lanes) {
         int status = -2;
         if (pool_lanes8_first()) {
-            status = pool_rows_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
-                                           sh, sw, ph, pw);
+            status = pool_tiles_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh, kw,
+                                            sh, sw, ph, pw);
+            if (status == -2)
+                status = pool_rows_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
+                                               kw, sh, sw, ph, pw);
             if (status == -2)
                 status = pool_lanes8_max_forward(x, y, arg, arg_bytes, planes, h, w, oh, ow, kh,
                                                  kw, sh, sw, ph, pw);
