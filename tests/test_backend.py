@@ -1078,8 +1078,9 @@ def test_native_max_pool_of_tiling_2x2_windows_equals_the_numpy_path(side):
     planes end to end, 8 outputs a vector taking 4, 2 or 1 rows of them): ties go to the
     first cell in row-major order, a NaN in any of the four places makes its output NaN and
     leaves the winner where it was, a window of -inf keeps its first cell; values and 1-byte
-    winners as the numpy tap loop's, int32 winners too; 3 and 5 planes leave 4 or 8 outputs
-    of 2x2 planes past the last whole vector, and nothing past the outputs is written."""
+    winners as the numpy tap loop's, int32 winners too, and the backward's dx (written once,
+    densely) as its; 3 and 5 planes leave 4 outputs of 2x2 planes past the last whole vector,
+    and nothing past the outputs is written."""
     from poseidon_caffe.backend.cpu import native
     from poseidon_caffe.backend.cpu.pool import PoolPlan
     half = side // 2
@@ -1097,6 +1098,11 @@ def test_native_max_pool_of_tiling_2x2_windows_equals_the_numpy_path(side):
         np.testing.assert_array_equal(y, want)
         np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
         assert np.isnan(y[0, :4, 0, 1]).all() and y[0, planes - 1, -1, -1] == -np.inf
+        dy = _rand(y.shape, 47)
+        dy[0, 0, 0, 0] = dy[0, -1, -1, -1] = -0.0   # the first and last: 0 + -0 is +0
+        dx = native_plan.routed_backward(dy, np.full(x.shape, np.nan, np.float32))
+        np.testing.assert_array_equal(dx, numpy_plan.routed_backward(dy, np.empty_like(x)))
+        assert not (np.signbit(dx) & (dx == 0)).any()
         outputs = y.size
         room = np.full(outputs + 16, 7.5, np.float32)
         wide = np.full(outputs + 16, 77, np.int32)

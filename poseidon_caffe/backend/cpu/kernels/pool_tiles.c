@@ -14,8 +14,8 @@
  * window's dy where the cell is its winner and 0 elsewhere; not zeroed and then scattered
  * into a cell at a time (pooling.c's route_plane: VGG's pools at 23-47% of the memory's
  * rate). The values are Caffe's: its dx, zeroed, gets 0 + dy at the winner (0 + -0 is +0: the
- * sum is made here too, not a copy of dy). Not served: rows of fewer than 8 outputs, winners
- * of 4 bytes.
+ * sum is made here too, not a copy of dy). Rows of 2 or 4 outputs go 4 or 2 rows a vector, as
+ * the forward's. Not served: rows of 5 to 7 outputs, winners of 4 bytes.
  *
  * Both return 0, or -2 where they do not serve (another window or stride, padding, odd
  * sides, no AVX2). */
@@ -35,8 +35,9 @@ static int tiles(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, i
         w == 2 * ow;
 }
 
-/* Rows of fewer outputs stay with the scatter: a row all tail, its cells one at a time, took
- * longer than zeroing and scattering (VGG's pool4, 8x8 -> 4x4: 0.5-0.8 -> 1.6-2.1 ms) */
+/* Rows of fewer outputs but 2 and 4 (several rows a vector) stay with the scatter: a row all
+ * tail, its cells one at a time, took longer than zeroing and scattering (VGG's pool4, 8x8 ->
+ * 4x4, before it went 2 rows a vector: 0.5-0.8 -> 1.6-2.1 ms) */
 #define FEW_OUTPUTS 8
 
 #if HAVE_AVX2
@@ -76,6 +77,58 @@ AVX2 static void tiles_backward(const float *dy, const uint8_t *arg, float *dx, 
                 (t < 2 ? upper : lower)[2 * j + (t & 1)] = a[j] == t ? 0.0f + d[j] : 0.0f;
     }
 }
+
+/* tiles_backward for rows of 2 or 4 outputs (a constant, inlined): 8 outputs are 4 or 2 rows,
+ * their input rows 32 cells end to end; the unpacks' halves land a row apart, so they go out
+ * in the rows' order. Outputs past the last whole 8 one at a time. */
+AVX2 static inline __attribute__((always_inline)) void
+tiles_backward_short(const float *dy, const uint8_t *arg, float *dx, int64_t count, int ow)
+{
+    const int64_t w = 2 * (int64_t)ow;
+    const __m256 zero = _mm256_setzero_ps();
+    int64_t o = 0;
+    for (; o + 8 <= count; o += 8) {
+        const __m256 g = _mm256_add_ps(zero, _mm256_loadu_ps(dy + o));
+        const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(arg + o)));
+        __m256 cells[4];        /* upper outputs 0-3, 4-7; lower 0-3, 4-7: 8 cells each */
+        for (int half = 0; half < 2; ++half) {
+            const __m256 even = _mm256_and_ps(
+                _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, _mm256_set1_epi32(2 * half))), g);
+            const __m256 odd = _mm256_and_ps(
+                _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, _mm256_set1_epi32(2 * half + 1))),
+                g);
+            const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+            cells[2 * half] = _mm256_permute2f128_ps(lo, hi, 0x20);
+            cells[2 * half + 1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+        }
+        float *to = dx + 2 * o * 2;          /* input row 2r of output row r = o / ow */
+        for (int part = 0; part < 2; ++part) {      /* outputs 0-3, then 4-7 */
+            const __m256 upper = cells[part], lower = cells[2 + part];
+            if (ow == 4) {          /* one output row: its input rows 2r, 2r + 1 */
+                _mm256_storeu_ps(to + 2 * part * w, upper);
+                _mm256_storeu_ps(to + 2 * part * w + w, lower);
+            } else {                /* two output rows, each a half: rows 2r .. 2r + 3 */
+                _mm256_storeu_ps(to + 16 * part, _mm256_permute2f128_ps(upper, lower, 0x20));
+                _mm256_storeu_ps(to + 16 * part + 8, _mm256_permute2f128_ps(upper, lower, 0x31));
+            }
+        }
+    }
+    for (; o < count; ++o) {
+        float *upper = dx + 2 * (o / ow) * w + 2 * (o % ow), *lower = upper + w;
+        for (int t = 0; t < 4; ++t)
+            (t < 2 ? upper : lower)[t & 1] = arg[o] == t ? 0.0f + dy[o] : 0.0f;
+    }
+}
+
+/* tiles_backward_short with rows of 2 or of 4 outputs */
+AVX2 static void tiles_backward_rows(const float *dy, const uint8_t *arg, float *dx,
+                                     int64_t count, int ow)
+{
+    if (ow == 2)
+        tiles_backward_short(dy, arg, dx, count, 2);
+    else
+        tiles_backward_short(dy, arg, dx, count, 4);
+}
 #endif
 
 int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
@@ -83,10 +136,13 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
                             int sh, int sw, int ph, int pw)
 {
     if (!cpu_has_avx2() || arg_bytes != 1 || !tiles(h, w, oh, ow, kh, kw, sh, sw, ph, pw) ||
-        ow < FEW_OUTPUTS)
+        (ow < FEW_OUTPUTS && ow != 2 && ow != 4))
         return -2;
 #if HAVE_AVX2
-    tiles_backward(dy, arg, dx, planes * oh, ow);
+    if (ow < FEW_OUTPUTS)
+        tiles_backward_rows(dy, arg, dx, planes * oh * ow, ow);
+    else
+        tiles_backward(dy, arg, dx, planes * oh, ow);
     return 0;
 #else
     (void)dy, (void)arg, (void)dx, (void)planes;
