@@ -21,10 +21,11 @@ from .threads import over_parts
 # A pooling of less work than this (its outputs' window taps and its input cells, over the
 # batch) runs whole on the calling thread: handing a part to the other thread, asleep between
 # layers, costs more than the part saves (two threads, forward / backward: VGG-16's pool5 at
-# 64x64, 0.5M, 0.36-0.45 / 0.44 ms split, 0.28-0.32 / 0.36-0.37 whole; CIFAR-10 quick's
-# pool3, 1.3M, 0.32-0.39 / 0.26 and 0.26-0.27 / 0.25-0.27), and from 2M (VGG's pool4,
-# CIFAR's pool2) the split pays again
-SPLIT_POOL_WORK = 1.5e6
+# 64x64, 0.5M, 0.36-0.45 / 0.44 ms split in the net's flow, 0.28-0.32 / 0.36-0.37 whole;
+# CIFAR-10 quick's pool3, 1.3M, 0.32-0.39 / 0.26 and 0.26-0.27 / 0.25-0.27; VGG's pool4, 2M,
+# called alone, 0.20 / 0.18 split and 0.13 / 0.11 whole), and from 2.7M (CIFAR's pool2, 0.27 /
+# 0.36 -> 0.26 / 0.29; AlexNet's pool5, 4M, 0.45 / 0.39 -> 0.34 / 0.31) the split pays
+SPLIT_POOL_WORK = 2.5e6
 
 
 class SplitConvPlan:
@@ -246,9 +247,9 @@ class SplitPoolPlan:
     def _parts(self, batch):
         """How many parts a call on ``batch`` (N, C, ...: the input or the top's gradient,
         so a forward and its backward are cut alike) runs in."""
-        g = self.geom
-        planes = batch.shape[0] * batch.shape[1]
-        work = planes * (np.prod(g.out_shape) * np.prod(g.kernel) + np.prod(g.in_shape))
+        g = self.geom                   # plain ints: numpy's prod takes microseconds a call
+        (oh, ow), (kh, kw), (h, w) = g.out_shape, g.kernel, g.in_shape
+        work = batch.shape[0] * batch.shape[1] * (oh * ow * kh * kw + h * w)
         return self.threads if work >= self.min_work else 1
 
     def _each(self, method, n, *arrays):

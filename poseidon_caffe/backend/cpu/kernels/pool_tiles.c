@@ -4,18 +4,21 @@
  *
  * Forward: 8 outputs a vector, from their windows' 16 upper and 16 lower cells: each of the
  * four taps one shuffle of two loads (the even or odd cells), the 8 outputs then in the
- * shuffle's order (two 64-bit quarters traded) until they are stored. Rows of 2 or 4 outputs
- * take 4 or 2 rows a vector, which the same shuffles put in that same order; rows of 8k
- * outputs 8 of a row. Values are pooling.c's: the window's cells in row-major order, one
- * taking over only when strictly greater, a NaN becoming the maximum without moving the
- * winner (place: row tap * 2 + column tap). Not served: rows of another count of outputs.
+ * shuffle's order (two 64-bit quarters traded) until they are stored. The loads take 4
+ * outputs' 8 cells each, so rows of a multiple of 4 outputs go 8 at a time wherever their
+ * rows end (4 of one row and 4 of the next: LeNet's 12 a row); rows of 2 take 4 rows a vector,
+ * which the same shuffles put in that same order. Values are pooling.c's: the window's cells
+ * in row-major order, one taking over only when strictly greater, a NaN becoming the maximum
+ * without moving the winner (place: row tap * 2 + column tap). Not served: rows of another
+ * count of outputs.
  *
  * Backward: each input cell lies in one window, so dx is written once, densely, each cell the
  * window's dy where the cell is its winner and 0 elsewhere; not zeroed and then scattered
  * into a cell at a time (pooling.c's route_plane: VGG's pools at 23-47% of the memory's
  * rate). The values are Caffe's: its dx, zeroed, gets 0 + dy at the winner (0 + -0 is +0: the
- * sum is made here too, not a copy of dy). Rows of 2 or 4 outputs go 4 or 2 rows a vector, as
- * the forward's. Not served: rows of 5 to 7 outputs, winners of 4 bytes.
+ * sum is made here too, not a copy of dy). Rows of 2 outputs or of a multiple of 4 go 8
+ * outputs a vector as the forward's; other rows of 8 or more, 8 of a row and the rest one at a
+ * time. Not served: rows of 5 to 7 outputs, winners of 4 bytes.
  *
  * Both return 0, or -2 where they do not serve (another window or stride, padding, odd
  * sides, no AVX2). */
@@ -37,8 +40,26 @@ static int tiles(int h, int w, int oh, int ow, int kh, int kw, int sh, int sw, i
 
 /* Rows of fewer outputs but 2 and 4 (several rows a vector) stay with the scatter: a row all
  * tail, its cells one at a time, took longer than zeroing and scattering (VGG's pool4, 8x8 ->
- * 4x4, before it went 2 rows a vector: 0.5-0.8 -> 1.6-2.1 ms) */
+ * 4x4, before its rows went 4 outputs at a time: 0.5-0.8 -> 1.6-2.1 ms) */
 #define FEW_OUTPUTS 8
+
+/* Where 4 outputs of the tall plane (rows of ow outputs, ow a multiple of 4; 2 ow cells an
+ * input row) find their 8 upper cells: output row r, column j, the next 4 after them */
+typedef struct {
+    int64_t r;
+    int j;
+} quad_cursor;
+
+static inline int64_t next_quad(quad_cursor *q, int ow)
+{
+    const int64_t at = 2 * q->r * (2 * (int64_t)ow) + 2 * q->j;
+    q->j += 4;
+    if (q->j == ow) {
+        q->j = 0;
+        ++q->r;
+    }
+    return at;
+}
 
 #if HAVE_AVX2
 /* Output rows `rows` of `ow` each: dy and winners (0..3: row tap * 2 + column tap) -> input
@@ -78,14 +99,17 @@ AVX2 static void tiles_backward(const float *dy, const uint8_t *arg, float *dx, 
     }
 }
 
-/* tiles_backward for rows of 2 or 4 outputs (a constant, inlined): 8 outputs are 4 or 2 rows,
- * their input rows 32 cells end to end; the unpacks' halves land a row apart, so they go out
- * in the rows' order. Outputs past the last whole 8 one at a time. */
+/* tiles_backward 8 outputs of the tall plane at a time, rows of 2 outputs (a constant,
+ * inlined) or of a multiple of 4: each 4 outputs' 8 upper and 8 lower cells at their place
+ * (rows of 4, 12, ...: no row's last outputs one at a time), or rows of 2 four rows a vector,
+ * their input rows 32 cells end to end, the unpacks' halves landing a row apart. Outputs past
+ * the last whole 8 one at a time. */
 AVX2 static inline __attribute__((always_inline)) void
-tiles_backward_short(const float *dy, const uint8_t *arg, float *dx, int64_t count, int ow)
+tiles_backward_quads(const float *dy, const uint8_t *arg, float *dx, int64_t count, int ow)
 {
     const int64_t w = 2 * (int64_t)ow;
     const __m256 zero = _mm256_setzero_ps();
+    quad_cursor q = {0, 0};
     int64_t o = 0;
     for (; o + 8 <= count; o += 8) {
         const __m256 g = _mm256_add_ps(zero, _mm256_loadu_ps(dy + o));
@@ -101,15 +125,16 @@ tiles_backward_short(const float *dy, const uint8_t *arg, float *dx, int64_t cou
             cells[2 * half] = _mm256_permute2f128_ps(lo, hi, 0x20);
             cells[2 * half + 1] = _mm256_permute2f128_ps(lo, hi, 0x31);
         }
-        float *to = dx + 2 * o * 2;          /* input row 2r of output row r = o / ow */
         for (int part = 0; part < 2; ++part) {      /* outputs 0-3, then 4-7 */
             const __m256 upper = cells[part], lower = cells[2 + part];
-            if (ow == 4) {          /* one output row: its input rows 2r, 2r + 1 */
-                _mm256_storeu_ps(to + 2 * part * w, upper);
-                _mm256_storeu_ps(to + 2 * part * w + w, lower);
-            } else {                /* two output rows, each a half: rows 2r .. 2r + 3 */
-                _mm256_storeu_ps(to + 16 * part, _mm256_permute2f128_ps(upper, lower, 0x20));
-                _mm256_storeu_ps(to + 16 * part + 8, _mm256_permute2f128_ps(upper, lower, 0x31));
+            if (ow == 2) {          /* two output rows, each a half: rows 2r .. 2r + 3 */
+                float *to = dx + 2 * o * 2 + 16 * part;
+                _mm256_storeu_ps(to, _mm256_permute2f128_ps(upper, lower, 0x20));
+                _mm256_storeu_ps(to + 8, _mm256_permute2f128_ps(upper, lower, 0x31));
+            } else {                /* 4 outputs of a row: input rows 2r and 2r + 1 */
+                float *to = dx + next_quad(&q, ow);
+                _mm256_storeu_ps(to, upper);
+                _mm256_storeu_ps(to + w, lower);
             }
         }
     }
@@ -120,14 +145,16 @@ tiles_backward_short(const float *dy, const uint8_t *arg, float *dx, int64_t cou
     }
 }
 
-/* tiles_backward_short with rows of 2 or of 4 outputs */
-AVX2 static void tiles_backward_rows(const float *dy, const uint8_t *arg, float *dx,
-                                     int64_t count, int ow)
+/* tiles_backward_quads with rows of 2 outputs, of 4, or of another multiple of 4 */
+AVX2 static void tiles_backward_by_quads(const float *dy, const uint8_t *arg, float *dx,
+                                         int64_t count, int ow)
 {
     if (ow == 2)
-        tiles_backward_short(dy, arg, dx, count, 2);
+        tiles_backward_quads(dy, arg, dx, count, 2);
+    else if (ow == 4)           /* a constant: each 4 outputs a row of their own */
+        tiles_backward_quads(dy, arg, dx, count, 4);
     else
-        tiles_backward_short(dy, arg, dx, count, 4);
+        tiles_backward_quads(dy, arg, dx, count, ow);
 }
 #endif
 
@@ -135,12 +162,13 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
                             int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                             int sh, int sw, int ph, int pw)
 {
+    const int quads = ow == 2 || ow % 4 == 0;
     if (!cpu_has_avx2() || arg_bytes != 1 || !tiles(h, w, oh, ow, kh, kw, sh, sw, ph, pw) ||
-        (ow < FEW_OUTPUTS && ow != 2 && ow != 4))
+        (ow < FEW_OUTPUTS && !quads))
         return -2;
 #if HAVE_AVX2
-    if (ow < FEW_OUTPUTS)
-        tiles_backward_rows(dy, arg, dx, planes * oh * ow, ow);
+    if (quads)
+        tiles_backward_by_quads(dy, arg, dx, planes * oh * ow, ow);
     else
         tiles_backward(dy, arg, dx, planes * oh, ow);
     return 0;
@@ -163,9 +191,10 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
 
 /* The 8 outputs from flat output o of the tall plane (rows of ow outputs, 2 ow cells an input
  * row): the loads of their upper cells (a: outputs 0-3's, b: 4-7's, in the shuffle's order)
- * and lower ones (c, d). Inlined: ow 2 and 4 constants, else a multiple of 8. */
+ * and lower ones (c, d). Inlined: ow 2 a constant, else a multiple of 4 (`q` at o). */
 AVX2 static inline __attribute__((always_inline)) void
-tile_loads8(const float *x, int64_t o, int ow, __m256 *a, __m256 *b, __m256 *c, __m256 *d)
+tile_loads8(const float *x, int64_t o, int ow, quad_cursor *q, __m256 *a, __m256 *b,
+            __m256 *c, __m256 *d)
 {
     const int64_t w = 2 * (int64_t)ow;
     if (ow == 2) {          /* input rows of 4: rows 2r .. 2r + 7 are 32 cells in a row */
@@ -176,19 +205,12 @@ tile_loads8(const float *x, int64_t o, int ow, __m256 *a, __m256 *b, __m256 *c, 
         *c = _mm256_permute2f128_ps(v0, v1, 0x31);
         *b = _mm256_permute2f128_ps(v2, v3, 0x20);
         *d = _mm256_permute2f128_ps(v2, v3, 0x31);
-    } else if (ow == 4) {   /* input rows of 8: output rows r, r + 1 */
-        const float *at = x + 2 * o * 2;
-        *a = _mm256_loadu_ps(at);
-        *c = _mm256_loadu_ps(at + w);
-        *b = _mm256_loadu_ps(at + 2 * w);
-        *d = _mm256_loadu_ps(at + 3 * w);
-    } else {                /* 8 outputs of one row */
-        const int64_t r = o / ow, j = o % ow;
-        const float *at = x + 2 * r * w + 2 * j;
-        *a = _mm256_loadu_ps(at);
-        *b = _mm256_loadu_ps(at + 8);
-        *c = _mm256_loadu_ps(at + w);
-        *d = _mm256_loadu_ps(at + w + 8);
+    } else {                /* 4 outputs of a row, then 4 of the same row or the next */
+        const float *first = x + next_quad(q, ow), *then = x + next_quad(q, ow);
+        *a = _mm256_loadu_ps(first);
+        *c = _mm256_loadu_ps(first + w);
+        *b = _mm256_loadu_ps(then);
+        *d = _mm256_loadu_ps(then + w);
     }
 }
 
@@ -196,9 +218,10 @@ tile_loads8(const float *x, int64_t o, int ow, __m256 *a, __m256 *b, __m256 *c, 
 AVX2 static inline __attribute__((always_inline)) void
 tiles_forward8(const float *x, float *y, void *arg, int arg_bytes, int64_t count, int ow)
 {
+    quad_cursor q = {0, 0};
     for (int64_t o = 0; o + 8 <= count; o += 8) {
         __m256 a, b, c, d;
-        tile_loads8(x, o, ow, &a, &b, &c, &d);
+        tile_loads8(x, o, ow, &q, &a, &b, &c, &d);
         /* lanes (0, 1, 4, 5 | 2, 3, 6, 7) of the 8 outputs: tap 0, the upper even cells */
         __m256 best = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
         __m256 won = _mm256_setzero_ps();
@@ -223,13 +246,13 @@ tiles_forward8(const float *x, float *y, void *arg, int arg_bytes, int64_t count
     }
 }
 
-/* tiles_forward8 with rows of 2, of 4, or of 8k outputs */
+/* tiles_forward8 with rows of 2 outputs, of 4, or of another multiple of 4 */
 AVX2 static void tiles_forward(const float *x, float *y, void *arg, int arg_bytes,
                                int64_t count, int ow)
 {
     if (ow == 2)
         tiles_forward8(x, y, arg, arg_bytes, count, 2);
-    else if (ow == 4)
+    else if (ow == 4)           /* a constant: each 4 outputs a row of their own */
         tiles_forward8(x, y, arg, arg_bytes, count, 4);
     else
         tiles_forward8(x, y, arg, arg_bytes, count, ow);
@@ -263,7 +286,7 @@ int pool_tiles_max_forward(const float *x, float *y, void *arg, int arg_bytes, i
                            int ph, int pw)
 {
     if (!pool_tiles_serve || !cpu_has_avx2() || !tiles(h, w, oh, ow, kh, kw, sh, sw, ph, pw) ||
-        (arg_bytes != 1 && arg_bytes != 4) || !(ow == 2 || ow == 4 || ow % 8 == 0))
+        (arg_bytes != 1 && arg_bytes != 4) || !(ow == 2 || ow % 4 == 0))
         return -2;
 #if HAVE_AVX2
     const int64_t count = planes * oh * ow;
