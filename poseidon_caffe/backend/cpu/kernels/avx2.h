@@ -1,7 +1,7 @@
 /* AVX2 where the compiler can target it, for the passes written for CPUs that have AVX2 but
  * not AVX-512 (pool_lanes8.c, pool_rows.c, ...): HAVE_AVX2, the AVX2 function attribute,
- * first_lanes8(), and cpu_has_avx2(), whether the CPU running the library has it (asked
- * once). */
+ * first_lanes8(), cpu_has_avx2(), whether the CPU running the library has it (asked once),
+ * and cpu_has_fma(). */
 #ifndef POSEIDON_AVX2_H
 #define POSEIDON_AVX2_H
 
@@ -27,6 +27,21 @@ static inline int cpu_has_avx2(void)
     if (known < 0) {
         __builtin_cpu_init();
         known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return known;
+#else
+    return 0;
+#endif
+}
+
+/* Whether that CPU has the fused multiply-add too (lrn.c's AVX2 roots use it), asked once */
+static inline int cpu_has_fma(void)
+{
+#if HAVE_AVX2
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("fma") ? 1 : 0;
     }
     return known;
 #else

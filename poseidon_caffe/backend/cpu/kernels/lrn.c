@@ -165,21 +165,6 @@ AVX2_FMA static void negative_power_roots8(const float *s, float *out, int64_t c
 }
 #endif
 
-/* Whether the CPU running the library has the fused multiply-add (asked once) */
-static int cpu_has_fma(void)
-{
-#if HAVE_AVX2
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("fma") ? 1 : 0;
-    }
-    return known;
-#else
-    return 0;
-#endif
-}
-
 /* 1 (the default): beta 0.75 and 0.5 by reciprocal-root estimates refined once, where the
  * CPU has AVX-512 or AVX2; 0: by square roots and a division everywhere (the tests run
  * both) */
