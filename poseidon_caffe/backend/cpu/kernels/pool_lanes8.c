@@ -25,6 +25,7 @@
 
 #include "avx2.h"
 #include "fetch_ahead.h"
+#include "max_tap8.h"
 #include "pool_window.h"
 
 #define LANES 8
@@ -146,21 +147,6 @@ AVX2 static void spread_winners8(const int32_t *t, int64_t cells, int64_t count,
                 to[k] = (uint8_t)places[k];
         }
     }
-}
-
-/* One tap of MAX for one output's lanes: the value takes over where strictly greater (the
- * winner, int32 bits in a float vector, moves) or NaN (the winner stays). */
-#define MAX_TAP8(best, at, value, tap)                                                   \
-    do {                                                                                 \
-        const __m256 greater_ = _mm256_cmp_ps(value, best, _CMP_GT_OQ);                  \
-        const __m256 nan_ = _mm256_cmp_ps(value, value, _CMP_UNORD_Q);                   \
-        best = _mm256_blendv_ps(best, value, _mm256_or_ps(greater_, nan_));              \
-        at = _mm256_blendv_ps(at, tap, greater_);                                        \
-    } while (0)
-
-AVX2 static inline __m256 place(int p)
-{
-    return _mm256_castsi256_ps(_mm256_set1_epi32(p));
 }
 
 /* Whether outputs (i, j) .. (i, j + 3) of a row have windows wholly inside the input */

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "avx2.h"
+#include "max_tap8.h"
 
 /* 1 (the default): the forward serves wherever it can; 0: pooling.c goes on to pool_rows.c
  * and pool_lanes8.c (the tests take each) */
@@ -179,16 +180,6 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
 }
 
 #if HAVE_AVX2
-/* best, winner <- a later tap's value: taken when strictly greater, a NaN taken as the
- * maximum without moving the winner */
-#define TAKE_TAP8(best, won, value, tap)                                                   \
-    do {                                                                                   \
-        const __m256 greater_ = _mm256_cmp_ps(value, best, _CMP_GT_OQ);                  \
-        const __m256 nan_ = _mm256_cmp_ps(value, value, _CMP_UNORD_Q);                   \
-        best = _mm256_blendv_ps(best, value, _mm256_or_ps(greater_, nan_));              \
-        won = _mm256_blendv_ps(won, _mm256_castsi256_ps(_mm256_set1_epi32(tap)), greater_); \
-    } while (0)
-
 /* The 8 outputs from flat output o of the tall plane (rows of ow outputs, 2 ow cells an input
  * row): the loads of their upper cells (a: outputs 0-3's, b: 4-7's, in the shuffle's order)
  * and lower ones (c, d). Inlined: ow 2 a constant, else a multiple of 4 (`q` at o). */
@@ -228,9 +219,9 @@ tiles_forward8(const float *x, float *y, void *arg, int arg_bytes, int64_t count
         const __m256 upper_odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
         const __m256 lower_even = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
         const __m256 lower_odd = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
-        TAKE_TAP8(best, won, upper_odd, 1);
-        TAKE_TAP8(best, won, lower_even, 2);
-        TAKE_TAP8(best, won, lower_odd, 3);
+        MAX_TAP8(best, won, upper_odd, place(1));
+        MAX_TAP8(best, won, lower_even, place(2));
+        MAX_TAP8(best, won, lower_odd, place(3));
         /* the outputs' order: the middle 64-bit quarters traded */
         _mm256_storeu_ps(y + o, _mm256_castpd_ps(
             _mm256_permute4x64_pd(_mm256_castps_pd(best), _MM_SHUFFLE(3, 1, 2, 0))));
