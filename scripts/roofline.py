@@ -83,35 +83,32 @@ def copy_bandwidth(threads, nbytes=COPY_BYTES, repeats=5):
     """GB/s (read + written) of a large copy, one contiguous slice per thread (numpy releases
     the GIL inside the copy, so the slices run side by side)."""
     import numpy as np
-    from concurrent.futures import ThreadPoolExecutor
-    n = nbytes // 4
-    src = np.ones(n, dtype=np.float32)
-    dst = np.zeros(n, dtype=np.float32)
-    bounds = [(n * i // threads, n * (i + 1) // threads) for i in range(threads)]
-    with ThreadPoolExecutor(threads) as pool:
-        def copy():
-            list(pool.map(lambda lh: np.copyto(dst[lh[0]:lh[1]], src[lh[0]:lh[1]]), bounds))
-        copy()
-        best = min(_seconds(copy) for _ in range(repeats))
-    return 2.0 * nbytes / best / 1e9
+    return _slices_rate(threads, nbytes, repeats, lambda src, dst: np.copyto(dst, src))
 
 
 def pass_bandwidth(threads, nbytes=COPY_BYTES, repeats=5):
     """copy_bandwidth's figure for a pass that writes through the cache as the layers do:
-    dst = src * 1, one contiguous slice per thread."""
+    dst = src * 1."""
+    import numpy as np
+    one = np.float32(1.0)
+    return _slices_rate(threads, nbytes, repeats,
+                        lambda src, dst: np.multiply(src, one, out=dst))
+
+
+def _slices_rate(threads, nbytes, repeats, op):
+    """GB/s (read + written) of op(src, dst) over nbytes of float32, one contiguous slice of
+    each per thread, side by side: the best of ``repeats`` after one to warm up."""
     import numpy as np
     from concurrent.futures import ThreadPoolExecutor
     n = nbytes // 4
     src = np.ones(n, dtype=np.float32)
     dst = np.zeros(n, dtype=np.float32)
-    one = np.float32(1.0)
     bounds = [(n * i // threads, n * (i + 1) // threads) for i in range(threads)]
     with ThreadPoolExecutor(threads) as pool:
-        def scale():
-            list(pool.map(lambda lh: np.multiply(src[lh[0]:lh[1]], one,
-                                                 out=dst[lh[0]:lh[1]]), bounds))
-        scale()
-        best = min(_seconds(scale) for _ in range(repeats))
+        def run():
+            list(pool.map(lambda lh: op(src[lh[0]:lh[1]], dst[lh[0]:lh[1]]), bounds))
+        run()
+        best = min(_seconds(run) for _ in range(repeats))
     return 2.0 * nbytes / best / 1e9
 
 

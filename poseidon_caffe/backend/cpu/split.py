@@ -23,8 +23,9 @@ from .threads import over_parts
 # layers, costs more than the part saves (two threads, forward / backward: VGG-16's pool5 at
 # 64x64, 0.5M, 0.36-0.45 / 0.44 ms split in the net's flow, 0.28-0.32 / 0.36-0.37 whole;
 # CIFAR-10 quick's pool3, 1.3M, 0.32-0.39 / 0.26 and 0.26-0.27 / 0.25-0.27; VGG's pool4, 2M,
-# called alone, 0.20 / 0.18 split and 0.13 / 0.11 whole), and from 2.7M (CIFAR's pool2, 0.27 /
-# 0.36 -> 0.26 / 0.29; AlexNet's pool5, 4M, 0.45 / 0.39 -> 0.34 / 0.31) the split pays
+# called alone, 0.20 / 0.18 split and 0.13 / 0.11 whole), and from 2.7M the split pays
+# (called alone, whole -> split: CIFAR's pool2, 0.27 / 0.36 -> 0.26 / 0.29; AlexNet's pool5,
+# 4M, 0.45 / 0.39 -> 0.34 / 0.31)
 SPLIT_POOL_WORK = 2.5e6
 
 
