@@ -1148,6 +1148,19 @@ def test_native_pooling_over_many_planes_equals_the_numpy_tap_loop(spec, path):
     np.testing.assert_allclose(dx, numpy_plan.ave_backward(dy, np.empty_like(x)), rtol=1e-5,
                                atol=1e-7)
 
+def _by_fast_roots_and_exact(run):
+    """[run() with LRN's fast roots, run() with square roots and a division]"""
+    from poseidon_caffe.backend.cpu import lrn
+    try:
+        runs = []
+        for fast in (True, False):
+            lrn.fast_roots(fast)
+            runs.append(run())
+        return runs
+    finally:
+        lrn.fast_roots(True)
+
+
 @pytest.mark.parametrize("beta", [0.75, 0.5])
 def test_compiled_lrn_reciprocal_roots_are_within_a_few_ulp_of_the_square_roots(beta):
     """Beta 0.75 and 0.5 by reciprocal-root estimates (the default: refined once, or on AVX2
@@ -1168,15 +1181,10 @@ def test_compiled_lrn_reciprocal_roots_are_within_a_few_ulp_of_the_square_roots(
     x[0, 3, 2, :4] = [1e25, -1e25, np.nan, 0.0]     # an infinite scale, a NaN, a zero cell
     x[1, 4, 10, 5:9] = [1e25, -1e25, np.nan, 0.0]   # the same in a later piece
     dy = _rand(x.shape, 41)
-    runs = []
-    try:
-        for fast in (True, False):
-            lrn.fast_roots(fast)
-            top, state = lrn.lrn_forward(x, 5, 1.0, beta, 1e-30, True)
-            runs.append((top, lrn.lrn_backward(x, top, state, dy, 5, 1.0, beta, True)))
-    finally:
-        lrn.fast_roots(True)
-    (fast_top, fast_dx), (exact_top, exact_dx) = runs
+    def run():
+        top, state = lrn.lrn_forward(x, 5, 1.0, beta, 1e-30, True)
+        return top, lrn.lrn_backward(x, top, state, dy, 5, 1.0, beta, True)
+    (fast_top, fast_dx), (exact_top, exact_dx) = _by_fast_roots_and_exact(run)
     np.testing.assert_array_equal(np.isnan(fast_top), np.isnan(exact_top))
     finite = np.isfinite(exact_top) & (exact_top != 0)
     np.testing.assert_array_equal(fast_top[~finite], exact_top[~finite])
@@ -1227,14 +1235,8 @@ def test_compiled_lrn_subnormal_and_zero_scales_take_the_exact_forms():
     x = _rand((2, 6, 9, 30), 43)                 # 270 positions: pieces of 128 and a tail
     x[0, :, 2, :] = 1e-21                        # squares 1e-42: subnormal scales
     x[1, :, 5, 3:20] = 0.0                       # zero scales: top 0 * inf, NaN
-    runs = []
-    try:
-        for fast in (True, False):
-            lrn.fast_roots(fast)
-            runs.append(lrn.lrn_forward(x, 5, 1.0, 0.75, 0.0, True)[0])
-    finally:
-        lrn.fast_roots(True)
-    fast_top, exact_top = runs
+    fast_top, exact_top = _by_fast_roots_and_exact(
+        lambda: lrn.lrn_forward(x, 5, 1.0, 0.75, 0.0, True)[0])
     assert np.isfinite(exact_top[0, :, 2]).all() and (exact_top[0, :, 2] > 1e9).all()
     assert np.isnan(exact_top[1, :, 5, 3:20]).all()
     np.testing.assert_array_equal(np.isnan(fast_top), np.isnan(exact_top))
