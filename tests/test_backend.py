@@ -1,5 +1,6 @@
 """The CPU backend's op set, called directly: geometry, im2col/col2im, conv plans, pool plans,
 LRN and GEMM, against loops and identities written here."""
+import ctypes
 import itertools
 import time
 
@@ -1112,6 +1113,144 @@ def test_native_max_pool_of_tiling_2x2_windows_equals_the_numpy_path(side):
         np.testing.assert_array_equal(wide[:outputs].reshape(y.shape),
                                       native_plan._arg.astype(np.int32))
         assert (room[outputs:] == 7.5).all() and (wide[outputs:] == 77).all()
+
+
+
+# 3x3 windows of stride 2 over rows of more than 8 pairs of columns: MAX's backward gathers
+# (pool_gather.c, AVX2). AlexNet's pool1 and pool2 (the row's last cell one past a pair),
+# CIFAR-10 quick's pool1 (a first and a last block only), GoogLeNet's pool1 (blocks between);
+# padding of 1 and 2 (the first pair before the row, the first band's upper row above the
+# plane); floor rounding (cells no window covers); fewer windows than the row's pairs
+GATHER_GEOMS = [
+    ((55, 55), (3, 3), (2, 2), (0, 0), (27, 27)),
+    ((27, 27), (3, 3), (2, 2), (0, 0), (13, 13)),
+    ((32, 32), (3, 3), (2, 2), (0, 0), (16, 16)),
+    ((112, 112), (3, 3), (2, 2), (0, 0), (56, 56)),
+    ((30, 33), (3, 3), (2, 2), (1, 1), (16, 17)),
+    ((5, 40), (3, 3), (2, 2), (1, 2), (3, 21)),
+    ((7, 70), (3, 3), (2, 2), (2, 1), (5, 36)),
+    ((28, 29), (3, 3), (2, 2), (0, 0), (13, 14)),
+    ((20, 40), (3, 3), (2, 2), (0, 0), (5, 6)),
+]
+
+
+def _pool_gather(native):
+    """pool_gather.c's MAX backward, straight (0 where it served, -2 where not)."""
+    gather = native.lib.pool_gather_max_backward
+    gather.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                       ctypes.c_int64] + [ctypes.c_int] * 10
+    return gather
+
+
+def _caffes_routed_backward(dy, arg, g):
+    """Caffe's MAX backward: dx zeroed, then each output's dy added at its winner in the
+    outputs' order, in float32."""
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
+    planes = dy.shape[0] * dy.shape[1]
+    dx = np.zeros(planes * h * w, np.float32)
+    base = np.arange(planes) * (h * w)
+    for i, j in itertools.product(*map(range, g.out_shape)):
+        place = arg[:, :, i, j].reshape(-1).astype(np.int64)
+        won = place != 255
+        at = base + (i * sh - ph + place // kw) * w + (j * sw - pw + place % kw)
+        dx[at[won]] += dy[:, :, i, j].reshape(-1)[won]
+    return dx.reshape(dy.shape[:2] + g.in_shape)
+
+
+@pytest.mark.parametrize("spec", GATHER_GEOMS, ids=str)
+def test_native_max_backward_gather_of_3x3_stride_2_is_caffes_scatter_bit_for_bit(spec):
+    """Each cell gathers the dy of the windows whose winner it is (pool_gather.c, AVX2): the
+    sums equal Caffe's zeroed diff with each dy added at its winner in the outputs' order bit
+    for bit (ties make cells the winners of up to four windows; a dy of -0 gives +0), every
+    cell is written (dx starts as NaN), the cells no window chose are 0."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    g = PoolGeometry(*spec)
+    x = np.round(_rand((2, 3) + g.in_shape, 60) * 1.5)          # ties: shared winners
+    y = np.empty((2, 3) + g.out_shape, np.float32)
+    arg = np.empty(y.shape, np.uint8)
+    native.max_pool_forward(x, y, arg, g)
+    dy = _rand(y.shape, 61)
+    dy.reshape(-1)[::7] = -0.0
+    dx = np.full(x.shape, np.nan, np.float32)
+    if _pool_gather(native)(dy.ctypes.data, arg.ctypes.data, 1, dx.ctypes.data, 6,
+                            *native._pool_window(g)) != 0:
+        pytest.skip("the gather does not serve on this CPU (no AVX2)")
+    want = _caffes_routed_backward(dy, arg, g)
+    assert dx.tobytes() == want.tobytes()
+    assert not (np.signbit(dx) & (dx == 0)).any()
+    (h, w), (sh, sw), (ph, pw) = g.in_shape, g.stride, g.pad
+    i, j = np.indices(g.out_shape)
+    won = arg != 255
+    cell = (np.arange(6).reshape(2, 3, 1, 1) * (h * w) + (i * sh - ph + arg // 3) * w +
+            (j * sw - pw + arg % 3))
+    assert np.unique(cell[won]).size < won.sum()        # some cells won several windows
+
+
+
+# In a fresh process: pool_gather.c's backward with dy and the winners each ending where a
+# page no one may read begins (a read past either end is a SIGSEGV); "same" where dx equals
+# the gather's over arrays with room after them
+_GATHER_AT_PAGE_ENDS = r"""
+import ctypes, mmap, sys
+import numpy as np
+from poseidon_caffe.backend.cpu import native
+from poseidon_caffe.backend.geometry import PoolGeometry
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+kept = []
+
+def before_a_closed_page(count, dtype):
+    page, size = mmap.PAGESIZE, count * np.dtype(dtype).itemsize
+    pages = -(-size // page) + 1
+    m = mmap.mmap(-1, pages * page)
+    kept.append(m)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert libc.mprotect(start + (pages - 1) * page, page, 0) == 0     # PROT_NONE
+    return np.frombuffer(m, dtype, count, (pages - 1) * page - size)
+
+gather = native.lib.pool_gather_max_backward
+gather.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64] + [
+    ctypes.c_int] * 10
+for spec in ([(27, 27), (3, 3), (2, 2), (0, 0), (13, 13)],
+             [(20, 40), (3, 3), (2, 2), (0, 0), (5, 6)],
+             [(30, 33), (3, 3), (2, 2), (1, 1), (16, 17)]):
+    g = PoolGeometry(*spec)
+    outputs = 3 * g.out_shape[0] * g.out_shape[1]
+    x = np.round(np.random.RandomState(62).uniform(-2, 2, (1, 3) + g.in_shape)).astype(
+        np.float32)
+    dy_room = np.random.RandomState(63).uniform(-1, 1, outputs + 64).astype(np.float32)
+    arg_room = np.zeros(outputs + 64, np.uint8)
+    y = np.empty((1, 3) + g.out_shape, np.float32)
+    native.max_pool_forward(x, y, arg_room[:outputs].reshape(y.shape), g)
+    dy, arg = before_a_closed_page(outputs, np.float32), before_a_closed_page(outputs, np.uint8)
+    dy[:], arg[:] = dy_room[:outputs], arg_room[:outputs]
+    dx, want = (np.full(x.shape, np.nan, np.float32) for _ in range(2))
+    window = native._pool_window(g)
+    if gather(dy.ctypes.data, arg.ctypes.data, 1, dx.ctypes.data, 3, *window) != 0:
+        print("not served")
+        sys.exit(0)
+    gather(dy_room.ctypes.data, arg_room.ctypes.data, 1, want.ctypes.data, 3, *window)
+    print("same" if dx.tobytes() == want.tobytes() else "differs")
+"""
+
+
+def test_native_max_backward_gather_reads_nothing_past_dy_or_the_winners():
+    """The gather's loads of 8 windows never pass the arrays' ends (its rows near them are
+    copied first): with dy and the winners each ending at a page that may not be read, it
+    runs (no SIGSEGV) and gives what it gives with room after them."""
+    import subprocess
+    import sys
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    out = subprocess.run([sys.executable, "-c", _GATHER_AT_PAGE_ENDS], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    if out.stdout.split() == ["not served"]:
+        pytest.skip("the gather does not serve on this CPU (no AVX2)")
+    assert out.stdout.split() == ["same"] * 3, out.stdout
 
 
 # the compiled passes lay out a group of planes side by side (as many as fill a few cache

@@ -10,13 +10,13 @@
  * Values are pooling.c's: the window's cells in row-major order from its first cell inside
  * the input (cells outside load as -inf, never greater), one taking over only when strictly
  * greater, a NaN becoming the maximum without moving the winner; the winner's place (row tap
- * * kw + column tap) in a byte or an int32. The backward stays pooling.c's scatter: a vector
- * scatter of every other cell, its sums kept in the outputs' order, ran slower than it (the
- * pass is bound by dx's memory, written where its lines were first read, and a buffered plane
- * streamed out ran slower still here). Returns 0, -1 when out of memory, or -2 where it does
- * not serve (no AVX-512, a stride of columns other than 2, a row of fewer than MIN_OUTPUTS
- * outputs, where pool_lanes.c's 16 planes a vector fill more lanes, a window wider than
- * MAX_KW, or one that may hold no input cell).
+ * * kw + column tap) in a byte or an int32. The backward is pool_gather.c's for 3x3 windows
+ * (AVX2), else pooling.c's scatter: a vector scatter of every other cell, its sums kept in the
+ * outputs' order, ran slower than it (the pass is bound by dx's memory, written where its
+ * lines were first read, and a buffered plane streamed out ran slower still here). Returns
+ * 0, -1 when out of memory, or -2 where it does not serve (no AVX-512, a stride of columns
+ * other than 2, a row of fewer than MIN_OUTPUTS outputs, where pool_lanes.c's 16 planes a
+ * vector fill more lanes, a window wider than MAX_KW, or one that may hold no input cell).
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -35,6 +35,11 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
 int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
                            int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                            int sh, int sw, int ph, int pw);
+/* pool_gather.c: MAX's backward for 3x3 windows of stride 2, where the CPU has AVX2 (-2 where
+ * it does not serve) */
+int pool_gather_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
+                             int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
+                             int sh, int sw, int ph, int pw);
 /* pool_stride2.c: MAX pooling whose columns step by 2, where the CPU has AVX-512 (-2 where
  * it does not serve) */
 int pool_stride2_max_forward(const float *x, float *y, void *arg, int arg_bytes,
@@ -596,7 +601,8 @@ __attribute__((noinline)) static int route_planes_ahead(const float *dy, const v
  * size): the window's corner plus the offset of the winner's place in the input; planes of
  * 2 KB and more zeroed a plane ahead (route_planes_ahead). With `lanes`, pool_tiles.c's
  * dense pass where 2x2 windows tile the plane (AVX2), pool_same.c's gather where it serves
- * (AVX-512 or AVX2, stride 1, output the input's size). -1: out of memory. */
+ * (AVX-512 or AVX2, stride 1, output the input's size), pool_gather.c's for 3x3 windows of
+ * stride 2 (AVX2, rows of more than 8 pairs of columns). -1: out of memory. */
 int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
                       float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
                       int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
@@ -606,6 +612,9 @@ int pool_max_backward(const float *restrict dy, const void *restrict arg, int ar
         return 0;
     if (lanes && pool_same_max_backward(dy, arg, arg_bytes, dx, planes, h, w, oh, ow, kh, kw,
                                         sh, sw, ph, pw) == 0)
+        return 0;
+    if (lanes && pool_gather_max_backward(dy, arg, arg_bytes, dx, planes, h, w, oh, ow, kh, kw,
+                                          sh, sw, ph, pw) == 0)
         return 0;
     int32_t *cell = malloc(sizeof(int32_t) * (size_t)kh * kw);   /* place -> offset */
     if (cell == NULL)
