@@ -1116,12 +1116,14 @@ def test_native_max_pool_of_tiling_2x2_windows_equals_the_numpy_path(side):
 
 
 
-# 3x3 windows of stride 2 over rows of more than 8 pairs of columns: MAX's backward gathers
+# 3x3 windows of stride 2 over rows of 16 cells or more: MAX's and AVE's backward gather
 # (pool_gather.c, AVX2). AlexNet's pool1 and pool2 (the row's last cell one past a pair),
-# CIFAR-10 quick's pool1 (a first and a last block only), GoogLeNet's pool1 (blocks between);
-# padding of 1 and 2 (the first pair before the row, the first band's upper row above the
-# plane); floor rounding (cells no window covers); fewer windows than the row's pairs
+# CIFAR-10 quick's pool1 (a first and a last block only) and pool2 (one block a row),
+# GoogLeNet's pool1 (blocks between); padding of 1 and 2 (the first pair before the row, the
+# first band's upper row above the plane); floor rounding (cells no window covers); fewer
+# windows than the row's pairs
 GATHER_GEOMS = [
+    ((16, 16), (3, 3), (2, 2), (0, 0), (8, 8)),
     ((55, 55), (3, 3), (2, 2), (0, 0), (27, 27)),
     ((27, 27), (3, 3), (2, 2), (0, 0), (13, 13)),
     ((32, 32), (3, 3), (2, 2), (0, 0), (16, 16)),
@@ -1134,11 +1136,12 @@ GATHER_GEOMS = [
 ]
 
 
-def _pool_gather(native):
-    """pool_gather.c's MAX backward, straight (0 where it served, -2 where not)."""
-    gather = native.lib.pool_gather_max_backward
-    gather.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                       ctypes.c_int64] + [ctypes.c_int] * 10
+def _pool_gather(native, kind="max"):
+    """pool_gather.c's MAX or AVE backward, straight (0 where it served, -2 where not)."""
+    gather = getattr(native.lib, "pool_gather_%s_backward" % kind)
+    gather.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                        ctypes.c_int64] if kind == "max" else
+                       [ctypes.c_void_p] * 3 + [ctypes.c_int64]) + [ctypes.c_int] * 10
     return gather
 
 
@@ -1186,6 +1189,34 @@ def test_native_max_backward_gather_of_3x3_stride_2_is_caffes_scatter_bit_for_bi
     cell = (np.arange(6).reshape(2, 3, 1, 1) * (h * w) + (i * sh - ph + arg // 3) * w +
             (j * sw - pw + arg % 3))
     assert np.unique(cell[won]).size < won.sum()        # some cells won several windows
+
+
+@pytest.mark.parametrize("spec", GATHER_GEOMS, ids=str)
+def test_native_ave_backward_gather_of_3x3_stride_2_is_caffes_loop_bit_for_bit(spec):
+    """Each cell gathers the shares of the windows that hold it (pool_gather.c, AVX2): dx
+    equals Caffe's loop bit for bit, its zeroed diff getting each window's dy / pool_size (the
+    window clipped to the padded input, then to the input) over the window's cells in the
+    outputs' order (a share of -0 gives +0); every cell is written."""
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    g = PoolGeometry(*spec)
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = g.in_shape, g.kernel, g.stride, g.pad
+    size = np.empty(g.out_shape, np.float32)
+    want = np.zeros((2, 3) + g.in_shape, np.float32)
+    dy = _rand((2, 3) + g.out_shape, 63)
+    dy.reshape(-1)[::5] = -0.0
+    for i, j in itertools.product(*map(range, g.out_shape)):
+        hs, ws = i * sh - ph, j * sw - pw
+        he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+        size[i, j] = (he - hs) * (we - ws)
+        share = dy[:, :, i, j] / size[i, j]
+        want[:, :, max(hs, 0):min(he, h), max(ws, 0):min(we, w)] += share[:, :, None, None]
+    dx = np.full(want.shape, np.nan, np.float32)
+    if _pool_gather(native, "ave")(dy.ctypes.data, dx.ctypes.data, size.ctypes.data, 6,
+                                   *native._pool_window(g)) != 0:
+        pytest.skip("the gather does not serve on this CPU (no AVX2)")
+    assert dx.tobytes() == want.tobytes()
 
 
 

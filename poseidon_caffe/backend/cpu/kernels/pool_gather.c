@@ -1,6 +1,7 @@
-/* MAX pooling's backward where 3x3 windows step by 2 on both axes (AlexNet's, GoogLeNet's and
- * CIFAR-10 quick's poolings), on AVX2, as a gather: each input cell sums the dy of the windows
- * whose winner it is, and dx is written once, two rows at a time, never zeroed first.
+/* MAX and AVE pooling's backward where 3x3 windows step by 2 on both axes (AlexNet's,
+ * GoogLeNet's and CIFAR-10 quick's poolings), on AVX2, as a gather: each input cell sums the
+ * dy of the windows whose winner it is (MAX) or the shares of the windows that hold it (AVE),
+ * and dx is written once, two rows at a time, never zeroed first.
  *
  * In padded coordinates (row v = input row + ph, column u = input column + pw) window (k, l)
  * covers rows 2k..2k + 2 and columns 2l..2l + 2, so cell (v, u) lies in at most two window
@@ -10,19 +11,20 @@
  * each such window whose place is that tap: a comparison with a constant. Windows l..l + 7
  * and l - 1..l + 6 of rows k - 1 and k (8 winners' bytes widened to int32 by one load) give
  * the 16 cells of columns 2l..2l + 15 of rows 2k and 2k + 1, interleaved by two unpacks and
- * two permutes. In cache this takes 2.1-3.4 cycles an output on an AMD Zen 3 where
- * pooling.c's scatter takes about 4 (a store waiting on the load before it where windows
- * share a winner, and dx zeroed first); out of cache, at a batch's size, 0.65-0.8 of the
- * scatter's time.
+ * two permutes. In cache MAX takes 2.1-3.4 cycles an output on an AMD Zen 3 where pooling.c's
+ * scatter takes about 4 (a store waiting on the load before it where windows share a winner,
+ * and dx zeroed first); out of cache, at a batch's size, 0.65-0.8 of the scatter's time. AVE
+ * adds every window's share (dy / Caffe's divisor), each plane's made a plane ahead into rows
+ * bordered by 0: CIFAR-10 quick's pool2 0.8 of pool_ave_vectors.c's time (in cache 0.5).
  *
- * The sums are the scatter's bit for bit: a cell's terms are added from 0 in the outputs'
- * order (window row k - 1 before k, column l - 1 before l), a window that did not choose the
- * cell adding +0, which changes no sum from 0 (never -0). Windows are read where they lie:
- * window -1 is a shift of the first 8, windows past the row's ow are made -1 (no tap), rows
- * of windows outside the output read a row of no winners, and the rows whose loads would
- * pass the arrays' ends are copied first. Returns 0, or -2 where it does not serve (no AVX2,
- * another window or stride, winners of 4 bytes, padding of 3 or more, rows of 8 pairs of
- * columns or fewer) or is out of memory. */
+ * The sums are Caffe's bit for bit: a cell's terms are added from 0 in the outputs' order
+ * (window row k - 1 before k, column l - 1 before l), a window that did not choose the cell,
+ * or that does not exist, adding +0, which changes no sum from 0 (never -0). MAX reads the
+ * windows where they lie: window -1 is a shift of the first 8, windows past the row's ow are
+ * made -1 (no tap), rows of windows outside the output read a row of no winners, and the
+ * rows whose loads would pass the arrays' ends are copied first. Return 0, or -2 where they
+ * do not serve (no AVX2, another window or stride, MAX's winners of 4 bytes, padding of 3 or
+ * more, rows of fewer than 16 cells) or are out of memory. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +34,13 @@
 #define NO_WINNER 255
 #define LANES8 8
 
-/* Rows of 8 pairs of columns or fewer (planes of 16 columns or fewer: AlexNet's 13x13
- * pool5, GoogLeNet's 14x14 pool4) stay with the scatter: one block a row, with its edges
- * taken care of, ran 1.3-1.8 times slower than it here. */
-static int serves(int w, int kh, int kw, int sh, int sw, int ph, int pw, int arg_bytes)
+/* Rows of fewer than 16 cells (AlexNet's 13x13 pool5, GoogLeNet's 14x14 pool4, CIFAR-10
+ * quick's 8x8 pool3) stay with pooling.c's passes: one block a row, partly empty, with its
+ * edges taken care of, ran 1.2-2.1 times slower. */
+static int serves(int w, int kh, int kw, int sh, int sw, int ph, int pw)
 {
-    return cpu_has_avx2() && arg_bytes == 1 && kh == 3 && kw == 3 && sh == 2 && sw == 2 &&
-        ph < 3 && pw < 3 && (w + pw + 1) / 2 > LANES8;
+    return cpu_has_avx2() && kh == 3 && kw == 3 && sh == 2 && sw == 2 && ph < 3 && pw < 3 &&
+        w >= 2 * LANES8;
 }
 
 #if HAVE_AVX2
@@ -60,11 +62,18 @@ typedef struct {
 #define LAST 4
 #define OVER 8
 
-/* Windows m..m + 7 of a row (cur) and m - 1..m + 6 (prev): places as int32 and their dy */
+/* Windows m..m + 7 of a row (cur) and m - 1..m + 6 (prev): MAX's places as int32 and their
+ * dy, or AVE's shares alone (rows of shares bordered by 0: no care) */
 AVX2 static inline __attribute__((always_inline)) void
-windows8(window_row r, int m, int ow, int care, __m256i *cur, __m256 *gcur, __m256i *prev,
-         __m256 *gprev)
+windows8(window_row r, int m, int ow, int care, int ave, __m256i *cur, __m256 *gcur,
+         __m256i *prev, __m256 *gprev)
 {
+    if (ave) {
+        *gcur = _mm256_loadu_ps(r.grad + m);
+        *gprev = _mm256_loadu_ps(r.grad + m - 1);
+        *cur = *prev = _mm256_setzero_si256();
+        return;
+    }
     const __m256i none = _mm256_set1_epi32(-1);
     *cur = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r.place + m)));
     *gcur = _mm256_loadu_ps(r.grad + m);
@@ -83,10 +92,13 @@ windows8(window_row r, int m, int ow, int care, __m256i *cur, __m256 *gcur, __m2
     }
 }
 
-/* dy where the window's place is `tap`, +0 elsewhere */
-AVX2 static inline __m256 chosen(__m256i place, __m256 grad, __m256i tap)
+/* MAX: dy where the window's place is tap t, +0 elsewhere; AVE: the window's share */
+AVX2 static inline __m256 chosen(int ave, __m256i place, __m256 grad, const __m256i *taps,
+                                 int t)
 {
-    return _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(place, tap)), grad);
+    if (ave)
+        return grad;
+    return _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(place, taps[t])), grad);
 }
 
 /* The first `count` (1..7) lanes of v at p, from registers (a masked store is microcoded
@@ -155,32 +167,32 @@ store_pairs(float *row, int64_t start, int w, int care, __m256 even, __m256 odd)
 
 /* Pairs m..m + 7 of dx rows 2k (`upper`, from window rows k - 1 = early at tap row 2 and
  * k = late at tap row 0) and 2k + 1 (`lower`, from late at tap row 1), padded, pair m at
- * column 2m - pw. Inlined with constant `rows` (1: upper only, 2: lower only, 3: both) and
- * `care`. */
+ * column 2m - pw. Inlined with constant `rows` (1: upper only, 2: lower only, 3: both),
+ * `care` and `ave`. */
 AVX2 static inline __attribute__((always_inline)) void
 gather_block(window_row early, window_row late, float *upper, float *lower, int rows, int w,
-             int pw, int ow, int m, int care, const __m256i *taps)
+             int pw, int ow, int m, int care, int ave, const __m256i *taps)
 {
     const __m256 zero = _mm256_setzero_ps();
     __m256i cur, prev;
     __m256 gcur, gprev;
-    windows8(late, m, ow, care, &cur, &gcur, &prev, &gprev);
+    windows8(late, m, ow, care, ave, &cur, &gcur, &prev, &gprev);
     const int64_t start = 2 * (int64_t)m - pw;
     if (rows & 2)
         store_pairs(lower, start, w, care,
-                    _mm256_add_ps(_mm256_add_ps(zero, chosen(prev, gprev, taps[5])),
-                                  chosen(cur, gcur, taps[3])),
-                    _mm256_add_ps(zero, chosen(cur, gcur, taps[4])));
+                    _mm256_add_ps(_mm256_add_ps(zero, chosen(ave, prev, gprev, taps, 5)),
+                                  chosen(ave, cur, gcur, taps, 3)),
+                    _mm256_add_ps(zero, chosen(ave, cur, gcur, taps, 4)));
     if (rows & 1) {
         __m256i ecur, eprev;
         __m256 egcur, egprev;
-        windows8(early, m, ow, care, &ecur, &egcur, &eprev, &egprev);
-        __m256 even = _mm256_add_ps(zero, chosen(eprev, egprev, taps[8]));
-        even = _mm256_add_ps(even, chosen(ecur, egcur, taps[6]));
-        even = _mm256_add_ps(even, chosen(prev, gprev, taps[2]));
-        even = _mm256_add_ps(even, chosen(cur, gcur, taps[0]));
-        const __m256 odd = _mm256_add_ps(_mm256_add_ps(zero, chosen(ecur, egcur, taps[7])),
-                                         chosen(cur, gcur, taps[1]));
+        windows8(early, m, ow, care, ave, &ecur, &egcur, &eprev, &egprev);
+        __m256 even = _mm256_add_ps(zero, chosen(ave, eprev, egprev, taps, 8));
+        even = _mm256_add_ps(even, chosen(ave, ecur, egcur, taps, 6));
+        even = _mm256_add_ps(even, chosen(ave, prev, gprev, taps, 2));
+        even = _mm256_add_ps(even, chosen(ave, cur, gcur, taps, 0));
+        const __m256 odd = _mm256_add_ps(_mm256_add_ps(zero, chosen(ave, ecur, egcur, taps, 7)),
+                                         chosen(ave, cur, gcur, taps, 1));
         store_pairs(upper, start, w, care, even, odd);
     }
 }
@@ -190,24 +202,24 @@ gather_block(window_row early, window_row late, float *upper, float *lower, int 
  * there are more than 8 pairs, the last ending at the last pair */
 AVX2 static inline __attribute__((always_inline)) void
 gather_band(window_row early, window_row late, float *upper, float *lower, int rows, int w,
-            int pw, int ow, int pairs, const __m256i *taps)
+            int pw, int ow, int pairs, int ave, const __m256i *taps)
 {
     if (pw == 0 && LANES8 <= ow && 2 * LANES8 <= w)
-        gather_block(early, late, upper, lower, rows, w, pw, ow, 0, FIRST, taps);
+        gather_block(early, late, upper, lower, rows, w, pw, ow, 0, FIRST, ave, taps);
     else
-        gather_block(early, late, upper, lower, rows, w, pw, ow, 0, FIRST | EDGE, taps);
+        gather_block(early, late, upper, lower, rows, w, pw, ow, 0, FIRST | EDGE, ave, taps);
     if (pairs <= LANES8)
         return;
     const int last = pairs - LANES8;
     int m = LANES8;
     for (; m < last && m + LANES8 <= ow; m += LANES8)
-        gather_block(early, late, upper, lower, rows, w, pw, ow, m, 0, taps);
+        gather_block(early, late, upper, lower, rows, w, pw, ow, m, 0, ave, taps);
     for (; m < last; m += LANES8)
-        gather_block(early, late, upper, lower, rows, w, pw, ow, m, EDGE, taps);
+        gather_block(early, late, upper, lower, rows, w, pw, ow, m, EDGE, ave, taps);
     if (2 * pairs - pw > w)
-        gather_block(early, late, upper, lower, rows, w, pw, ow, last, LAST | OVER, taps);
+        gather_block(early, late, upper, lower, rows, w, pw, ow, last, LAST | OVER, ave, taps);
     else
-        gather_block(early, late, upper, lower, rows, w, pw, ow, last, LAST, taps);
+        gather_block(early, late, upper, lower, rows, w, pw, ow, last, LAST, ave, taps);
 }
 
 /* What a call reads its rows of windows through, and the taps, each in 8 lanes (compared
@@ -261,13 +273,87 @@ AVX2 __attribute__((noinline)) static void gather_planes(const window_rows *rows
             const window_row early = windows_of(rows, p, k - 1), late = windows_of(rows, p, k);
             float *up = plane + (int64_t)upper * w, *low = up + w;
             if (upper >= 0 && lower < h)
-                gather_band(early, late, up, low, 3, w, pw, ow, pairs, rows->taps);
+                gather_band(early, late, up, low, 3, w, pw, ow, pairs, 0, rows->taps);
             else if (upper >= 0)
-                gather_band(early, late, up, low, 1, w, pw, ow, pairs, rows->taps);
+                gather_band(early, late, up, low, 1, w, pw, ow, pairs, 0, rows->taps);
             else
-                gather_band(early, late, up, low, 2, w, pw, ow, pairs, rows->taps);
+                gather_band(early, late, up, low, 2, w, pw, ow, pairs, 0, rows->taps);
         }
     }
+}
+
+/* AVE: a plane's shares (dy / Caffe's divisor, as Caffe divides), window row r at
+ * rows + (r + 1) * stride + 1, bordered by 0 (window -1, windows from ow on, rows -1 and oh),
+ * which the division never writes */
+AVX2 static void plane_shares(const float *dy, const float *size, float *rows, int oh, int ow,
+                              int stride)
+{
+    for (int r = 0; r < oh; ++r) {
+        float *to = rows + (size_t)(r + 1) * stride + 1;
+        const float *d = dy + (size_t)r * ow, *z = size + (size_t)r * ow;
+        int l = 0;
+        for (; l + LANES8 <= ow; l += LANES8)
+            _mm256_storeu_ps(to + l, _mm256_div_ps(_mm256_loadu_ps(d + l),
+                                                   _mm256_loadu_ps(z + l)));
+        for (; l < ow; ++l)
+            to[l] = d[l] / z[l];
+    }
+}
+
+/* Window row r of a plane's shares, or a row of 0 outside the output */
+static inline window_row share_row(const float *shares, int r, int oh, int stride)
+{
+    const window_row row = {NULL, shares + (size_t)(r < 0 || r >= oh ? 0 : r + 1) * stride + 1};
+    return row;
+}
+
+/* AVE's dx, plane by plane: each plane's shares are made while the plane before takes its
+ * sums (their stores have left for the cache when the loads, straddling them, come) */
+AVX2 __attribute__((noinline)) static void ave_planes(const float *dy, const float *size,
+                                                      float *dx, int64_t planes, int h, int w,
+                                                      int oh, int ow, int ph, int pw,
+                                                      float *shares[2], int stride)
+{
+    const int pairs = (w + pw + 1) / 2;
+    const int last = (h - 1 + ph) / 2;          /* the band of the last dx row */
+    const int64_t outputs = (int64_t)oh * ow;
+    plane_shares(dy, size, shares[0], oh, ow, stride);
+    for (int64_t p = 0; p < planes; ++p) {
+        const float *mine = shares[p & 1];
+        if (p + 1 < planes)
+            plane_shares(dy + (p + 1) * outputs, size, shares[(p + 1) & 1], oh, ow, stride);
+        float *plane = dx + p * (int64_t)h * w;
+        for (int k = ph / 2; k <= last; ++k) {
+            const int upper = 2 * k - ph, lower = upper + 1;
+            const window_row early = share_row(mine, k - 1, oh, stride);
+            const window_row late = share_row(mine, k, oh, stride);
+            float *up = plane + (int64_t)upper * w, *low = up + w;
+            if (upper >= 0 && lower < h)
+                gather_band(early, late, up, low, 3, w, pw, ow, pairs, 1, NULL);
+            else if (upper >= 0)
+                gather_band(early, late, up, low, 1, w, pw, ow, pairs, 1, NULL);
+            else
+                gather_band(early, late, up, low, 2, w, pw, ow, pairs, 1, NULL);
+        }
+    }
+}
+
+/* AVE's call: its two planes of shares (-2 when out of memory) */
+static int ave_gather(const float *dy, const float *size, float *dx, int64_t planes, int h,
+                      int w, int oh, int ow, int ph, int pw)
+{
+    /* a block's loads end before entry `reach` of a row, and ow windows and window -1 */
+    const int pairs = (w + pw + 1) / 2;
+    const int reach = ((pairs + LANES8 - 1) / LANES8) * LANES8;
+    const int stride = (reach > ow ? reach : ow) + 1;
+    const size_t floats = (size_t)(oh + 2) * stride;
+    float *rows = calloc(2 * floats, sizeof(float));
+    if (rows == NULL)
+        return -2;
+    float *shares[2] = {rows, rows + floats};
+    ave_planes(dy, size, dx, planes, h, w, oh, ow, ph, pw, shares, stride);
+    free(rows);
+    return 0;
 }
 
 /* The call's rows, its buffers of rows of no window and of rows near the arrays' ends, and
@@ -305,12 +391,26 @@ int pool_gather_max_backward(const float *dy, const void *arg, int arg_bytes, fl
                              int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                              int sh, int sw, int ph, int pw)
 {
-    if (!serves(w, kh, kw, sh, sw, ph, pw, arg_bytes))
+    if (arg_bytes != 1 || !serves(w, kh, kw, sh, sw, ph, pw))
         return -2;
 #if HAVE_AVX2
     return gather(dy, arg, dx, planes, h, w, oh, ow, ph, pw);
 #else
     (void)dy, (void)arg, (void)dx, (void)planes, (void)h, (void)w, (void)oh, (void)ow;
+    return -2;
+#endif
+}
+
+int pool_gather_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
+                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                             int ph, int pw)
+{
+    if (!serves(w, kh, kw, sh, sw, ph, pw))
+        return -2;
+#if HAVE_AVX2
+    return ave_gather(dy, size, dx, planes, h, w, oh, ow, ph, pw);
+#else
+    (void)dy, (void)dx, (void)size, (void)planes, (void)h, (void)w, (void)oh, (void)ow;
     return -2;
 #endif
 }

@@ -35,11 +35,14 @@ int pool_tiles_max_backward(const float *dy, const void *arg, int arg_bytes, flo
 int pool_same_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
                            int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                            int sh, int sw, int ph, int pw);
-/* pool_gather.c: MAX's backward for 3x3 windows of stride 2, where the CPU has AVX2 (-2 where
- * it does not serve) */
+/* pool_gather.c: MAX's and AVE's backward for 3x3 windows of stride 2, where the CPU has AVX2
+ * (-2 where it does not serve) */
 int pool_gather_max_backward(const float *dy, const void *arg, int arg_bytes, float *dx,
                              int64_t planes, int h, int w, int oh, int ow, int kh, int kw,
                              int sh, int sw, int ph, int pw);
+int pool_gather_ave_backward(const float *dy, float *dx, const float *size, int64_t planes,
+                             int h, int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                             int ph, int pw);
 /* pool_stride2.c: MAX pooling whose columns step by 2, where the CPU has AVX-512 (-2 where
  * it does not serve) */
 int pool_stride2_max_forward(const float *x, float *y, void *arg, int arg_bytes,
@@ -602,7 +605,7 @@ __attribute__((noinline)) static int route_planes_ahead(const float *dy, const v
  * 2 KB and more zeroed a plane ahead (route_planes_ahead). With `lanes`, pool_tiles.c's
  * dense pass where 2x2 windows tile the plane (AVX2), pool_same.c's gather where it serves
  * (AVX-512 or AVX2, stride 1, output the input's size), pool_gather.c's for 3x3 windows of
- * stride 2 (AVX2, rows of more than 8 pairs of columns). -1: out of memory. */
+ * stride 2 (AVX2, rows of 16 cells or more). -1: out of memory. */
 int pool_max_backward(const float *restrict dy, const void *restrict arg, int arg_bytes,
                       float *restrict dx, int64_t planes, int h, int w, int oh, int ow,
                       int kh, int kw, int sh, int sw, int ph, int pw, int lanes)
@@ -776,9 +779,10 @@ static int global_ave_backward(const float *restrict dy, float *restrict dx, int
 }
 
 /* dx = each dy divided by its window's size, added over the window's cells (with `lanes`, by
- * pool_lanes.c where it serves). The shares go into the phased layout a tap at a time, taps
- * last to first: a cell then gets its windows' shares in the windows' row-major order, the
- * order of Caffe's loop over the outputs. -1: out of memory. */
+ * pool_gather.c for 3x3 windows of stride 2 (AVX2, rows of 16 cells or more), or
+ * pool_ave_vectors.c or pool_lanes.c where they serve). The shares go into the phased layout a
+ * tap at a time, taps last to first: a cell then gets its windows' shares in the windows'
+ * row-major order, the order of Caffe's loop over the outputs. -1: out of memory. */
 int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
                       int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
                       int lanes)
@@ -792,7 +796,10 @@ int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t plan
         return 0;
     }
     if (lanes) {
-        int status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
+        int status = pool_gather_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
+                                              sw, ph, pw);
+        if (status == -2)
+            status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
                                                sw, ph, pw, 0);
         if (status == -2)
             status = pool_lanes_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
