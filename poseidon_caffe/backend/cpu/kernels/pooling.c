@@ -779,10 +779,11 @@ static int global_ave_backward(const float *restrict dy, float *restrict dx, int
 }
 
 /* dx = each dy divided by its window's size, added over the window's cells (with `lanes`, by
- * pool_gather.c for 3x3 windows of stride 2 (AVX2, rows of 16 cells or more), or
- * pool_ave_vectors.c or pool_lanes.c where they serve). The shares go into the phased layout a
- * tap at a time, taps last to first: a cell then gets its windows' shares in the windows'
- * row-major order, the order of Caffe's loop over the outputs. -1: out of memory. */
+ * pool_gather.c for 3x3 windows of stride 2 where the AVX2 passes come first, rows of 16
+ * cells or more, or pool_ave_vectors.c or pool_lanes.c where they serve). The shares go into
+ * the phased layout a tap at a time, taps last to first: a cell then gets its windows' shares
+ * in the windows' row-major order, the order of Caffe's loop over the outputs. -1: out of
+ * memory. */
 int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t planes, int h,
                       int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph, int pw,
                       int lanes)
@@ -796,8 +797,9 @@ int pool_ave_backward(const float *restrict dy, float *restrict dx, int64_t plan
         return 0;
     }
     if (lanes) {
-        int status = pool_gather_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
-                                              sw, ph, pw);
+        int status = pool_lanes8_first() ?
+            pool_gather_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw) :
+            -2;
         if (status == -2)
             status = pool_vectors_ave_backward(dy, dx, size, planes, h, w, oh, ow, kh, kw, sh,
                                                sw, ph, pw, 0);
