@@ -788,9 +788,8 @@ def test_native_ave_backward_adds_in_caffes_order_and_keeps_uncovered_cells_bit_
 
 
 # the compiled passes lay a plane out by stride phase when it has 16 outputs or more, and
-# visit each window directly below that: both, with strides 1-3, padding and overhang; AVE's
-# backward makes rows of up to 4 vectors in registers (pool_ave_rows.c, AVX-512): rows of 1,
-# 2 and 5 vectors
+# visit each window directly below that: both, with strides 1-3, padding and overhang; rows of
+# 1, 2 and 5 vectors of cells
 NATIVE_LAYOUT_GEOMS = [
     ((32, 32), (3, 3), (2, 2), (0, 0), (16, 16)),     # CIFAR-10 quick's pool1
     ((16, 16), (3, 3), (2, 2), (0, 0), (8, 8)),        # its pool2
