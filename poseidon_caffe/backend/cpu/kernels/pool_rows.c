@@ -51,11 +51,9 @@
  * time at one thread, 0.79-1.06 at two; with the copy, 1.2 times) */
 #define FEW_COLUMNS 6
 
-/* The padded input rows a band of strips reads at most (a quarter of an L1 data cache of
- * 32 KB; three quarters ran 4-11% slower on GoogLeNet's 112x112 and 56x56 and AlexNet's 55x55
- * stride-2 pools: a strip going down more rows keeps more lines in flight than the hardware
- * fetches ahead) */
-#define STRIP_BAND_BYTES (8 << 10)
+/* The padded input rows a band of strips reads (three quarters of an L1 data cache of
+ * 32 KB) */
+#define STRIP_BAND_BYTES (24 << 10)
 
 /* 1 (the default): this pass serves wherever it can; 0: pooling.c goes on to pool_lanes8.c
  * (the tests take both) */
@@ -399,15 +397,14 @@ strip_down(const rows_pass *q, const plane_rows *r, int k, int i0, int i1, int f
  * and `places` as column_maxima's. Where 3-row windows lie inside the plane, the rows'
  * maxima the next output row shares stay in registers (a stride of 1 makes one row's a step,
  * 2 two) and none go through memory; their places are the row's own, the window's row added
- * as it takes them. The output rows go in bands of even height whose input rows stay in the
- * L1 cache while every strip reads them down (GoogLeNet's 112x112 pool1, 53 KB a padded
- * plane, ran 5% slower by whole-plane strips than by rows through memory). In a band the
- * strips go from the last to the first, so that a last strip's store past its row's end lands
- * on outputs of the next row, stored later; `spill_last`: the plane's last row's may spill
- * too. With a stride of 1 the output rows go two at a time (output_pair). Read from the
- * input's own rows, `clips` holds each strip's kw masks (rows_pass's clip: a strip that has
- * any blends them); `nan`, `next` as plane_rows' and strip_down's. Inlined with constant kh,
- * kw, sh and sw. */
+ * as it takes them. The output rows go in bands whose input rows stay in the L1 cache while
+ * every strip reads them down (GoogLeNet's 112x112 pool1, 53 KB a padded plane, ran 5%
+ * slower by whole-plane strips than by rows through memory). In a band the strips go from
+ * the last to the first, so that a last strip's store past its row's end lands on outputs of
+ * the next row, stored later; `spill_last`: the plane's last row's may spill too. With a
+ * stride of 1 the output rows go two at a time (output_pair). Read from the input's own rows,
+ * `clips` holds each strip's kw masks (rows_pass's clip: a strip that has any blends them);
+ * `nan`, `next` as plane_rows' and strip_down's. Inlined with constant kh, kw, sh and sw. */
 AVX2 static inline __attribute__((always_inline)) void
 strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *clips,
             __m256 *nan, fetch_ahead *next, float *y, int32_t *places, int spill_last, int kh,
@@ -420,9 +417,7 @@ strip_plane(const rows_pass *q, const float *rows, size_t pitch, const __m256 *c
     if (kh != 3 || (sh != 1 && sh != 2) || outer > g->oh)
         inner = outer = 0;
     const size_t band_bytes = pitch * sizeof(float) * (size_t)(sh > kh ? sh : kh);
-    const int most = band_bytes < STRIP_BAND_BYTES ? (int)(STRIP_BAND_BYTES / band_bytes) : 1;
-    const int bands = (g->oh + most - 1) / most;
-    const int band = (g->oh + bands - 1) / bands;          /* bands of even height */
+    const int band = band_bytes < STRIP_BAND_BYTES ? (int)(STRIP_BAND_BYTES / band_bytes) : 1;
     const plane_rows whole = {rows, pitch, NULL, nan};
     for (int i0 = 0; i0 < g->oh; i0 += band) {
         const int i1 = g->oh - i0 < band ? g->oh : i0 + band;
