@@ -133,12 +133,8 @@ AVX2 static inline void store_cells(float *row, int64_t start, int w, __m256 cel
     } else if (start + LANES8 > 0) {
         const __m256i down = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                               _mm256_set1_epi32((int)-start));
-        const int64_t count = start + LANES8 < w ? start + LANES8 : w;
-        const __m256 shifted = _mm256_permutevar8x32_ps(cells, down);
-        if (count == LANES8)
-            _mm256_storeu_ps(row, shifted);
-        else
-            store_first(row, shifted, count);
+        const int64_t count = start + LANES8 < w ? start + LANES8 : w;     /* under 8 */
+        store_first(row, _mm256_permutevar8x32_ps(cells, down), count);
     }
 }
 
