@@ -264,9 +264,10 @@ AVX2 __attribute__((noinline)) static void gather_planes(const window_rows *rows
     const int last = (h - 1 + ph) / 2;          /* the band of the last dx row */
     for (int64_t p = 0; p < planes; ++p) {
         float *plane = dx + p * (int64_t)h * w;
+        window_row early = windows_of(rows, p, ph / 2 - 1);
         for (int k = ph / 2; k <= last; ++k) {
             const int upper = 2 * k - ph, lower = upper + 1;
-            const window_row early = windows_of(rows, p, k - 1), late = windows_of(rows, p, k);
+            const window_row late = windows_of(rows, p, k);   /* the next band's early */
             float *up = plane + (int64_t)upper * w, *low = up + w;
             if (upper >= 0 && lower < h)
                 gather_band(early, late, up, low, 3, w, pw, ow, pairs, 0, rows->taps);
@@ -274,6 +275,7 @@ AVX2 __attribute__((noinline)) static void gather_planes(const window_rows *rows
                 gather_band(early, late, up, low, 1, w, pw, ow, pairs, 0, rows->taps);
             else
                 gather_band(early, late, up, low, 2, w, pw, ow, pairs, 0, rows->taps);
+            early = late;
         }
     }
 }
