@@ -1114,7 +1114,6 @@ def test_native_max_pool_of_tiling_2x2_windows_equals_the_numpy_path(side):
         assert (room[outputs:] == 7.5).all() and (wide[outputs:] == 77).all()
 
 
-
 # 3x3 windows of stride 2 over rows of 16 cells or more: MAX's and AVE's backward gather
 # (pool_gather.c, AVX2). AlexNet's pool1 and pool2 (the row's last cell one past a pair),
 # CIFAR-10 quick's pool1 (a first and a last block only) and pool2 (one block a row),
@@ -1216,7 +1215,6 @@ def test_native_ave_backward_gather_of_3x3_stride_2_is_caffes_loop_bit_for_bit(s
                                    *native._pool_window(g)) != 0:
         pytest.skip("the gather does not serve on this CPU (no AVX2)")
     assert dx.tobytes() == want.tobytes()
-
 
 
 # In a fresh process: pool_gather.c's backward with dy and the winners each ending where a
