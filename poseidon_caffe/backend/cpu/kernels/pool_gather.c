@@ -218,6 +218,21 @@ gather_band(window_row early, window_row late, float *upper, float *lower, int r
         gather_block(early, late, upper, lower, rows, w, pw, ow, last, LAST, ave, taps);
 }
 
+/* Band k of a plane of dx: its rows 2k - ph and 2k + 1 - ph, those inside the plane */
+AVX2 static inline __attribute__((always_inline)) void
+gather_rows(window_row early, window_row late, float *plane, int k, int h, int w, int ph,
+            int pw, int ow, int pairs, int ave, const __m256i *taps)
+{
+    const int upper = 2 * k - ph, lower = upper + 1;
+    float *up = plane + (int64_t)upper * w, *low = up + w;
+    if (upper >= 0 && lower < h)
+        gather_band(early, late, up, low, 3, w, pw, ow, pairs, ave, taps);
+    else if (upper >= 0)
+        gather_band(early, late, up, low, 1, w, pw, ow, pairs, ave, taps);
+    else
+        gather_band(early, late, up, low, 2, w, pw, ow, pairs, ave, taps);
+}
+
 /* What a call reads its rows of windows through, and the taps, each in 8 lanes (compared
  * from memory: GCC otherwise builds each anew, a move and a broadcast, where it runs out of
  * registers: 10% slower) */
@@ -266,15 +281,8 @@ AVX2 __attribute__((noinline)) static void gather_planes(const window_rows *rows
         float *plane = dx + p * (int64_t)h * w;
         window_row early = windows_of(rows, p, ph / 2 - 1);
         for (int k = ph / 2; k <= last; ++k) {
-            const int upper = 2 * k - ph, lower = upper + 1;
             const window_row late = windows_of(rows, p, k);   /* the next band's early */
-            float *up = plane + (int64_t)upper * w, *low = up + w;
-            if (upper >= 0 && lower < h)
-                gather_band(early, late, up, low, 3, w, pw, ow, pairs, 0, rows->taps);
-            else if (upper >= 0)
-                gather_band(early, late, up, low, 1, w, pw, ow, pairs, 0, rows->taps);
-            else
-                gather_band(early, late, up, low, 2, w, pw, ow, pairs, 0, rows->taps);
+            gather_rows(early, late, plane, k, h, w, ph, pw, ow, pairs, 0, rows->taps);
             early = late;
         }
     }
@@ -321,18 +329,9 @@ AVX2 __attribute__((noinline)) static void ave_planes(const float *dy, const flo
         if (p + 1 < planes)
             plane_shares(dy + (p + 1) * outputs, size, shares[(p + 1) & 1], oh, ow, stride);
         float *plane = dx + p * (int64_t)h * w;
-        for (int k = ph / 2; k <= last; ++k) {
-            const int upper = 2 * k - ph, lower = upper + 1;
-            const window_row early = share_row(mine, k - 1, oh, stride);
-            const window_row late = share_row(mine, k, oh, stride);
-            float *up = plane + (int64_t)upper * w, *low = up + w;
-            if (upper >= 0 && lower < h)
-                gather_band(early, late, up, low, 3, w, pw, ow, pairs, 1, NULL);
-            else if (upper >= 0)
-                gather_band(early, late, up, low, 1, w, pw, ow, pairs, 1, NULL);
-            else
-                gather_band(early, late, up, low, 2, w, pw, ow, pairs, 1, NULL);
-        }
+        for (int k = ph / 2; k <= last; ++k)
+            gather_rows(share_row(mine, k - 1, oh, stride), share_row(mine, k, oh, stride),
+                        plane, k, h, w, ph, pw, ow, pairs, 1, NULL);
     }
 }
 
