@@ -44,7 +44,7 @@ def _compiled():
 
 def fast_roots(on=None):
     """Whether the compiled kernels take beta 0.75's and 0.5's powers from reciprocal-root
-    estimates refined once (AVX-512's within 3 ulp, AVX2's within 5; the default) rather than
+    estimates refined once (AVX-512's within 4 ulp, AVX2's within 5; the default) rather than
     from square roots and a division (the tests run both); ``on`` sets it. False without the
     kernels."""
     lib = _compiled()

@@ -62,8 +62,8 @@ AVX512 static inline __m512 reciprocal_root(__m512 v)
 
 /* scale^-0.75 = r^1.5 with r = scale^-0.5, or scale^-0.5 = r, of 16 cells; when one is
  * outside (2^-100, 2^100) (never with k >= 1e-30: the scale is at least k) the 16 go the exact
- * way. Within 3 ulp of the exact forms (themselves rounded three times): the tests' 1e-5 is
- * thirty times wider. */
+ * way. Within 4 ulp of the exact forms (themselves rounded three times; beta 0.75 3.9 at
+ * worst over 7M scales on a Xeon, 0.5 2.2): the tests' 1e-5 is twenty times wider. */
 AVX512 static inline __m512 negative_power16(__m512 scale, int three_quarters)
 {
     const __mmask16 inside = _mm512_cmp_ps_mask(scale, _mm512_set1_ps(0x1p-100f), _CMP_GT_OQ) &
