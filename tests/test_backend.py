@@ -1047,6 +1047,40 @@ def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(pa
     np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
 
 
+# 3x3 windows padded by 1 over planes of the input's size (GoogLeNet's inception pools), on
+# AVX-512 a window's rows first (pool_same.c): batches past a chunk of 2048 cells (the rows'
+# results before and after a chunk made again) of 28x28, 14x14 and 7x7 planes, rows longer
+# than a vector (40) and than a chunk's eighth (300: a longer chunk), planes of one cell
+SAME_ROWS_GEOMS = [(28, 28, 3), (14, 14, 11), (7, 7, 43), (5, 40, 11), (3, 300, 4), (1, 1, 37)]
+
+
+@pytest.mark.parametrize("h, w, planes", SAME_ROWS_GEOMS)
+def test_native_inception_pool_forward_is_caffes_loop_bit_for_bit(h, w, planes):
+    """Ties, among equal values and between -0 and +0, go to the window's first cell (row-major),
+    whose own value, its sign too, is the output: Caffe's loop (a later cell takes over only
+    where strictly greater), compared by bits. A window of -inf cells (the first plane's top
+    left corner) is -inf, its winner its first cell inside the input (Caffe's loop, starting
+    from -FLT_MAX, would find none)."""
+    from poseidon_caffe.backend.cpu.pool import PoolPlan
+    g = PoolGeometry((h, w), (3, 3), (1, 1), (1, 1), (h, w))
+    plan = PoolPlan(g)
+    _take_pool_path(plan, "native")
+    rng = np.random.default_rng(52)
+    x = np.round(_rand((1, planes, h, w), 51) * 2)
+    zeros = rng.random(x.shape) < 0.3
+    x[zeros] = np.where(rng.random(x.shape) < 0.5, np.float32(-0.0), np.float32(0.0))[zeros]
+    x[0, 0, :2, :2] = -np.inf
+    y = plan.max_forward(x, np.empty((1, planes, h, w), np.float32))
+    want, mask, _ = _naive_max_pool(x, g)
+    none = mask < 0
+    rows, columns = np.indices((h, w))
+    first = np.maximum(rows - 1, 0) * w + np.maximum(columns - 1, 0)
+    want[none], mask[none] = -np.inf, np.broadcast_to(first, mask.shape)[none]
+    assert none[0, 0, 0, 0] and (np.signbit(want) & (want == 0)).any()
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(plan.mask(), mask)
+
+
 @pytest.mark.parametrize("path", NATIVE_POOL_PATHS)
 def test_native_max_pool_stepping_by_two_finds_nan_in_any_plane_strip_and_column(path):
     """Columns stepping by 2 with no padding: the AVX2 rows (pool_rows.c) read every plane but
