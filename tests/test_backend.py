@@ -1047,34 +1047,50 @@ def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(pa
     np.testing.assert_array_equal(native_plan.mask(), numpy_plan.mask())
 
 
-# 3x3 windows padded by 1 over planes of the input's size (GoogLeNet's inception pools), on
-# AVX-512 a window's rows first (pool_same.c): batches past a chunk of 2048 cells (the rows'
-# results before and after a chunk made again) of 28x28, 14x14 and 7x7 planes, rows longer
-# than a vector (40) and than a chunk's eighth (300: a longer chunk), planes of one cell
-SAME_ROWS_GEOMS = [(28, 28, 3), (14, 14, 11), (7, 7, 43), (5, 40, 11), (3, 300, 4), (1, 1, 37)]
+# 3x3 windows, on AVX-512 a window's rows first (in, stride, pad, out, planes): padded by 1
+# over planes of the input's size (GoogLeNet's inception pools; pool_same.c), batches past a
+# chunk of 2048 cells (the rows' results before and after a chunk made again) of 28x28, 14x14
+# and 7x7 planes, rows longer than a vector (40) and than a chunk's eighth (300: a longer
+# chunk), planes of one cell; stepping by 2 (pool_stride2.c): GoogLeNet's pool1 (the last
+# window overhangs), AlexNet's pool1 and pool2 (rows of 27 and 13 outputs), padding of 1 on
+# rows of one and two blocks of 16 outputs, odd and even planes
+ROWS_FIRST_GEOMS = [
+    ((28, 28), (1, 1), (1, 1), (28, 28), 3),
+    ((14, 14), (1, 1), (1, 1), (14, 14), 11),
+    ((7, 7), (1, 1), (1, 1), (7, 7), 43),
+    ((5, 40), (1, 1), (1, 1), (5, 40), 11),
+    ((3, 300), (1, 1), (1, 1), (3, 300), 4),
+    ((1, 1), (1, 1), (1, 1), (1, 1), 37),
+    ((112, 112), (2, 2), (0, 0), (56, 56), 2),
+    ((55, 55), (2, 2), (0, 0), (27, 27), 3),
+    ((27, 27), (2, 2), (0, 0), (13, 13), 5),
+    ((30, 33), (2, 2), (1, 1), (16, 17), 4),
+    ((9, 40), (2, 2), (1, 1), (5, 21), 6),
+]
 
 
-@pytest.mark.parametrize("h, w, planes", SAME_ROWS_GEOMS)
-def test_native_inception_pool_forward_is_caffes_loop_bit_for_bit(h, w, planes):
+@pytest.mark.parametrize("shape, stride, pad, out, planes", ROWS_FIRST_GEOMS, ids=str)
+def test_native_3x3_max_pool_forward_is_caffes_loop_bit_for_bit(shape, stride, pad, out, planes):
     """Ties, among equal values and between -0 and +0, go to the window's first cell (row-major),
     whose own value, its sign too, is the output: Caffe's loop (a later cell takes over only
     where strictly greater), compared by bits. A window of -inf cells (the first plane's top
     left corner) is -inf, its winner its first cell inside the input (Caffe's loop, starting
     from -FLT_MAX, would find none)."""
     from poseidon_caffe.backend.cpu.pool import PoolPlan
-    g = PoolGeometry((h, w), (3, 3), (1, 1), (1, 1), (h, w))
+    g = PoolGeometry(shape, (3, 3), stride, pad, out)
     plan = PoolPlan(g)
     _take_pool_path(plan, "native")
     rng = np.random.default_rng(52)
-    x = np.round(_rand((1, planes, h, w), 51) * 2)
+    x = np.round(_rand((1, planes) + shape, 51) * 2)
     zeros = rng.random(x.shape) < 0.3
     x[zeros] = np.where(rng.random(x.shape) < 0.5, np.float32(-0.0), np.float32(0.0))[zeros]
-    x[0, 0, :2, :2] = -np.inf
-    y = plan.max_forward(x, np.empty((1, planes, h, w), np.float32))
+    x[0, 0, :3, :3] = -np.inf
+    y = plan.max_forward(x, np.empty((1, planes) + out, np.float32))
     want, mask, _ = _naive_max_pool(x, g)
     none = mask < 0
-    rows, columns = np.indices((h, w))
-    first = np.maximum(rows - 1, 0) * w + np.maximum(columns - 1, 0)
+    rows, columns = np.indices(out)
+    first = (np.maximum(rows * stride[0] - pad[0], 0) * shape[1] +
+             np.maximum(columns * stride[1] - pad[1], 0))
     want[none], mask[none] = -np.inf, np.broadcast_to(first, mask.shape)[none]
     assert none[0, 0, 0, 0] and (np.signbit(want) & (want == 0)).any()
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
