@@ -57,6 +57,22 @@ def test_the_ranks_figures_become_simulate_flags():
 
 
 @pytest.mark.mpi
+def test_costs_follow_the_model_and_a_wait_of_half_a_core_leaves_the_rounds_at_zero():
+    """lost = rounds x work + polling x (busy - rounds x 2 x work), worked by hand: polling
+    0.2; small rounds (0.3 - 0.2) / (100 x 0.6) = 1/600 s, large (0.5 - 0.2) / 60 = 1/200 s, a
+    byte (1/200 - 1/600) / 1e6 s. A wait that took half a core or more (a busy machine) leaves
+    the rounds no share to be told by: 0, not a division by zero."""
+    from poseidon_caffe.simulator import calibration
+    small = {"lost_s": 0.3, "busy_s": 1.0, "rounds": 100, "bytes": 1000}
+    large = {"lost_s": 0.5, "busy_s": 1.0, "rounds": 100, "bytes": 1001000}
+    polling, per_round, per_byte = calibration.costs({"lost_s": 0.2, "busy_s": 1.0}, small,
+                                                     large)
+    assert polling == pytest.approx(0.2)
+    assert per_byte == pytest.approx((1 / 200 - 1 / 600) / 1e6)
+    assert per_round == pytest.approx(1 / 600 - per_byte * 1000)
+    assert calibration.costs({"lost_s": 0.7, "busy_s": 1.0}, small, large) == (0.5, 0.0, 0.0)
+
+
 def test_a_two_rank_job_measures_what_simulate_takes(small, tmp_path):
     out = tmp_path / "calibration.json"
     env = dict(os.environ, PYTHONPATH=ROOT, POSEIDON_NO_PROGRESS="1", OMP_NUM_THREADS="1",

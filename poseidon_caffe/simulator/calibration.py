@@ -199,13 +199,17 @@ def costs(waiting, small, large):
     rounds (``bytes`` sent plus received each). As the model has it with one core: waiting
     takes ``polling`` of it; a round's own work (per_round + bytes x per_byte) runs at half a
     core beside the compute, the thread polling the rest of the time. Noise that would make
-    a cost negative reads as 0."""
+    a cost negative reads as 0, and so do the rounds' costs where waiting took half a core (a
+    busy machine): no share of the core is left to tell a round's work by."""
     polling = min(max(waiting["lost_s"] / max(waiting["busy_s"], 1e-9), 0.0), 0.5)
 
     def per_round(phase):
         # lost = rounds x work + polling x (busy - rounds x 2 x work)
+        spare = 1.0 - 2.0 * polling
+        if spare <= 0.0:
+            return 0.0
         return (phase["lost_s"] - polling * phase["busy_s"]) / (
-            max(phase["rounds"], 1e-9) * (1.0 - 2.0 * polling))
+            max(phase["rounds"], 1e-9) * spare)
     per_small, per_large = per_round(small), per_round(large)
     per_byte = max((per_large - per_small) / (large["bytes"] - small["bytes"]), 0.0)
     return polling, max(per_small - per_byte * small["bytes"], 0.0), per_byte
