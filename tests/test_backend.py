@@ -1053,7 +1053,9 @@ def test_native_max_pool_of_wide_rows_with_ties_and_nan_equals_the_numpy_path(pa
 # and 7x7 planes, rows longer than a vector (40) and than a chunk's eighth (300: a longer
 # chunk), planes of one cell; stepping by 2 (pool_stride2.c): GoogLeNet's pool1 (the last
 # window overhangs), AlexNet's pool1 and pool2 (rows of 27 and 13 outputs), padding of 1 on
-# rows of one and two blocks of 16 outputs, odd and even planes
+# rows of one and two blocks of 16 outputs, odd and even planes; rows of 5 to 8 outputs, two
+# planes a vector (pool_packed.c): AlexNet's pool5, GoogLeNet's pool4, CIFAR-10 quick's pool2,
+# padding of 1 (rows of 8 reach past 16 cells: pool_lanes.c; of 7), an odd last plane alone
 ROWS_FIRST_GEOMS = [
     ((28, 28), (1, 1), (1, 1), (28, 28), 3),
     ((14, 14), (1, 1), (1, 1), (14, 14), 11),
@@ -1066,6 +1068,11 @@ ROWS_FIRST_GEOMS = [
     ((27, 27), (2, 2), (0, 0), (13, 13), 5),
     ((30, 33), (2, 2), (1, 1), (16, 17), 4),
     ((9, 40), (2, 2), (1, 1), (5, 21), 6),
+    ((13, 13), (2, 2), (0, 0), (6, 6), 5),
+    ((14, 14), (2, 2), (0, 0), (7, 7), 4),
+    ((16, 16), (2, 2), (0, 0), (8, 8), 3),
+    ((13, 14), (2, 2), (1, 1), (7, 8), 5),
+    ((13, 13), (2, 2), (1, 1), (7, 7), 5),
 ]
 
 
@@ -1329,6 +1336,67 @@ def test_native_max_backward_gather_reads_nothing_past_dy_or_the_winners():
     if out.stdout.split() == ["not served"]:
         pytest.skip("the gather does not serve on this CPU (no AVX2)")
     assert out.stdout.split() == ["same"] * 3, out.stdout
+
+
+# MAX forward with the input starting right after, or ending right before, a page that may not
+# be read: the inception pools' rows (7x7, 28x28), strided rows (27x27, padded 30x33) and two
+# planes a vector (13x13, padded and not; an odd last plane alone)
+_FORWARD_AT_PAGE_ENDS = r"""
+import ctypes, mmap
+import numpy as np
+from poseidon_caffe.backend.cpu import native
+from poseidon_caffe.backend.geometry import PoolGeometry
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+kept = []
+
+def beside_a_closed_page(x, after):
+    page, size = mmap.PAGESIZE, x.nbytes
+    pages = -(-size // page) + 1
+    m = mmap.mmap(-1, pages * page)
+    kept.append(m)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    closed = 0 if after else pages - 1
+    assert libc.mprotect(start + closed * page, page, 0) == 0     # PROT_NONE
+    at = page if after else (pages - 1) * page - size
+    fenced = np.frombuffer(m, np.float32, x.size, at).reshape(x.shape)
+    fenced[...] = x
+    return fenced
+
+for spec, planes in (([(7, 7), (3, 3), (1, 1), (1, 1), (7, 7)], 5),
+                     ([(28, 28), (3, 3), (1, 1), (1, 1), (28, 28)], 3),
+                     ([(27, 27), (3, 3), (2, 2), (0, 0), (13, 13)], 3),
+                     ([(30, 33), (3, 3), (2, 2), (1, 1), (16, 17)], 3),
+                     ([(13, 13), (3, 3), (2, 2), (0, 0), (6, 6)], 3),
+                     ([(13, 13), (3, 3), (2, 2), (1, 1), (7, 7)], 3)):
+    g = PoolGeometry(*spec)
+    x = np.round(np.random.RandomState(64).uniform(-2, 2, (1, planes) + g.in_shape)).astype(
+        np.float32)
+    y, arg = np.empty((1, planes) + g.out_shape, np.float32), np.empty((1, planes) + g.out_shape,
+                                                                      np.uint8)
+    native.max_pool_forward(x, y, arg, g)
+    for after in (True, False):
+        fenced_y, fenced_arg = np.empty_like(y), np.empty_like(arg)
+        native.max_pool_forward(beside_a_closed_page(x, after), fenced_y, fenced_arg, g)
+        same = fenced_y.tobytes() == y.tobytes() and fenced_arg.tobytes() == arg.tobytes()
+        print("same" if same else "differs")
+"""
+
+
+def test_native_max_forward_reads_nothing_before_or_past_the_input():
+    """MAX forward's loads (a row's cells either side, a plane's rows after, the second
+    plane of a vector) never leave the input: with it beside a page that may not be read,
+    before it or after it, the forward runs (no SIGSEGV) and gives the same outputs and
+    winners as with room around it."""
+    import subprocess
+    import sys
+    from poseidon_caffe.backend.cpu import native
+    if native.lib is None:
+        pytest.skip(NOT_BUILT)
+    out = subprocess.run([sys.executable, "-c", _FORWARD_AT_PAGE_ENDS], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert out.stdout.split() == ["same"] * 12, out.stdout
 
 
 # the compiled passes lay out a group of planes side by side (as many as fill a few cache
