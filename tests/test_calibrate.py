@@ -56,7 +56,6 @@ def test_the_ranks_figures_become_simulate_flags():
     assert values["cpu_per_byte"] == pytest.approx(4e-8)
 
 
-@pytest.mark.mpi
 def test_costs_follow_the_model_and_a_wait_of_half_a_core_leaves_the_rounds_at_zero():
     """lost = rounds x work + polling x (busy - rounds x 2 x work), worked by hand: polling
     0.2; small rounds (0.3 - 0.2) / (100 x 0.6) = 1/600 s, large (0.5 - 0.2) / 60 = 1/200 s, a
@@ -73,6 +72,7 @@ def test_costs_follow_the_model_and_a_wait_of_half_a_core_leaves_the_rounds_at_z
     assert calibration.costs({"lost_s": 0.7, "busy_s": 1.0}, small, large) == (0.5, 0.0, 0.0)
 
 
+@pytest.mark.mpi
 def test_a_two_rank_job_measures_what_simulate_takes(small, tmp_path):
     out = tmp_path / "calibration.json"
     env = dict(os.environ, PYTHONPATH=ROOT, POSEIDON_NO_PROGRESS="1", OMP_NUM_THREADS="1",
