@@ -114,9 +114,9 @@ same_max_forward(const float *x, float *y, uint8_t *arg, int64_t cells, const ui
  * the first maximum of cells f - 1, f, f + 1 inside the row and its column tap, are made once
  * and each output takes R[f - w], R[f], R[f + w] (a later row only where strictly greater):
  * 2 + 2 comparisons a cell, not 9 and 9 NaN tests (on a Xeon, 28x28 planes in the L2 cache:
- * 0.52 of the taps' time). The first maximum in row-major order is the first,
- * in row order, of the rows' first maxima; a window's first cell inside, its winner while no
- * cell is greater, is its first row's first inside (every row has the same columns inside).
+ * 0.52 of the taps' time). The first maximum in row-major order is the first, in row order,
+ * of the rows' first maxima; a window's first cell inside, its winner while no cell is
+ * greater, is its first row's first inside (every row has the same columns inside).
  * The batch goes in chunks whose rows' results (and the rows before and after, made again)
  * stay in the L1 cache. A NaN breaks the rows' rule (it becomes the maximum without moving
  * the winner, and a row's result cannot say where cells before it won): a batch that holds
@@ -178,7 +178,8 @@ column_results(const float *v, const uint8_t *t, int64_t w, __mmask16 lanes,
     }
 }
 
-/* Returns 0, or 1 where the taps must take the batch (it holds a NaN; no memory). */
+/* The batch's 3x3 windows by rows (above) into y and arg: 0, or 1 where the taps must take
+ * it instead (it holds a NaN; no memory). */
 AVX512BW static int same_max3_forward(const float *x, float *y, uint8_t *arg, int64_t planes,
                                       int h, int w)
 {

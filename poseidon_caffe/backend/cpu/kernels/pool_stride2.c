@@ -181,7 +181,8 @@ typedef struct {
     __mmask16 cells[2], later[2], first;
 } block3;
 
-/* The results of a row (`row` its cell 0) for block b's 16 outputs: *value and *column */
+/* The results of a row (`row` its cell 0) for block b's 16 outputs: *value and *column; a
+ * NaN in the cells of the lanes `outputs` sets *nan */
 AVX512BW static inline __attribute__((always_inline)) void
 row3(const float *row, int left, const block3 *b, __m512 *value, __m128i *column,
      __mmask16 outputs, __mmask16 *nan)
