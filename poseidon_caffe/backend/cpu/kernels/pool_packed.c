@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "avx512.h"
+#include "max_rows3.h"
 
 #define LANES 16
 #define MIN_OUTPUTS 5               /* rows of 4 or fewer: pool_lanes.c ran faster */
@@ -147,14 +148,8 @@ packed_row3(const packed *g, const float *row, int planes, __mmask16 inside, __m
     const __m512 t0 = _mm512_permutex2var_ps(v0, g->tap[0], v1);
     const __m512 t1 = _mm512_permutex2var_ps(v0, g->tap[1], v1);
     const __m512 t2 = _mm512_permutex2var_ps(v0, g->tap[2], v1);
-    /* tap 1 where tap 0 is padding, the first inside; max(later, earlier) is the earlier
-     * where they are equal (-0 and +0): the winner's own value */
-    const __mmask16 second = _mm512_cmp_ps_mask(t1, t0, _CMP_GT_OQ) | (__mmask16)~inside;
-    const __m512 best = _mm512_max_ps(t1, t0);
-    const __mmask16 third = _mm512_cmp_ps_mask(t2, best, _CMP_GT_OQ);
-    *value = _mm512_max_ps(t2, best);
-    *column = _mm_mask_mov_epi8(_mm_maskz_mov_epi8(second, _mm_set1_epi8(1)), third,
-                                _mm_set1_epi8(2));
+    const __m128i none = _mm_setzero_si128();
+    *value = first_of_three(t0, t1, t2, none, none, none, (__mmask16)~inside, 1, column);
 }
 
 /* Every output row of two planes (one at the end of an odd count) for 3x3 windows stepping
@@ -185,14 +180,9 @@ AVX512BW static void packed_rows3(const packed *g, const float *xp, int planes, 
             packed_row3(g, xp + (int64_t)(top + 2) * g->w, planes, inside, &lower, &lower_at);
         kept = lower;
         kept_column = lower_at;
-        /* the middle row's where the upper is padding, the first inside */
-        const __mmask16 second = _mm512_cmp_ps_mask(middle, upper, _CMP_GT_OQ) |
-            (__mmask16)(top < 0 ? 0xFFFF : 0);
-        const __m512 best = _mm512_max_ps(middle, upper);
-        const __mmask16 third = _mm512_cmp_ps_mask(lower, best, _CMP_GT_OQ);
-        __m128i at = _mm_mask_add_epi8(upper_at, second, middle_at, _mm_set1_epi8(3));
-        at = _mm_mask_add_epi8(at, third, lower_at, _mm_set1_epi8(6));
-        const __m512 y = _mm512_max_ps(lower, best);
+        __m128i at;
+        const __m512 y = first_of_three(upper, middle, lower, upper_at, middle_at, lower_at,
+                                        (__mmask16)(top < 0 ? 0xFFFF : 0), 3, &at);
         for (int q = 0; q < planes; ++q) {
             const __mmask16 lanes = (__mmask16)(first_lanes(g->ow) << (q * g->ow));
             const int64_t out = q * outputs + (int64_t)i * g->ow - q * g->ow;

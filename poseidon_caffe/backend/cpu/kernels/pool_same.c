@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "avx2.h"
+#include "max_rows3.h"
 
 #define LANES 16
 #define LANES8 8         /* the AVX2 backward's */
@@ -140,15 +141,10 @@ row_results(const float *x, int64_t f, __mmask16 lanes, const uint16_t *m, float
         _mm512_maskz_loadu_ps(lanes, x + f);
     const __m512 r = _mm512_mask_loadu_ps(minus_inf, m[5] & lanes, x + f + 1);
     *nan |= _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
-    /* the first inside (column 1 where column 0 is padding) until one is greater */
-    const __mmask16 second = _mm512_cmp_ps_mask(c, l, _CMP_GT_OQ) | (__mmask16)~left;
-    /* max(later, earlier) is the earlier where they are equal, as -0 and +0 are: the
-     * winner's own value */
-    const __m512 best = _mm512_max_ps(c, l);
-    const __mmask16 third = _mm512_cmp_ps_mask(r, best, _CMP_GT_OQ);
-    _mm512_store_ps(value, _mm512_max_ps(r, best));
-    _mm_store_si128((__m128i *)column, _mm_mask_mov_epi8(
-        _mm_maskz_mov_epi8(second, _mm_set1_epi8(1)), third, _mm_set1_epi8(2)));
+    const __m128i none = _mm_setzero_si128();
+    __m128i at;
+    _mm512_store_ps(value, first_of_three(l, c, r, none, none, none, (__mmask16)~left, 1, &at));
+    _mm_store_si128((__m128i *)column, at);
 }
 
 /* Outputs f..f + 15 (`lanes` of them) from the row results around v and t (cell f's) */
@@ -161,19 +157,17 @@ column_results(const float *v, const uint8_t *t, int64_t w, __mmask16 lanes,
     const __m512 top = _mm512_mask_loadu_ps(minus_inf, above, v - w);
     const __m512 middle = _mm512_loadu_ps(v);
     const __m512 bottom = _mm512_mask_loadu_ps(minus_inf, m[7], v + w);
-    /* the middle row's where the top is padding: the window's first row inside */
-    const __mmask16 second = _mm512_cmp_ps_mask(middle, top, _CMP_GT_OQ) | (__mmask16)~above;
-    const __m512 best = _mm512_max_ps(middle, top);
-    const __mmask16 third = _mm512_cmp_ps_mask(bottom, best, _CMP_GT_OQ);
-    __m128i at = _mm_loadu_si128((const __m128i *)(t - w));
-    at = _mm_mask_add_epi8(at, second, _mm_loadu_si128((const __m128i *)t), _mm_set1_epi8(3));
-    at = _mm_mask_add_epi8(at, third, _mm_loadu_si128((const __m128i *)(t + w)),
-                           _mm_set1_epi8(6));
+    __m128i at;
+    const __m512 best = first_of_three(top, middle, bottom,
+                                       _mm_loadu_si128((const __m128i *)(t - w)),
+                                       _mm_loadu_si128((const __m128i *)t),
+                                       _mm_loadu_si128((const __m128i *)(t + w)),
+                                       (__mmask16)~above, 3, &at);
     if (lanes == 0xFFFF) {
-        _mm512_storeu_ps(y, _mm512_max_ps(bottom, best));
+        _mm512_storeu_ps(y, best);
         _mm_storeu_si128((__m128i *)arg, at);
     } else {
-        _mm512_mask_storeu_ps(y, lanes, _mm512_max_ps(bottom, best));
+        _mm512_mask_storeu_ps(y, lanes, best);
         _mm_mask_storeu_epi8(arg, lanes, at);
     }
 }

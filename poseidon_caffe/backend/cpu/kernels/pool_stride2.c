@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "avx512.h"
+#include "max_rows3.h"
 
 #define LANES 16
 /* rows of fewer outputs leave too many of a vector's 16 lanes empty (AlexNet's 13x13 pool2
@@ -203,14 +204,8 @@ row3(const float *row, int left, const block3 *b, __m512 *value, __m128i *column
         _mm512_mask_loadu_ps(minus_inf, b->later[1], from + 2 + LANES));
     *nan |= _mm512_mask_cmp_ps_mask(outputs, t0, t1, _CMP_UNORD_Q) |
         _mm512_mask_cmp_ps_mask(outputs, t2, t2, _CMP_UNORD_Q);
-    /* tap 1 where tap 0 is padding, the first inside; max(later, earlier) is the earlier
-     * where they are equal (-0 and +0): the winner's own value */
-    const __mmask16 second = _mm512_cmp_ps_mask(t1, t0, _CMP_GT_OQ) | (__mmask16)~b->first;
-    const __m512 best = _mm512_max_ps(t1, t0);
-    const __mmask16 third = _mm512_cmp_ps_mask(t2, best, _CMP_GT_OQ);
-    *value = _mm512_max_ps(t2, best);
-    *column = _mm_mask_mov_epi8(_mm_maskz_mov_epi8(second, _mm_set1_epi8(1)), third,
-                                _mm_set1_epi8(2));
+    const __m128i none = _mm_setzero_si128();
+    *value = first_of_three(t0, t1, t2, none, none, none, (__mmask16)~b->first, 1, column);
 }
 
 /* A plane's outputs; whether a window held a NaN (the outputs are then to be made again).
@@ -250,15 +245,12 @@ AVX512BW static int rows3_plane(const float *x, float *y, uint8_t *arg, int h, i
                 row3(x + (int64_t)(top + 2) * w, left, b, &lower, &lower_at, outputs, &nan);
             kept[k] = lower;
             kept_column[k] = lower_at;
-            /* the middle row's where the upper is padding, the first inside */
-            const __mmask16 second = _mm512_cmp_ps_mask(middle, upper, _CMP_GT_OQ) |
-                (__mmask16)(top < 0 ? 0xFFFF : 0);
-            const __m512 best = _mm512_max_ps(middle, upper);
-            const __mmask16 third = _mm512_cmp_ps_mask(lower, best, _CMP_GT_OQ);
-            __m128i at = _mm_mask_add_epi8(upper_at, second, middle_at, _mm_set1_epi8(3));
-            at = _mm_mask_add_epi8(at, third, lower_at, _mm_set1_epi8(6));
+            __m128i at;
+            const __m512 best = first_of_three(upper, middle, lower, upper_at, middle_at,
+                                               lower_at, (__mmask16)(top < 0 ? 0xFFFF : 0), 3,
+                                               &at);
             const int64_t out = (int64_t)i * ow + j0;
-            _mm512_mask_storeu_ps(y + out, outputs, _mm512_max_ps(lower, best));
+            _mm512_mask_storeu_ps(y + out, outputs, best);
             _mm_mask_storeu_epi8(arg + out, outputs, at);
         }
     }
